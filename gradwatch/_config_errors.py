@@ -1,0 +1,41 @@
+"""Pydantic validation errors turned into one line that names file, field and allowed values."""
+
+from __future__ import annotations
+
+import typing
+from typing import Any, Optional
+
+from pydantic import BaseModel, ValidationError
+
+
+def _submodel(model: type[BaseModel], loc: tuple[Any, ...]) -> Optional[type[BaseModel]]:
+    """The model class that owns the last key of ``loc`` (for listing allowed keys)."""
+    current: Any = model
+    for key in loc[:-1]:
+        field = getattr(current, "model_fields", {}).get(key)
+        if field is None:
+            return None
+        ann = field.annotation
+        candidates = [ann, *typing.get_args(ann)]
+        current = next((c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None)
+        if current is None:
+            return None
+    return current if isinstance(current, type) and issubclass(current, BaseModel) else None
+
+
+def format_validation_error(exc: ValidationError, model: type[BaseModel], *, source: str) -> str:
+    """One line: ``source: field.path: problem (got value); allowed: ...``."""
+    parts = []
+    for err in exc.errors():
+        loc = tuple(err.get("loc", ()))
+        field = ".".join(str(p) for p in loc) or "(top level)"
+        msg = err.get("msg", "invalid value")
+        if err.get("type") == "extra_forbidden":
+            owner = _submodel(model, loc)
+            allowed = ", ".join(owner.model_fields) if owner else ""
+            parts.append(f"unknown key {field!r}" + (f" (allowed: {allowed})" if allowed else ""))
+            continue
+        got = err.get("input")
+        shown = "" if isinstance(got, (dict, list)) else f" (got {got!r})"
+        parts.append(f"{field}: {msg}{shown}")
+    return f"{source}: " + "; ".join(parts)

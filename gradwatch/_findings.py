@@ -1,0 +1,102 @@
+"""Collects findings: one per (check, layer), warnings once per (check, parameter), allowlist."""
+
+from __future__ import annotations
+
+import fnmatch
+import warnings
+from typing import Any, Optional
+
+from gradwatch.config import GradWatchConfig
+from gradwatch.errors import GhostLayerError, GradWatchError, GradWatchWarning
+from gradwatch.report import Finding
+
+
+class FindingLog:
+    """The running set of findings of one watcher."""
+
+    def __init__(self, config: GradWatchConfig) -> None:
+        self.config = config
+        self._findings: dict[tuple[str, str], Finding] = {}
+        self._warned: set[tuple[str, str]] = set()
+        self._fail_fast: list[Finding] = []
+        self.emit_warnings = config.warn
+        self.quiet_checks: set[str] = set()  # e.g. set on non-zero ranks for rank-0-only findings
+
+    def ignored(self, name: str) -> bool:
+        return any(fnmatch.fnmatchcase(name, pat) for pat in self.config.ignore)
+
+    def emit(
+        self,
+        check: str,
+        *,
+        severity: str,
+        step: int,
+        message: str,
+        hint: str = "",
+        params: Optional[list[str]] = None,
+        module: Optional[str] = None,
+        details: Optional[dict[str, Any]] = None,
+        key: Optional[str] = None,
+    ) -> Optional[Finding]:
+        """Record one occurrence; merge into the finding of the same (check, key/layer)."""
+        names = [n for n in (params or []) if not self.ignored(n)]
+        if params and not names:
+            return None
+        ident = (check, key or module or (names[0] if names else ""))
+        finding = self._findings.get(ident)
+        if finding is None:
+            finding = Finding(
+                check=check,
+                severity=severity,  # type: ignore[arg-type]
+                message=message,
+                hint=hint,
+                params=names,
+                module=module,
+                first_step=step,
+                last_step=step,
+                count=1,
+                details=dict(details or {}),
+            )
+            self._findings[ident] = finding
+        else:
+            finding.last_step = max(finding.last_step, step)
+            finding.count += 1
+            finding.message = message
+            finding.severity = severity  # type: ignore[assignment]
+            finding.params.extend(n for n in names if n not in finding.params)
+            if details:
+                finding.details.update(details)
+        self._surface(finding, names)
+        return finding
+
+    def _surface(self, finding: Finding, names: list[str]) -> None:
+        fresh = [n for n in (names or [finding.module or finding.check]) if (finding.check, n) not in self._warned]
+        if not fresh:
+            return
+        self._warned.update((finding.check, n) for n in fresh)
+        if finding.severity == "error" and self.config.fail_fast:
+            self._fail_fast.append(finding)
+        if self.emit_warnings and finding.severity != "info" and finding.check not in self.quiet_checks:
+            for name in fresh:
+                warnings.warn(
+                    f"gradwatch {finding.check} [{name}]: {finding.message}"
+                    + (f" Hint: {finding.hint}" if finding.hint else ""),
+                    GradWatchWarning,
+                    stacklevel=2,
+                )
+
+    def raise_fail_fast(self) -> None:
+        """With ``fail_fast``, raise for the error-level findings that appeared in this step."""
+        if not self._fail_fast:
+            return
+        found, self._fail_fast = self._fail_fast, []
+        text = "; ".join(f"{f.line()} [{', '.join(f.params[:8])}]" for f in found)
+        cls = GhostLayerError if any(f.check == "ghost_param" for f in found) else GradWatchError
+        raise cls(f"gradwatch (fail_fast): {text}")
+
+    def findings(self) -> list[Finding]:
+        """A copy of every finding so far."""
+        return [f.model_copy(deep=True) for f in self._findings.values()]
+
+    def get(self, check: str, key: str) -> Optional[Finding]:
+        return self._findings.get((check, key))

@@ -1,0 +1,110 @@
+"""Which parameters a watcher knows: names (tied ones once, with every name), owning layers.
+
+A *layer* is a module that directly owns parameters. A parameter shared by several modules
+(tied weights) is one entry owned by every one of them; its layer for statistics is the first.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass, field
+from typing import Iterator, Optional
+
+import torch
+from torch import nn
+
+ROOT = "(root)"
+
+
+@dataclass
+class ParamInfo:
+    """One distinct parameter tensor."""
+
+    idx: int
+    names: list[str]
+    layer: str
+    owners: list[str]
+    numel: int
+    ref: weakref.ref[torch.Tensor]
+    outside_model: bool = False
+    hooked: bool = False
+    hooked_at: int = -1  # event counter value when its hooks were registered
+
+    @property
+    def name(self) -> str:
+        return self.names[0]
+
+
+def _is_uninitialized(p: torch.Tensor) -> bool:
+    return isinstance(p, nn.parameter.UninitializedParameter)
+
+
+@dataclass
+class ParamIndex:
+    """An append-only registry of parameters keyed by tensor identity."""
+
+    params: list[ParamInfo] = field(default_factory=list)
+    layers: dict[str, list[int]] = field(default_factory=dict)
+    _by_id: dict[int, int] = field(default_factory=dict)
+
+    def lookup(self, p: torch.Tensor) -> Optional[int]:
+        """The index of ``p`` when it is registered (identity, not value)."""
+        i = self._by_id.get(id(p))
+        if i is not None and self.params[i].ref() is p:
+            return i
+        return None
+
+    def _register(self, p: torch.Tensor, name: str, owner: str, outside: bool = False) -> int:
+        i = self.lookup(p)
+        if i is not None:
+            info = self.params[i]
+            if name not in info.names:
+                info.names.append(name)
+            if owner not in info.owners:
+                info.owners.append(owner)
+            return i
+        i = len(self.params)
+        numel = 0 if _is_uninitialized(p) else p.numel()
+        self.params.append(ParamInfo(i, [name], owner, [owner], numel, weakref.ref(p), outside))
+        self._by_id[id(p)] = i
+        self.layers.setdefault(owner, []).append(i)
+        return i
+
+    def scan_model(self, model: nn.Module) -> list[int]:
+        """Register every parameter of ``model`` (all names of tied ones); return new indices."""
+        before = len(self.params)
+        for mod_name, mod in model.named_modules(remove_duplicate=False):
+            for pname, p in mod._parameters.items():
+                if p is None:
+                    continue
+                full = f"{mod_name}.{pname}" if mod_name else pname
+                self._register(p, full, mod_name or ROOT)
+        for info in self.params:
+            if info.numel == 0:
+                p = info.ref()
+                if p is not None and not _is_uninitialized(p):
+                    info.numel = p.numel()
+        return list(range(before, len(self.params)))
+
+    def register_foreign(self, p: torch.Tensor, name: str) -> int:
+        """Register an optimizer tensor that is not in the watched model under ``name``."""
+        group = name.rsplit("[", 1)[0]
+        return self._register(p, name, group, outside=True)
+
+    def live(self) -> Iterator[tuple[ParamInfo, torch.Tensor]]:
+        """Registered parameters that still exist."""
+        for info in self.params:
+            p = info.ref()
+            if p is not None:
+                yield info, p
+
+    def names(self, idxs: list[int]) -> list[str]:
+        """Every name of every index, in order, without repeats."""
+        out: list[str] = []
+        for i in idxs:
+            out.extend(n for n in self.params[i].names if n not in out)
+        return out
+
+    @staticmethod
+    def uninitialized(p: torch.Tensor) -> bool:
+        return _is_uninitialized(p)

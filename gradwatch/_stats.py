@@ -1,0 +1,77 @@
+"""Gradient maths as plain functions: batched norms on device, one host transfer per device.
+
+Norms use ``torch._foreach_norm`` grouped by device and dtype, as ``clip_grad_norm_`` does,
+and accumulate in float32 so that fp16/bf16 gradients do not overflow or lose the signal.
+Nothing here calls ``.item()``: values stay tensors until :func:`to_host` moves them once.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import Optional
+
+import torch
+
+__all__ = ["foreach_norms", "layer_norm", "median", "to_host"]
+
+_F32 = torch.float32
+
+
+def _dense_norm(t: torch.Tensor, ord: float) -> torch.Tensor:
+    if t.is_sparse:
+        t = t.coalesce()._values()
+    return torch.linalg.vector_norm(t.detach(), ord, dtype=_F32 if t.is_floating_point() else None)
+
+
+def foreach_norms(tensors: Sequence[torch.Tensor], ord: float = 2.0) -> list[torch.Tensor]:
+    """Per-tensor vector norms (0-dim float32 tensors) in input order.
+
+    ``ord=0`` counts non-zero elements, ``ord=1`` sums absolute values, ``inf`` is max |x|.
+    Sparse tensors are normed over their stored values.
+    """
+    out: list[Optional[torch.Tensor]] = [None] * len(tensors)
+    groups: dict[tuple[torch.device, torch.dtype], list[int]] = defaultdict(list)
+    for k, t in enumerate(tensors):
+        if t.is_sparse or not (t.is_floating_point() or t.is_complex()):
+            out[k] = _dense_norm(t, ord)
+        else:
+            groups[(t.device, t.dtype)].append(k)
+    for (_device, dtype), idxs in groups.items():
+        batch = [tensors[k].detach() for k in idxs]
+        kwargs = {"dtype": _F32} if dtype in (torch.float16, torch.bfloat16) else {}
+        try:
+            norms = torch._foreach_norm(batch, ord, **kwargs)
+        except (RuntimeError, TypeError):  # older torch without dtype=, or an unsupported ord
+            norms = [_dense_norm(t, ord) for t in batch]
+        for k, n in zip(idxs, norms):
+            out[k] = n
+    return [n if n.dtype == _F32 else n.to(_F32) for n in out]  # type: ignore[union-attr]
+
+
+def to_host(values: Sequence[torch.Tensor]) -> list[float]:
+    """Move 0-dim tensors to Python floats with one transfer per device (usually one)."""
+    if not values:
+        return []
+    by_device: dict[torch.device, list[int]] = defaultdict(list)
+    for k, v in enumerate(values):
+        by_device[v.device].append(k)
+    out = [0.0] * len(values)
+    for idxs in by_device.values():
+        stacked = torch.stack([values[k].reshape(()).to(_F32) for k in idxs])
+        for k, x in zip(idxs, stacked.tolist()):
+            out[k] = x
+    return out
+
+
+def layer_norm(norms: Sequence[float]) -> float:
+    """The L2 norm of a layer from the L2 norms of its parameters."""
+    return math.sqrt(sum(n * n for n in norms))
+
+
+def median(values: Sequence[float]) -> float:
+    """The median of a non-empty sequence."""
+    s = sorted(values)
+    mid = len(s) // 2
+    return s[mid] if len(s) % 2 else 0.5 * (s[mid - 1] + s[mid])

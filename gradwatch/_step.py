@@ -1,0 +1,189 @@
+"""One step's decision inputs: gradients gathered, norms computed on device, one host transfer."""
+
+from __future__ import annotations
+
+import math
+import weakref
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import torch
+
+from gradwatch._stats import foreach_norms, layer_norm, to_host
+from gradwatch._tracking import Tracker
+from gradwatch.checks.base import LayerSample
+
+
+@dataclass
+class Track:
+    """One optimizer (or, without one, the backward passes): its parameters and window."""
+
+    index: Optional[int]
+    ref: Optional[weakref.ref[Any]] = None
+    ids: list[int] = field(default_factory=list)
+    params: list[torch.Tensor] = field(default_factory=list)
+    layer_positions: dict[str, list[int]] = field(default_factory=dict)
+    start: int = 0
+    steps: int = 0
+    backward_at_start: int = 0
+    signature: tuple[int, ...] = ()
+    snapshot: Optional[list[torch.Tensor]] = None
+
+    def set_params(self, ids: list[int], params: list[torch.Tensor], layer_of: list[str]) -> None:
+        self.ids, self.params = ids, params
+        self.layer_positions = {}
+        for k, layer in enumerate(layer_of):
+            self.layer_positions.setdefault(layer, []).append(k)
+
+
+@dataclass
+class Gathered:
+    """Host-side results of one step, aligned with ``Track.ids`` positions ``ks``."""
+
+    ks: list[int]
+    ids: list[int]
+    arrived: list[bool]
+    has_grad: list[bool]
+    grad_norm: list[Optional[float]]
+    nonfinite: list[bool]
+    order: list[int]
+    dirty: list[bool]
+    cleared: list[bool]
+    stats: Optional[dict[str, list[Optional[float]]]]
+    scale: Optional[float]
+
+
+def _spread(ks_present: list[int], values: list[float], n: int) -> list[Optional[float]]:
+    out: list[Optional[float]] = [None] * n
+    for k, v in zip(ks_present, values):
+        out[k] = v
+    return out
+
+
+def gather(
+    track: Track,
+    tracker: Tracker,
+    *,
+    observed: bool,
+    min_hooked_at: dict[int, int],
+    scaler_scale: Optional[torch.Tensor],
+) -> Gathered:
+    """Read this step's gradients and compute what the checks need, with one host transfer."""
+    t = tracker
+    start = track.start
+    ks: list[int] = []
+    ids: list[int] = []
+    arrived: list[bool] = []
+    grads: list[Optional[torch.Tensor]] = []
+    for k, (i, p) in enumerate(zip(track.ids, track.params)):
+        if not p.requires_grad or min_hooked_at.get(i, 0) > start:
+            continue  # frozen since, or hooked during this window: not judged this step
+        a = t.last_seq[i] > start
+        if a:
+            t.seen[i] += 1
+        else:
+            t.missing[i] += 1
+        ks.append(k)
+        ids.append(i)
+        arrived.append(a)
+        grads.append(p.grad)
+    n = len(ids)
+    present = [j for j in range(n) if grads[j] is not None]
+    pg = [grads[j] for j in present]
+    values: list[torch.Tensor] = list(foreach_norms(pg, 2.0))  # type: ignore[arg-type]
+    pending = [j for j in range(n) if arrived[j] and isinstance(t.dirty[ids[j]], torch.Tensor)]
+    values.extend(t.dirty[ids[j]] for j in pending)
+    n_stats = 0
+    if observed and pg:
+        values.extend(foreach_norms(pg, 1.0))  # type: ignore[arg-type]
+        values.extend(foreach_norms(pg, math.inf))  # type: ignore[arg-type]
+        values.extend(foreach_norms(pg, 0.0))  # type: ignore[arg-type]
+        n_stats = 3
+    pnorm_ks: list[int] = []
+    delta: list[torch.Tensor] = []
+    if observed:
+        ps = [track.params[ks[j]].detach() for j in range(n)]
+        pnorm_ks = list(range(n))
+        values.extend(foreach_norms(ps, 2.0))
+        if track.snapshot is not None and len(track.snapshot) == len(track.params):
+            snap = [track.snapshot[ks[j]] for j in range(n)]
+            try:
+                delta = foreach_norms(torch._foreach_sub(ps, snap), 2.0)
+            except RuntimeError:  # shapes changed under us (a replaced parameter)
+                delta = []
+            values.extend(delta)
+    if scaler_scale is not None:
+        values.append(scaler_scale)
+    host = to_host(values)
+    pos = 0
+
+    def take(m: int) -> list[float]:
+        nonlocal pos
+        out = host[pos : pos + m]
+        pos += m
+        return out
+
+    norms = _spread(present, take(len(pg)), n)
+    dirty_vals = dict(zip(pending, take(len(pending))))
+    stats: Optional[dict[str, list[Optional[float]]]] = None
+    if observed:
+        stats = {}
+        for key in ("l1", "linf", "nnz")[:n_stats]:
+            stats[key] = _spread(present, take(len(pg)), n)
+        stats["param_norm"] = _spread(pnorm_ks, take(len(pnorm_ks)), n)
+        stats["delta"] = _spread(pnorm_ks, take(len(delta)), n) if delta else [None] * n
+    scale = take(1)[0] if scaler_scale is not None else None
+
+    dirty: list[bool] = []
+    cleared: list[bool] = []
+    nonfinite: list[bool] = []
+    for j in range(n):
+        i = ids[j]
+        d = t.dirty[i]
+        g = grads[j]
+        was_dirty = bool(dirty_vals[j]) if j in dirty_vals else (arrived[j] and d is True)
+        dirty.append(g is not None and was_dirty)
+        norm = norms[j]
+        cleared.append(
+            g is None or (norm == 0.0 and (id(g) != t.acc_id[i] or g._version != t.acc_ver[i]))
+        )
+        bad = norm is not None and not math.isfinite(norm)
+        if bad and g is not None and math.isinf(norm):
+            # An inf L2 norm may be float32 overflow of finite values: look at the entries.
+            v = g.coalesce()._values() if g.is_sparse else g
+            bad = not bool(torch.isfinite(v).all())
+        nonfinite.append(bad)
+    return Gathered(
+        ks, ids, arrived, [g is not None for g in grads], norms, nonfinite,
+        [t.last_seq[i] for i in ids], dirty, cleared, stats, scale,
+    )
+
+
+def layer_samples(g: Gathered, numel: list[int], layer_of: list[str]) -> dict[str, LayerSample]:
+    """Per-layer values over the parameters that received a gradient (observed steps only)."""
+    if g.stats is None:
+        return {}
+    l1, linf, nnz = g.stats.get("l1"), g.stats.get("linf"), g.stats.get("nnz")
+    pnorm, delta = g.stats["param_norm"], g.stats["delta"]
+    groups: dict[str, list[int]] = {}
+    for j, layer in enumerate(layer_of):
+        groups.setdefault(layer, []).append(j)
+    out: dict[str, LayerSample] = {}
+    for layer, js in groups.items():
+        live = [j for j in js if g.arrived[j] and g.grad_norm[j] is not None]
+        if not live or l1 is None or linf is None or nnz is None:
+            continue
+        size = sum(numel[j] for j in live) or 1
+        pn = [pnorm[j] for j in js if pnorm[j] is not None]
+        dn = [delta[j] for j in js if delta[j] is not None]
+        out[layer] = LayerSample(
+            positions=live,
+            norm=layer_norm([g.grad_norm[j] for j in live]),  # type: ignore[misc]
+            mean_abs=sum(l1[j] for j in live) / size,  # type: ignore[misc]
+            max_abs=max(linf[j] for j in live),  # type: ignore[type-var]
+            nonzero=sum(nnz[j] for j in live),  # type: ignore[misc]
+            numel=size,
+            param_norm=layer_norm(pn) if pn else None,  # type: ignore[arg-type]
+            delta_norm=layer_norm(dn) if len(dn) == len(js) else None,  # type: ignore[arg-type]
+        )
+    return out

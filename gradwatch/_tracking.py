@@ -1,0 +1,142 @@
+"""Hot per-parameter state and the hooks that write it.
+
+Hooks only flip values in preallocated lists: no tensor work, no host sync, no allocation
+except a 0-dim "any non-zero" tensor in the rare case where identity and version counter
+cannot tell whether a gradient was reset (``p.grad.data.zero_()`` does not bump the version;
+DDP bucket views share one counter).
+
+Per parameter ``i``:
+- ``last_seq[i]``: event counter at its last real gradient accumulation;
+- ``fresh[i]``: no accumulation since its optimizer's last step;
+- ``snap_id/snap_ver``: identity and version of ``.grad`` right after that step;
+- ``acc_id/acc_ver``: identity and version of ``.grad`` right after its last accumulation;
+- ``dirty[i]``: the gradient being built still holds contributions from before the last
+  step: ``False``, ``True`` or a pending 0-dim bool tensor resolved at the next step.
+"""
+
+from __future__ import annotations
+
+import itertools
+import weakref
+from typing import Any, Callable, Optional
+
+import torch
+
+DirtyFlag = Any  # bool | torch.Tensor
+
+
+class Tracker:
+    """Per-parameter hot state, grown as parameters are registered."""
+
+    def __init__(self) -> None:
+        self.counter = itertools.count(1)
+        self.last_seq: list[int] = []
+        self.fresh: list[bool] = []
+        self.dirty: list[DirtyFlag] = []
+        self.snap_id: list[int] = []
+        self.snap_ver: list[int] = []
+        self.acc_id: list[int] = []
+        self.acc_ver: list[int] = []
+        self.incoming: list[bool] = []
+        self.seen: list[int] = []
+        self.missing: list[int] = []
+        self.fwd_grad: dict[str, int] = {}
+        self.fwd_nograd: dict[str, int] = {}
+        self.fwd_first: dict[str, int] = {}
+
+    def now(self) -> int:
+        """A fresh event number (later than every event so far)."""
+        return next(self.counter)
+
+    def grow(self, n: int) -> None:
+        """Make room for ``n`` parameters in total."""
+        while len(self.last_seq) < n:
+            self.last_seq.append(0)
+            self.fresh.append(True)
+            self.dirty.append(False)
+            self.snap_id.append(0)
+            self.snap_ver.append(-1)
+            self.acc_id.append(0)
+            self.acc_ver.append(-1)
+            self.incoming.append(True)
+            self.seen.append(0)
+            self.missing.append(0)
+
+    def snapshot(self, i: int, grad: Optional[torch.Tensor]) -> None:
+        """Record ``.grad`` as its optimizer's step left it."""
+        if grad is None:
+            self.snap_id[i], self.snap_ver[i] = 0, -1
+        else:
+            self.snap_id[i], self.snap_ver[i] = id(grad), grad._version
+        self.fresh[i] = True
+        self.dirty[i] = False
+
+
+def make_param_hooks(
+    tracker: Tracker,
+    i: int,
+    pref: weakref.ref[torch.Tensor],
+    on_arrival: Callable[[], None],
+    on_error: Callable[[str, BaseException], None],
+) -> tuple[Callable[[torch.Tensor], None], Callable[[torch.Tensor], None]]:
+    """The (tensor pre-accumulation hook, post-accumulate-grad hook) pair of parameter ``i``.
+
+    Closures hold a weak reference to the parameter: a hook that holds its own parameter
+    is never freed (the C++ side keeps it out of reach of the garbage collector).
+    """
+    t = tracker
+
+    def pre(grad_in: Optional[torch.Tensor]) -> None:
+        try:
+            t.incoming[i] = grad_in is not None
+            p = pref()
+            if p is None:
+                return None
+            g = p.grad
+            if g is None:
+                t.dirty[i] = False
+            elif t.fresh[i]:
+                untouched = id(g) == t.snap_id[i] and g._version == t.snap_ver[i]
+                if untouched or g._base is not None:
+                    # Same tensor, same version since the step: reset without a version bump
+                    # (``.data.zero_()``) or not reset at all; a view's counter is shared.
+                    # Only the values can tell; resolved at the next step, no sync here.
+                    t.dirty[i] = torch.ne(g.detach(), 0).any()
+                else:
+                    t.dirty[i] = False  # replaced or modified in place since the step: reset
+            elif id(g) != t.acc_id[i] or (g._version != t.acc_ver[i] and g._base is None):
+                t.dirty[i] = False  # reset between two backward passes of one step
+        except Exception as exc:
+            on_error("pre-accumulate hook", exc)
+        return None
+
+    def post(p: torch.Tensor) -> None:
+        try:
+            g = p.grad
+            if g is None or not t.incoming[i]:
+                t.incoming[i] = True
+                return  # the hook fired but no gradient arrived (seen under torch.compile)
+            t.last_seq[i] = next(t.counter)
+            t.acc_id[i], t.acc_ver[i] = id(g), g._version
+            t.fresh[i] = False
+            on_arrival()
+        except Exception as exc:
+            on_error("post-accumulate hook", exc)
+
+    return pre, post
+
+
+def make_forward_hook(tracker: Tracker, layer: str) -> Callable[..., None]:
+    """A forward hook that stamps when ``layer`` ran, with or without grad mode."""
+    t = tracker
+
+    def forward_hook(module: Any, args: Any, output: Any) -> None:
+        seq = next(t.counter)
+        if torch.is_grad_enabled():
+            t.fwd_grad[layer] = seq
+        else:
+            t.fwd_nograd[layer] = seq
+        if layer not in t.fwd_first:
+            t.fwd_first[layer] = seq
+
+    return forward_hook

@@ -1,0 +1,29 @@
+"""The checks, one per module. Adding a check touches its module and :data:`ALL_CHECKS`."""
+
+from __future__ import annotations
+
+from gradwatch.checks.base import Check, LayerSample, StepView, StructureView
+from gradwatch.checks.coverage import FrozenInOptimizer, NotInOptimizer
+from gradwatch.checks.dead import DeadParam
+from gradwatch.checks.exploding import ExplodingGrad
+from gradwatch.checks.ghost import GhostParam
+from gradwatch.checks.nonfinite import NonfiniteGrad
+from gradwatch.checks.stale import StaleParam
+from gradwatch.checks.step_without_grad import StepWithoutGrad
+from gradwatch.checks.vanishing import VanishingGrad
+from gradwatch.checks.zero_grad import MissingZeroGrad
+
+__all__ = ["ALL_CHECKS", "Check", "LayerSample", "StepView", "StructureView"]
+
+ALL_CHECKS: list[type[Check]] = [
+    GhostParam,
+    MissingZeroGrad,
+    StepWithoutGrad,
+    NonfiniteGrad,
+    ExplodingGrad,
+    VanishingGrad,
+    DeadParam,
+    StaleParam,
+    NotInOptimizer,
+    FrozenInOptimizer,
+]

@@ -1,0 +1,108 @@
+"""The protocol every check follows: observe what a step exposes, emit findings."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Optional
+
+if TYPE_CHECKING:
+    from gradwatch._findings import FindingLog
+    from gradwatch._index import ParamIndex
+    from gradwatch.config import CheckConfig, GradWatchConfig
+
+
+@dataclass
+class LayerSample:
+    """One layer's values on an observed step, over its parameters that received a gradient."""
+
+    positions: list[int]
+    norm: float
+    mean_abs: float
+    max_abs: float
+    nonzero: float
+    numel: int
+    param_norm: Optional[float]
+    delta_norm: Optional[float]
+
+    @property
+    def finite(self) -> bool:
+        return math.isfinite(self.norm)
+
+
+@dataclass
+class StepView:
+    """What one step exposes to the checks. Per-parameter lists align with ``ids``.
+
+    ``arrived`` comes from the hooks that fired (a gradient really accumulated since the
+    optimizer's previous step), never from ``.grad is None``. Statistics lists are ``None``
+    on steps that are not observed (see ``every_n_steps``); a parameter without ``.grad``
+    has ``None`` in them.
+    """
+
+    step: int
+    optimizer: Optional[int]
+    index: ParamIndex
+    ids: list[int]
+    arrived: list[bool]
+    has_grad: list[bool]
+    grad_norm: list[Optional[float]]
+    nonfinite: list[bool]
+    order: list[int]
+    backward_in_window: bool
+    observed: bool
+    cause: Callable[[int], str]
+    seen: list[int]
+    missing: list[int]
+    dirty: list[bool] = field(default_factory=list)
+    cleared: list[bool] = field(default_factory=list)
+    mean_abs: Optional[list[Optional[float]]] = None
+    max_abs: Optional[list[Optional[float]]] = None
+    nonzero: Optional[list[Optional[float]]] = None
+    param_norm: Optional[list[Optional[float]]] = None
+    delta_norm: Optional[list[Optional[float]]] = None
+    numel: list[int] = field(default_factory=list)
+    ranks_missing: Optional[list[list[int]]] = None
+    world_size: int = 1
+    scaler: bool = False
+    layers: dict[str, LayerSample] = field(default_factory=dict)
+
+    def by_layer(self) -> dict[str, list[int]]:
+        """Positions into ``ids`` grouped by the parameters' layer, in first-seen order."""
+        out: dict[str, list[int]] = {}
+        for k, i in enumerate(self.ids):
+            out.setdefault(self.index.params[i].layer, []).append(k)
+        return out
+
+
+@dataclass
+class StructureView:
+    """The parameter/optimizer layout, given to checks when it is first seen or changes."""
+
+    index: ParamIndex
+    trainable: list[int]
+    frozen: list[int]
+    in_optimizer: set[int]
+    optimizer_of: dict[int, list[int]]
+    has_optimizer: bool
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Check:
+    """Base class: a stable ``id``, a default severity (in the config) and two callbacks."""
+
+    id: ClassVar[str]
+
+    def __init__(self, config: CheckConfig, watch_config: GradWatchConfig) -> None:
+        self.config = config
+        self.watch_config = watch_config
+
+    @property
+    def severity(self) -> str:
+        return self.config.severity
+
+    def on_structure(self, view: StructureView, log: FindingLog) -> None:
+        """Called when the parameter/optimizer layout is first seen or changes."""
+
+    def on_step(self, view: StepView, log: FindingLog) -> None:
+        """Called once per optimizer step (per backward pass without an optimizer)."""

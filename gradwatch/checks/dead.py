@@ -1,0 +1,67 @@
+"""``dead_param``: every gradient of a layer exactly zero (a dead ReLU layer).
+
+A single parameter whose gradient is zero while the rest of its layer learns (a bias that a
+following normalisation cancels) is not a dead layer: it is reported at ``info`` at most.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from gradwatch.checks._patience import Streaks
+from gradwatch.checks.base import Check, StepView
+from gradwatch.config import DeadParamConfig
+
+if TYPE_CHECKING:
+    from gradwatch._findings import FindingLog
+
+
+class DeadParam(Check):
+    """Per layer, on observed steps."""
+
+    id = "dead_param"
+    config: DeadParamConfig
+
+    def __init__(self, config, watch_config) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(config, watch_config)
+        self._layers = Streaks()
+        self._params = Streaks()
+
+    def on_step(self, view: StepView, log: FindingLog) -> None:
+        patience = self.config.patience
+        for layer, s in view.layers.items():
+            dead = s.finite and s.nonzero == 0
+            names = view.index.names([view.ids[k] for k in s.positions])
+            if self._layers.hit(layer, dead) >= patience:
+                log.emit(
+                    self.id,
+                    severity=self.severity,
+                    step=view.step,
+                    message=f"layer '{layer}': every gradient exactly zero for {patience}+ "
+                    "observed steps (dead units).",
+                    hint="Dead ReLUs or a saturated activation: lower the learning rate, use "
+                    "LeakyReLU/GELU, check the bias initialisation and the input scale.",
+                    params=names,
+                    module=layer,
+                    details={"scope": "layer"},
+                )
+                continue
+            if dead or not s.finite:
+                continue
+            stuck = [
+                view.ids[k]
+                for k in s.positions
+                if self._params.hit(str(view.ids[k]), view.grad_norm[k] == 0.0) >= patience
+            ]
+            if stuck:
+                log.emit(
+                    self.id,
+                    severity="info",
+                    step=view.step,
+                    message=f"layer '{layer}': parameter(s) with an exactly zero gradient while "
+                    "the rest of the layer learns (redundant, e.g. a bias before a norm layer).",
+                    hint="Harmless but wasted: drop the parameter (bias=False) if it is redundant.",
+                    params=view.index.names(stuck),
+                    module=layer,
+                    details={"scope": "param"},
+                )

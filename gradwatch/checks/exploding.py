@@ -1,0 +1,55 @@
+"""``exploding_grad``: a layer norm above ``max_norm`` or a spike over its running median."""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import TYPE_CHECKING
+
+from gradwatch._stats import median
+from gradwatch.checks.base import Check, StepView
+from gradwatch.config import ExplodingGradConfig
+
+if TYPE_CHECKING:
+    from gradwatch._findings import FindingLog
+
+
+class ExplodingGrad(Check):
+    """Per layer, on observed steps."""
+
+    id = "exploding_grad"
+    config: ExplodingGradConfig
+
+    def __init__(self, config, watch_config) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(config, watch_config)
+        self._history: dict[str, deque[float]] = {}
+
+    def on_step(self, view: StepView, log: FindingLog) -> None:
+        cfg = self.config
+        for layer, sample in view.layers.items():
+            if not sample.finite:
+                continue
+            hist = self._history.setdefault(layer, deque(maxlen=self.watch_config.history))
+            reason = None
+            if cfg.max_norm is not None and sample.norm > cfg.max_norm:
+                reason = f"gradient norm {sample.norm:.3g} exceeds max_norm {cfg.max_norm:g}"
+            elif len(hist) >= cfg.warmup:
+                med = median(hist)
+                if med > 0 and sample.norm > cfg.spike_factor * med:
+                    reason = (
+                        f"gradient norm {sample.norm:.3g} jumped to {sample.norm / med:.1f}x its "
+                        f"running median {med:.3g}"
+                    )
+            hist.append(sample.norm)
+            if reason is None:
+                continue
+            log.emit(
+                self.id,
+                severity=self.severity,
+                step=view.step,
+                message=f"layer '{layer}': {reason}.",
+                hint="Lower the learning rate, clip gradients (clip_grad_norm_), check the "
+                "initialisation scale and normalisation layers, or add warmup.",
+                params=view.index.names([view.ids[k] for k in sample.positions]),
+                module=layer,
+                details={"norm": sample.norm, "max_norm": cfg.max_norm},
+            )

@@ -1,0 +1,34 @@
+"""``step_without_grad``: gradients were cleared between ``backward()`` and ``step()``."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from gradwatch.checks.base import Check, StepView
+
+if TYPE_CHECKING:
+    from gradwatch._findings import FindingLog
+
+
+class StepWithoutGrad(Check):
+    """Fires when a step found no gradient on any of its parameters after a backward ran."""
+
+    id = "step_without_grad"
+
+    def on_step(self, view: StepView, log: FindingLog) -> None:
+        if view.optimizer is None or not view.backward_in_window or not view.ids:
+            return
+        if not any(view.arrived) or not all(view.cleared[k] for k, a in enumerate(view.arrived) if a):
+            return
+        log.emit(
+            self.id,
+            severity=self.severity,
+            step=view.step,
+            message=f"optimizer[{view.optimizer}].step() ran with no gradient on any of its "
+            "parameters although backward() ran since its previous step.",
+            hint="zero_grad() runs between backward() and step(): move it before backward() "
+            "(or after step()).",
+            params=view.index.names([i for i, a in zip(view.ids, view.arrived) if a]),
+            key=f"optimizer[{view.optimizer}]",
+            details={"optimizer": view.optimizer},
+        )

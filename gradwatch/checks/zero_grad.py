@@ -1,0 +1,34 @@
+"""``missing_zero_grad``: a step consumed gradients left over from before the previous step."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from gradwatch.checks.base import Check, StepView
+
+if TYPE_CHECKING:
+    from gradwatch._findings import FindingLog
+
+
+class MissingZeroGrad(Check):
+    """Fires when ``optimizer.step()`` used a gradient that still held old contributions."""
+
+    id = "missing_zero_grad"
+
+    def on_step(self, view: StepView, log: FindingLog) -> None:
+        if view.optimizer is None or not any(view.dirty):
+            return
+        stale = [view.ids[k] for k, d in enumerate(view.dirty) if d]
+        names = view.index.names(stale)
+        log.emit(
+            self.id,
+            severity=self.severity,
+            step=view.step,
+            message=f"optimizer[{view.optimizer}].step() used gradients of {len(names)} parameter(s) "
+            "that still held contributions from before its previous step (zero_grad missing?).",
+            hint="Call optimizer.zero_grad() once per optimizer step (after step(), or before the "
+            "first backward of the next step); with gradient accumulation zero after each step().",
+            params=names,
+            key=f"optimizer[{view.optimizer}]",
+            details={"optimizer": view.optimizer},
+        )

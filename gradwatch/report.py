@@ -1,0 +1,192 @@
+"""The report: pydantic models that round-trip through JSON.
+
+Example:
+    >>> report = watcher.report()  # doctest: +SKIP
+    >>> report.failed, [f.check for f in report.findings]  # doctest: +SKIP
+    (True, ['ghost_param'])
+    >>> report.write("gradwatch-report.json")  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from gradwatch._severity import FailOn, Severity, at_least
+from gradwatch.config import GradWatchConfig
+from gradwatch.errors import GhostLayerError, GradWatchError
+
+__all__ = ["SCHEMA_VERSION", "Coverage", "Finding", "LayerStats", "Report"]
+
+SCHEMA_VERSION = 1
+
+# NaN/Inf norms are data here (a NaN gradient is what the report is about): keep them in JSON.
+_JSON = ConfigDict(ser_json_inf_nan="constants")
+
+
+class Finding(BaseModel):
+    """One problem, at most one per (check, layer), with when and how often it was seen."""
+
+    model_config = _JSON
+
+    check: str
+    severity: Severity
+    message: str
+    hint: str = ""
+    params: list[str] = Field(default_factory=list)
+    module: Optional[str] = None
+    first_step: int = 0
+    last_step: int = 0
+    count: int = 1
+    details: dict[str, Any] = Field(default_factory=dict)
+
+    def line(self) -> str:
+        """A one-line rendering: ``[severity] check module: message``."""
+        where = f" {self.module}" if self.module else ""
+        return f"[{self.severity}] {self.check}{where}: {self.message}"
+
+
+class LayerStats(BaseModel):
+    """Statistics of one layer (a module that directly owns parameters)."""
+
+    model_config = _JSON
+
+    name: str
+    params: list[str]
+    numel: int
+    trainable: bool = True
+    in_optimizer: bool = True
+    grad_norm_last: Optional[float] = None
+    grad_norm_min: Optional[float] = None
+    grad_norm_max: Optional[float] = None
+    grad_norm_mean: Optional[float] = None
+    mean_abs_grad: Optional[float] = None
+    max_abs_grad: Optional[float] = None
+    zero_fraction: Optional[float] = None
+    param_norm: Optional[float] = None
+    update_ratio: Optional[float] = None
+    steps_with_grad: int = 0
+    steps_without_grad: int = 0
+    forward_order: Optional[int] = None
+    history: list[tuple[int, float]] = Field(
+        default_factory=list, description="(step, gradient L2 norm) samples, bounded."
+    )
+
+    # Short aliases for the gradient-norm summary (SPEC §3: ``last/min/max/mean``).
+    @property
+    def last(self) -> Optional[float]:
+        return self.grad_norm_last
+
+    @property
+    def min(self) -> Optional[float]:
+        return self.grad_norm_min
+
+    @property
+    def max(self) -> Optional[float]:
+        return self.grad_norm_max
+
+    @property
+    def mean(self) -> Optional[float]:
+        return self.grad_norm_mean
+
+
+class Coverage(BaseModel):
+    """Which parameters train, which are frozen, which an optimizer holds."""
+
+    trainable: int = 0
+    frozen: int = 0
+    trainable_numel: int = 0
+    frozen_numel: int = 0
+    in_optimizer: int = 0
+    not_in_optimizer: int = 0
+    frozen_in_optimizer: int = 0
+    outside_model: int = 0
+    optimizers: int = 0
+
+
+class Report(BaseModel):
+    """Everything a watcher found. ``Report.model_validate_json(report.model_dump_json())`` round-trips."""
+
+    model_config = _JSON
+
+    schema_version: int = SCHEMA_VERSION
+    gradwatch_version: str
+    torch_version: str
+    config: GradWatchConfig
+    steps: int = 0
+    backward_passes: int = 0
+    skipped_steps: int = 0
+    failed: bool = False
+    fail_on: FailOn = "error"
+    findings: list[Finding] = Field(default_factory=list)
+    layers: list[LayerStats] = Field(default_factory=list)
+    coverage: Coverage = Field(default_factory=Coverage)
+    param_map: Optional[dict[str, Any]] = None
+
+    def failing(self) -> list[Finding]:
+        """The findings at or above ``fail_on``."""
+        return [f for f in self.findings if at_least(f.severity, self.fail_on)]
+
+    def by_check(self, check: str) -> list[Finding]:
+        """The findings of one check id."""
+        return [f for f in self.findings if f.check == check]
+
+    def raise_for_findings(self) -> None:
+        """Raise when the report failed.
+
+        Raises:
+            GhostLayerError: when a failing finding is ``ghost_param``.
+            GradWatchError: for any other failing finding.
+        """
+        failing = self.failing()
+        if not failing:
+            return
+        lines = "; ".join(f.line() + f" [{', '.join(f.params[:8])}]" for f in failing)
+        cls = GhostLayerError if any(f.check == "ghost_param" for f in failing) else GradWatchError
+        raise cls(f"gradwatch found {len(failing)} problem(s): {lines}")
+
+    def write(self, path: Union[str, Path]) -> Path:
+        """Write the JSON report atomically (temp file + rename) and return its path."""
+        target = Path(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                fh.write(self.model_dump_json(indent=2))
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, target)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        return target
+
+    @classmethod
+    def read(cls, path: Union[str, Path]) -> Report:
+        """Load a report written by :meth:`write`."""
+        return cls.model_validate_json(Path(path).read_text(encoding="utf-8"))
+
+    def summary(self, *, color: bool = False, width: int = 110) -> str:
+        """The console summary as text (a findings table and the totals)."""
+        from gradwatch._console import render_text
+
+        return render_text(self, color=color, width=width)
+
+    def print(self, file: Any = None) -> None:
+        """Print the summary to ``file`` (stdout by default), in colour on a terminal."""
+        from gradwatch._console import print_report
+
+        print_report(self, file=file)
+
+    def to_html(self, path: Union[str, Path]) -> Path:
+        """Write a self-contained HTML report with plots (needs ``matplotlib``)."""
+        from gradwatch._html import write_html
+
+        return write_html(self, Path(path))
+
+    def __str__(self) -> str:
+        return self.summary()
