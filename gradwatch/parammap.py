@@ -25,7 +25,7 @@ import math
 import operator
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Optional
+from typing import Any, Literal, Optional, SupportsIndex
 
 import torch
 from torch import Tensor, nn
@@ -157,6 +157,8 @@ class ParamMap:
     Build it with :meth:`from_module` (bound to the module's tensors) or
     :meth:`from_json` (unbound until :meth:`bind`). Entries follow
     ``named_parameters()`` order, then ``named_buffers()``, one per distinct tensor.
+    A bound map holds the tensors, not the module: after replacing a parameter
+    object, build a new map (changes of shape or dtype in place are detected).
 
     Example:
         >>> model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU())
@@ -439,7 +441,7 @@ class ParamMap:
                     t.grad.copy_(src)
 
     # --- lookup -------------------------------------------------------------------------
-    def locate(self, index: int) -> tuple[str, tuple[int, ...]]:
+    def locate(self, index: SupportsIndex) -> tuple[str, tuple[int, ...]]:
         """Name the parameter and element behind a flat index.
 
         Args:

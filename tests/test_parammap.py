@@ -141,7 +141,9 @@ def test_frozen_parameters_are_skipped_or_need_missing_zeros() -> None:
         full.flatten("grad")
     grads = full.flatten("grad", missing="zeros")
     assert torch.equal(grads[: full["2.weight"].offset], torch.zeros(16))
-    assert torch.equal(grads[full["2.weight"].offset :], ParamMap.from_module(model).flatten("grad"))
+    assert torch.equal(
+        grads[full["2.weight"].offset :], ParamMap.from_module(model).flatten("grad")
+    )
 
 
 def test_mixed_float32_bfloat16_round_trip_and_dtype_checks() -> None:
@@ -205,7 +207,9 @@ def test_wrong_length_names_the_first_parameter_that_does_not_fit() -> None:
     pmap = ParamMap.from_module(model)
     before = snapshot(model)
     short = torch.zeros(pmap["1.weight"].offset + 1)
-    with pytest.raises(ParamMapError, match=r"has 113 elements, the map needs 445: param '1\.weight'"):
+    with pytest.raises(
+        ParamMapError, match=r"has 113 elements, the map needs 445: param '1\.weight'"
+    ):
         pmap.unflatten(short)
     with pytest.raises(ParamMapError, match=r"2 extra after the last entry '4\.bias'"):
         pmap.unflatten(torch.zeros(pmap.numel + 2))
@@ -218,7 +222,9 @@ def test_wrong_dtype_writes_nothing() -> None:
     model = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2).double())
     pmap = ParamMap.from_module(model)
     before = snapshot(model)
-    with pytest.raises(ParamMapError, match=r"float32 vector cannot hold param '1\.weight' \(float64\)"):
+    with pytest.raises(
+        ParamMapError, match=r"float32 vector cannot hold param '1\.weight' \(float64\)"
+    ):
         pmap.unflatten(torch.ones(pmap.numel))
     assert_unchanged(model, before)  # '0.weight' passed the checks but was not written
     with pytest.raises(ParamMapError, match=r"int64 vector cannot hold param '0\.weight'"):
@@ -258,7 +264,7 @@ def test_other_errors() -> None:
         pmap.flatten("weights")  # type: ignore[arg-type]
     with pytest.raises(ParamMapError, match=r"flat index 9 is outside the map's 9 elements"):
         pmap.locate(9)
-    with pytest.raises(ParamMapError, match="all_reduce_grads needs torch.distributed"):
+    with pytest.raises(ParamMapError, match=r"all_reduce_grads needs torch\.distributed"):
         ParamMap.from_module(nn.Linear(1, 1)).all_reduce_grads()
     lazy = nn.LazyLinear(2)
     with pytest.raises(ParamMapError, match=r"param 'weight' is uninitialized"):
@@ -269,7 +275,9 @@ def test_stale_map_is_detected() -> None:
     model = nn.Linear(2, 2)
     pmap = ParamMap.from_module(model)
     model.half()
-    with pytest.raises(ParamMapError, match=r"param 'weight' changed from float32\[2, 2\] to float16"):
+    with pytest.raises(
+        ParamMapError, match=r"param 'weight' changed from float32\[2, 2\] to float16"
+    ):
         pmap.flatten()
 
 
@@ -339,7 +347,10 @@ def test_check_compatible_lists_differences() -> None:
         pmap.bind(untied)
     assert not pmap.is_bound
     half = TinyTransformer().to(torch.float64)
-    assert pmap.check_compatible(half)[0] == "'emb.weight': dtype float32 in the map, float64 in the model"
+    assert (
+        pmap.check_compatible(half)[0]
+        == "'emb.weight': dtype float32 in the map, float64 in the model"
+    )
 
 
 def test_from_json_rejects_bad_documents() -> None:
@@ -374,7 +385,9 @@ def special_model() -> nn.Module:
     return model
 
 
-def assert_within_half_step(pmap: ParamMap, vec: torch.Tensor, deq: torch.Tensor, meta: dict) -> None:
+def assert_within_half_step(
+    pmap: ParamMap, vec: torch.Tensor, deq: torch.Tensor, meta: dict
+) -> None:
     for p in meta["params"]:
         off, n = p["offset"], p["numel"]
         err = (deq[off : off + n].double() - vec[off : off + n].double()).abs().max().item()
@@ -405,13 +418,13 @@ def test_quantize_mixed_dtypes_and_errors() -> None:
     pmap = ParamMap.from_module(mixed_model())
     qvec, meta = pmap.quantize(torch.uint8)
     assert_within_half_step(pmap, pmap.flatten(), pmap.dequantize(qvec, meta), meta)
-    with pytest.raises(ParamMapError, match="int8 and torch.uint8"):
+    with pytest.raises(ParamMapError, match=r"int8 and torch\.uint8"):
         pmap.quantize(torch.int16)
     with pytest.raises(ParamMapError, match="scheme must be"):
         pmap.quantize(scheme="log")  # type: ignore[arg-type]
     with pytest.raises(ParamMapError, match="different model structure"):
         ParamMap.from_module(nn.Linear(3, 4)).dequantize(qvec, meta)
-    with pytest.raises(ParamMapError, match="quantized vector is torch.int8"):
+    with pytest.raises(ParamMapError, match=r"quantized vector is torch\.int8"):
         pmap.dequantize(qvec.to(torch.int8), meta)
     model = nn.Linear(2, 2)
     with torch.no_grad():
@@ -428,7 +441,9 @@ def test_quantize_mixed_dtypes_and_errors() -> None:
     qdtype=st.sampled_from([torch.int8, torch.uint8]),
     scheme=st.sampled_from(["affine", "symmetric"]),
 )
-def test_quantize_error_bound_property(values: list[float], qdtype: torch.dtype, scheme: str) -> None:
+def test_quantize_error_bound_property(
+    values: list[float], qdtype: torch.dtype, scheme: str
+) -> None:
     model = nn.Module()
     model.w = nn.Parameter(torch.tensor(values))
     model.c = nn.Parameter(torch.full((3,), values[0]))
@@ -448,7 +463,9 @@ def module_trees(draw: st.DrawFn, depth: int = 0) -> nn.Module:
         if kind == "tree":
             child: nn.Module = draw(module_trees(depth + 1))
         elif kind == "linear":
-            child = nn.Linear(draw(st.integers(1, 4)), draw(st.integers(1, 4)), bias=draw(st.booleans()))
+            child = nn.Linear(
+                draw(st.integers(1, 4)), draw(st.integers(1, 4)), bias=draw(st.booleans())
+            )
             if draw(st.booleans()):  # non-contiguous weight
                 child.weight = nn.Parameter(torch.randn(child.in_features, child.out_features).t())
         elif kind == "conv":
@@ -470,7 +487,7 @@ def module_trees(draw: st.DrawFn, depth: int = 0) -> nn.Module:
 
 
 def named_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
-    named = dict(model.named_parameters(remove_duplicate=False))
+    named: dict[str, torch.Tensor] = dict(model.named_parameters(remove_duplicate=False))
     named.update(model.named_buffers(remove_duplicate=False))
     return named
 
@@ -480,8 +497,14 @@ def named_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
 def test_unflatten_flatten_round_trip_property(
     model: nn.Module, trainable_only: bool, include_buffers: bool
 ) -> None:
-    pmap = ParamMap.from_module(model, trainable_only=trainable_only, include_buffers=include_buffers)
-    wanted = {n for n, p in model.named_parameters(remove_duplicate=False) if p.requires_grad or not trainable_only}
+    pmap = ParamMap.from_module(
+        model, trainable_only=trainable_only, include_buffers=include_buffers
+    )
+    wanted = {
+        n
+        for n, p in model.named_parameters(remove_duplicate=False)
+        if p.requires_grad or not trainable_only
+    }
     if include_buffers:
         wanted |= {n for n, _ in model.named_buffers(remove_duplicate=False)}
     assert {n for e in pmap for n in e.names} == wanted
@@ -517,7 +540,10 @@ def test_locate_agrees_with_offsets_property(model: nn.Module, data: st.DataObje
 
 # --- example ------------------------------------------------------------------------------
 def test_example_script_runs() -> None:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
     result = subprocess.run(
         [sys.executable, str(ROOT / "examples" / "parammap_demo.py")],
         capture_output=True,
