@@ -41,13 +41,15 @@ def foreach_norms(tensors: Sequence[torch.Tensor], ord: float = 2.0) -> list[tor
     for (_device, dtype), idxs in groups.items():
         batch = [tensors[k].detach() for k in idxs]
         kwargs = {"dtype": _F32} if dtype in (torch.float16, torch.bfloat16) else {}
+        norms: Sequence[torch.Tensor]
         try:
             norms = torch._foreach_norm(batch, ord, **kwargs)
         except (RuntimeError, TypeError):  # older torch without dtype=, or an unsupported ord
             norms = [_dense_norm(t, ord) for t in batch]
         for k, n in zip(idxs, norms):
             out[k] = n
-    return [n if n.dtype == _F32 else n.to(_F32) for n in out]  # type: ignore[union-attr]
+    done = [n for n in out if n is not None]
+    return [n if n.dtype == _F32 else n.to(_F32) for n in done]
 
 
 def to_host(values: Sequence[torch.Tensor]) -> list[float]:
@@ -59,7 +61,14 @@ def to_host(values: Sequence[torch.Tensor]) -> list[float]:
         by_device[v.device].append(k)
     out = [0.0] * len(values)
     for idxs in by_device.values():
-        stacked = torch.stack([values[k].reshape(()).to(_F32) for k in idxs])
+        # Norms are already 0-dim float32: reshape/cast only the others (a bool flag, the
+        # scaler's 1-element scale), since two dispatcher calls per value cost more than the norms.
+        stacked = torch.stack(
+            [
+                v if v.dtype is _F32 and v.dim() == 0 else v.reshape(()).to(_F32)
+                for v in (values[k] for k in idxs)
+            ]
+        )
         for k, x in zip(idxs, stacked.tolist()):
             out[k] = x
     return out
