@@ -148,7 +148,7 @@ def gather(
             g is None or (norm == 0.0 and (id(g) != t.acc_id[i] or g._version != t.acc_ver[i]))
         )
         bad = norm is not None and not math.isfinite(norm)
-        if bad and g is not None and math.isinf(norm):
+        if bad and g is not None and norm is not None and math.isinf(norm):
             # An inf L2 norm may be float32 overflow of finite values: look at the entries.
             v = g.coalesce()._values() if g.is_sparse else g
             bad = not bool(torch.isfinite(v).all())
@@ -180,7 +180,7 @@ def layer_samples(g: Gathered, numel: list[int], layer_of: list[str]) -> dict[st
             positions=live,
             norm=layer_norm([g.grad_norm[j] for j in live]),  # type: ignore[misc]
             mean_abs=sum(l1[j] for j in live) / size,  # type: ignore[misc]
-            max_abs=max(linf[j] for j in live),  # type: ignore[type-var]
+            max_abs=max(v for v in (linf[j] for j in live) if v is not None),
             nonzero=sum(nnz[j] for j in live),  # type: ignore[misc]
             numel=size,
             param_norm=layer_norm(pn) if pn else None,  # type: ignore[arg-type]

@@ -44,7 +44,7 @@ def test_lbfgs_closure() -> None:
     opt = torch.optim.LBFGS(model.parameters(), lr=0.5, max_iter=4)
     with gradwatch.watch(model, opt, config={"every_n_steps": 1}) as w:
         for x, y in batches(3):
-            def closure() -> torch.Tensor:
+            def closure(x: torch.Tensor = x, y: torch.Tensor = y) -> torch.Tensor:
                 opt.zero_grad()
                 loss = nn.functional.mse_loss(model(x), y)
                 loss.backward()
