@@ -39,7 +39,8 @@ def foreach_norms(tensors: Sequence[torch.Tensor], ord: float = 2.0) -> list[tor
         else:
             groups[(t.device, t.dtype)].append(k)
     for (_device, dtype), idxs in groups.items():
-        batch = [tensors[k].detach() for k in idxs]
+        # Gradients rarely require grad (only under create_graph): skip a detach per tensor.
+        batch = [t.detach() if t.requires_grad else t for t in (tensors[k] for k in idxs)]
         kwargs = {"dtype": _F32} if dtype in (torch.float16, torch.bfloat16) else {}
         norms: Sequence[torch.Tensor]
         try:
