@@ -1,0 +1,270 @@
+"""A self-contained HTML report: summary, findings, charts and coverage in one offline file.
+
+Charts are PNGs inlined as ``data:`` URIs (see :mod:`gradwatch._html_plots`); the page loads
+nothing from the network and runs no script.
+
+Example:
+    >>> report = gradwatch.Report.read("gradwatch-report.json")  # doctest: +SKIP
+    >>> report.to_html("report.html")  # doctest: +SKIP
+    PosixPath('report.html')
+"""
+
+from __future__ import annotations
+
+import html
+import logging
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Optional
+
+from gradwatch.errors import ConfigError
+
+if TYPE_CHECKING:
+    from gradwatch.report import Finding, Report
+
+__all__ = ["MissingExtraError", "render_html", "write_html"]
+
+log = logging.getLogger("gradwatch")
+
+_PARAMS_SHOWN = 6
+_SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
+
+_CSS = """
+body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:24px auto;
+ max-width:1200px;padding:0 16px;color:#1d1d1f;background:#fff}
+h1{font-size:1.6em;margin:0 0 4px}h2{font-size:1.2em;margin:28px 0 8px;border-bottom:1px solid #ddd}
+.status{display:inline-block;padding:2px 10px;border-radius:4px;color:#fff;font-weight:600}
+.failed{background:#c62828}.passed{background:#2e7d32}
+.meta{color:#555;font-size:.9em}
+table{border-collapse:collapse;width:100%;font-size:.88em}
+th,td{border:1px solid #ddd;padding:4px 8px;text-align:left;vertical-align:top}
+th{background:#f5f5f5}td.num{text-align:right;font-variant-numeric:tabular-nums}
+.sev-error{color:#c62828;font-weight:700}.sev-warning{color:#ef6c00;font-weight:700}
+.sev-info{color:#1565c0}
+dl.kv{display:grid;grid-template-columns:max-content auto;gap:2px 16px;margin:8px 0}
+dl.kv dt{font-weight:600}dl.kv dd{margin:0}
+img.chart{max-width:100%;height:auto;display:block;margin:8px 0;border:1px solid #eee}
+.empty{color:#777;font-style:italic}pre{background:#f7f7f7;padding:8px;overflow:auto;font-size:.8em}
+code{font-size:.95em}
+"""
+
+
+class MissingExtraError(ConfigError, ImportError):
+    """An optional dependency is missing; the message names the extra to install."""
+
+
+def _require_matplotlib() -> None:
+    try:
+        import matplotlib  # noqa: F401
+        from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: F401
+        from matplotlib.figure import Figure  # noqa: F401
+    except ImportError as exc:
+        raise MissingExtraError(
+            f"the HTML report needs matplotlib ({exc}): pip install gradwatch[html]"
+        ) from None
+
+
+def _e(value: Any) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def _num(value: Optional[float], fmt: str = ".3g") -> str:
+    if value is None:
+        return "&ndash;"
+    if not math.isfinite(value):
+        return _e(value)
+    return _e(format(value, fmt))
+
+
+def _params_cell(f: Finding) -> str:
+    names = f.params or ([f.module] if f.module else [])
+    shown = ", ".join(f"<code>{_e(n)}</code>" for n in names[:_PARAMS_SHOWN])
+    more = len(names) - _PARAMS_SHOWN
+    if more > 0:
+        rest = _e(", ".join(names[_PARAMS_SHOWN:]))
+        shown += f' <span title="{rest}">(+{more} more)</span>'
+    return shown
+
+
+def _cause(f: Finding) -> str:
+    for key in ("cause", "origin"):
+        value = f.details.get(key)
+        if value:
+            return str(value)
+    return ""
+
+
+def _header(report: Report) -> str:
+    status = "failed" if report.failed else "passed"
+    cfg = report.config
+    items = [
+        ("status", f'<span class="status {status}">{status.upper()}</span>'),
+        ("optimizer steps", _e(report.steps)),
+        ("backward passes", _e(report.backward_passes)),
+        ("skipped steps (scaler)", _e(report.skipped_steps)),
+        ("findings", _e(len(report.findings)) + f" ({len(report.failing())} at/above fail_on)"),
+        ("fail_on", f"<code>{_e(report.fail_on)}</code>"),
+        ("every_n_steps", _e(cfg.every_n_steps)),
+        ("history", _e(cfg.history)),
+        ("ignore", _e(", ".join(cfg.ignore)) or "&ndash;"),
+        ("versions", f"gradwatch {_e(report.gradwatch_version)}, torch {_e(report.torch_version)}"),
+    ]
+    rows = "".join(f"<dt>{k}</dt><dd>{v}</dd>" for k, v in items)
+    config_json = _e(cfg.model_dump_json(indent=2))
+    return (
+        f'<h1>gradwatch report</h1><dl class="kv">{rows}</dl>'
+        f"<details><summary>effective config</summary><pre>{config_json}</pre></details>"
+    )
+
+
+def _findings(report: Report) -> str:
+    if not report.findings:
+        return '<h2>Findings</h2><p class="empty">No findings.</p>'
+    rows = []
+    ordered = sorted(
+        report.findings, key=lambda f: (_SEVERITY_ORDER[f.severity], f.check, f.module or "")
+    )
+    for f in ordered:
+        steps = f"{f.first_step}&ndash;{f.last_step} (&times;{f.count})"
+        rows.append(
+            f'<tr><td class="sev-{_e(f.severity)}">{_e(f.severity)}</td><td><code>{_e(f.check)}'
+            f"</code></td><td>{_params_cell(f)}</td><td>{_e(f.message)}</td>"
+            f"<td>{_e(_cause(f))}</td><td>{_e(f.hint)}</td><td>{steps}</td></tr>"
+        )
+    head = "".join(
+        f"<th>{h}</th>"
+        for h in ("severity", "check", "parameters", "message", "cause", "hint", "steps")
+    )
+    return f'<h2>Findings</h2><table class="findings"><tr>{head}</tr>{"".join(rows)}</table>'
+
+
+def _chart(title: str, build: Callable[[Report], Any], report: Report, empty: str) -> str:
+    from gradwatch._html_plots import figure_png
+
+    try:
+        fig = build(report)
+        body = (
+            f'<p class="empty">{_e(empty)}</p>'
+            if fig is None
+            else f'<img class="chart" alt="{_e(title)}" src="data:image/png;base64,{figure_png(fig)}">'
+        )
+    except Exception as exc:  # one broken chart must not cost the whole report
+        log.warning("gradwatch: could not draw %r: %r", title, exc)
+        body = f'<p class="empty">chart failed: {_e(type(exc).__name__)}: {_e(exc)}</p>'
+    return f"<h2>{_e(title)}</h2>{body}"
+
+
+def _coverage(report: Report) -> str:
+    c = report.coverage
+    items = [
+        ("trainable parameters", f"{c.trainable} ({c.trainable_numel:,} elements)"),
+        ("frozen parameters", f"{c.frozen} ({c.frozen_numel:,} elements)"),
+        ("optimizers", str(c.optimizers)),
+        ("trainable in an optimizer", f"{c.in_optimizer} / {c.trainable}"),
+        ("trainable in no optimizer", str(c.not_in_optimizer)),
+        ("frozen but in an optimizer", str(c.frozen_in_optimizer)),
+        ("optimizer tensors outside the model", str(c.outside_model)),
+    ]
+    rows = "".join(f"<dt>{k}</dt><dd>{_e(v)}</dd>" for k, v in items)
+    return f'<h2>Coverage</h2><dl class="kv">{rows}</dl>'
+
+
+def _layers_table(report: Report) -> str:
+    from gradwatch._html_plots import flagged_layers, layer_order
+
+    layers = layer_order(report)
+    if not layers:
+        return '<h2>Layers</h2><p class="empty">No layer statistics.</p>'
+    flags = flagged_layers(report)
+    head = "".join(
+        f"<th>{h}</th>"
+        for h in (
+            "layer",
+            "flag",
+            "numel",
+            "trainable",
+            "in optimizer",
+            "grad norm last",
+            "mean",
+            "max",
+            "mean |grad|",
+            "update ratio",
+            "steps with / without grad",
+        )
+    )
+    rows = []
+    for layer in layers:
+        rows.append(
+            f"<tr><td><code>{_e(layer.name)}</code></td><td>{_e(flags.get(layer.name, ''))}</td>"
+            f'<td class="num">{layer.numel:,}</td><td>{"yes" if layer.trainable else "no"}</td>'
+            f"<td>{'yes' if layer.in_optimizer else 'no'}</td>"
+            f'<td class="num">{_num(layer.grad_norm_last)}</td>'
+            f'<td class="num">{_num(layer.grad_norm_mean)}</td>'
+            f'<td class="num">{_num(layer.grad_norm_max)}</td>'
+            f'<td class="num">{_num(layer.mean_abs_grad)}</td>'
+            f'<td class="num">{_num(layer.update_ratio)}</td>'
+            f'<td class="num">{layer.steps_with_grad} / {layer.steps_without_grad}</td></tr>'
+        )
+    return f'<h2>Layers</h2><table class="layers"><tr>{head}</tr>{"".join(rows)}</table>'
+
+
+def render_html(report: Report) -> str:
+    """The whole page as a string (``write_html`` writes it).
+
+    Raises:
+        MissingExtraError: when matplotlib is not installed (``pip install gradwatch[html]``).
+    """
+    _require_matplotlib()
+    from gradwatch._html_plots import gradient_flow, norm_timelines, update_ratios
+
+    title = f"gradwatch report: {'FAILED' if report.failed else 'passed'}"
+    parts = [
+        _header(report),
+        _findings(report),
+        _chart("Gradient flow", gradient_flow, report, "No layer statistics were recorded."),
+        _chart("Gradient norm history", norm_timelines, report, "No norm history was recorded."),
+        _chart("Update ratio", update_ratios, report, "No layer statistics were recorded."),
+        _coverage(report),
+        _layers_table(report),
+    ]
+    return (
+        '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width,initial-scale=1">'
+        f"<title>{_e(title)}</title><style>{_CSS}</style></head><body>"
+        + "\n".join(parts)
+        + "</body></html>\n"
+    )
+
+
+def write_html(report: Report, path: Path) -> Path:
+    """Write the self-contained HTML report to ``path`` atomically and return the path.
+
+    Args:
+        report: the report to render.
+        path: the target file; parent folders are created.
+
+    Returns:
+        ``path``.
+
+    Raises:
+        MissingExtraError: when matplotlib is not installed (``pip install gradwatch[html]``).
+
+    Example:
+        >>> write_html(watcher.report(), Path("report.html"))  # doctest: +SKIP
+    """
+    target = Path(path)
+    if target.is_dir():
+        raise ConfigError(f"HTML report path '{target}' is a directory, not a file")
+    page = render_html(report)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(page)
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return target

@@ -1,0 +1,285 @@
+"""The HTML report's charts: matplotlib ``Figure`` objects built from a :class:`Report`.
+
+Charts are drawn on ``matplotlib.figure.Figure`` with the Agg canvas, never through
+``pyplot``: the report must not open windows, pick a GUI backend, or leave figures in
+pyplot's global registry of the user's process.
+
+Every chart accepts NaN/Inf and zero values (a NaN gradient is exactly what a report may
+be about): on log axes those are drawn as markers on the axis floor or ceiling.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Optional
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+    from gradwatch.report import LayerStats, Report
+
+__all__ = [
+    "UPDATE_RATIO_RULE",
+    "figure_png",
+    "flagged_layers",
+    "gradient_flow",
+    "layer_order",
+    "norm_timelines",
+    "update_ratios",
+]
+
+#: |Δw|/|w| per step around 1e-3 is the usual rule of thumb for a healthy learning rate.
+UPDATE_RATIO_RULE = 1e-3
+#: Layers drawn in the timeline chart besides the flagged ones.
+TOP_K = 8
+_MAX_TICKS = 80
+_TOP, _BOTTOM = 0.96, 0.04  # axes fractions for markers of values off a log axis
+_GHOST = "ghost_param"
+_DEAD = "dead_param"
+_RED, _ORANGE, _BLUE, _LIGHT = "#c62828", "#ef6c00", "#1565c0", "#90caf9"
+
+
+def _finite_pos(x: Optional[float]) -> bool:
+    return x is not None and math.isfinite(x) and x > 0
+
+
+def layer_order(report: Report) -> list[LayerStats]:
+    """Layers in forward order (first forward call), then those never run in report order."""
+    ranked = list(enumerate(report.layers))
+    ranked.sort(key=lambda t: (t[1].forward_order is None, t[1].forward_order or 0, t[0]))
+    return [layer for _, layer in ranked]
+
+
+def flagged_layers(report: Report) -> dict[str, str]:
+    """``{module: "ghost" | "dead"}`` for layers with a ghost/dead finding (ghost wins)."""
+    out: dict[str, str] = {}
+    for f in report.findings:
+        if f.module is None:
+            continue
+        if f.check == _GHOST:
+            out[f.module] = "ghost"
+        elif f.check == _DEAD:
+            out.setdefault(f.module, "dead")
+    return out
+
+
+def _floor_ceiling(values: Sequence[Optional[float]]) -> tuple[float, float]:
+    good = [v for v in values if v is not None and _finite_pos(v)]
+    if not good:
+        return 1e-8, 1.0
+    return min(good) / 10.0, max(good) * 10.0
+
+
+def _new_figure(width: float, height: float) -> tuple[Figure, Axes]:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width, height), dpi=100, layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig, fig.add_subplot()
+
+
+def _layer_ticks(ax: Axes, names: list[str], flags: dict[str, str]) -> None:
+    n = len(names)
+    every = max(1, math.ceil(n / _MAX_TICKS))
+    shown = [i for i in range(n) if i % every == 0 or names[i] in flags]
+    ax.set_xticks(shown)
+    ax.set_xticklabels([names[i] for i in shown], rotation=90, fontsize=7 if n > 30 else 8)
+    for label, i in zip(ax.get_xticklabels(), shown):
+        kind = flags.get(names[i])
+        if kind is not None:
+            label.set_color(_RED if kind == "ghost" else _ORANGE)
+            label.set_fontweight("bold")
+    ax.set_xlim(-0.6, n - 0.4)
+
+
+def _mark_missing(ax: Axes, xs: Sequence[float], y: float, color: str, label: str) -> None:
+    """Markers at data ``x`` and axes-fraction ``y`` (values a log axis cannot show)."""
+    if xs:
+        ax.scatter(
+            xs,
+            [y] * len(xs),
+            marker="x",
+            s=40,
+            color=color,
+            zorder=5,
+            label=label,
+            transform=ax.get_xaxis_transform(),
+            clip_on=False,
+        )
+
+
+def _legend(ax: Axes) -> None:
+    # Outside the plot: a legend inside would hide the markers drawn at the axis edges.
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+
+
+def gradient_flow(report: Report) -> Optional[Figure]:
+    """Per-layer mean and max |grad| in forward order on a log axis; ghost/dead layers marked.
+
+    Returns ``None`` when the report has no layers.
+    """
+    layers = layer_order(report)
+    if not layers:
+        return None
+    flags = flagged_layers(report)
+    names = [layer.name for layer in layers]
+    mean = [layer.mean_abs_grad for layer in layers]
+    peak = [layer.max_abs_grad for layer in layers]
+    floor, ceiling = _floor_ceiling(mean + peak)
+    fig, ax = _new_figure(min(max(6.5, 0.28 * len(layers) + 2.5), 24.0), 4.6)
+    xs = list(range(len(layers)))
+
+    def bars(values: list[Optional[float]]) -> list[float]:
+        return [v - floor if v is not None and _finite_pos(v) else 0.0 for v in values]
+
+    ax.bar(xs, bars(peak), bottom=floor, width=0.8, color=_LIGHT, label="max |grad|")
+    ax.bar(xs, bars(mean), bottom=floor, width=0.5, color=_BLUE, label="mean |grad|")
+    ax.set_yscale("log")
+    ax.set_ylim(floor, ceiling)
+    nonfinite = [
+        x
+        for x, v, p in zip(xs, mean, peak)
+        if any(u is not None and not math.isfinite(u) for u in (v, p))
+    ]
+    zero = [x for x, v in zip(xs, mean) if v is not None and v == 0.0 and x not in nonfinite]
+    absent = [x for x, v in zip(xs, mean) if v is None]
+    _mark_missing(ax, nonfinite, _TOP, _RED, "NaN/Inf")
+    _mark_missing(ax, zero, _BOTTOM, _ORANGE, "exactly zero")
+    _mark_missing(ax, absent, _BOTTOM, "#757575", "no gradient")
+    for kind, color in (("ghost", _RED), ("dead", _ORANGE)):
+        marked = [x for x, name in zip(xs, names) if flags.get(name) == kind]
+        for x in marked:
+            ax.axvspan(x - 0.45, x + 0.45, color=color, alpha=0.12, lw=0)
+            ax.text(
+                x,
+                0.1,
+                kind,
+                transform=ax.get_xaxis_transform(),
+                rotation=90,
+                ha="center",
+                va="bottom",
+                fontsize=8,
+                color=color,
+                fontweight="bold",
+            )
+        if marked:
+            ax.scatter([], [], marker="s", color=color, alpha=0.3, label=f"{kind} layer")
+    _layer_ticks(ax, names, flags)
+    ax.set_ylabel("|gradient| (log)")
+    ax.set_title("Gradient flow (layers in forward order)")
+    ax.grid(axis="y", which="major", alpha=0.3)
+    _legend(ax)
+    return fig
+
+
+def _timeline_layers(report: Report, k: int) -> list[LayerStats]:
+    flags = flagged_layers(report)
+    flagged_modules = {f.module for f in report.findings if f.module is not None} | set(flags)
+    with_history = [layer for layer in report.layers if layer.history]
+
+    def peak(layer: LayerStats) -> float:
+        finite = [v for _, v in layer.history if math.isfinite(v)]
+        if len(finite) < len(layer.history):
+            return math.inf  # non-finite norms: always worth a line
+        return max(finite, default=0.0)
+
+    top = sorted(with_history, key=peak, reverse=True)[:k]
+    chosen = {layer.name for layer in top} | {
+        layer.name for layer in with_history if layer.name in flagged_modules
+    }
+    return [layer for layer in layer_order(report) if layer.name in chosen]
+
+
+def norm_timelines(report: Report, k: int = TOP_K) -> Optional[Figure]:
+    """Gradient-norm history of the top-``k`` layers by norm plus every flagged layer.
+
+    Returns ``None`` when no layer has a history.
+    """
+    layers = _timeline_layers(report, k)
+    if not layers:
+        return None
+    values = [v for layer in layers for _, v in layer.history]
+    floor, ceiling = _floor_ceiling(values)
+    fig, ax = _new_figure(10.0, 4.6)
+    flagged_modules = {f.module for f in report.findings if f.module is not None}
+    bad_x: list[int] = []
+    zero_x: list[int] = []
+    for layer in layers:
+        steps = [s for s, v in layer.history if _finite_pos(v)]
+        norms = [v for _, v in layer.history if _finite_pos(v)]
+        bad_x += [s for s, v in layer.history if not math.isfinite(v)]
+        zero_x += [s for s, v in layer.history if v == 0.0]
+        style = "--" if layer.name in flagged_modules else "-"
+        label = layer.name + (" (flagged)" if layer.name in flagged_modules else "")
+        ax.plot(steps, norms, style, marker="." if len(steps) < 40 else None, lw=1.3, label=label)
+    ax.set_yscale("log")
+    ax.set_ylim(floor, ceiling)
+    _mark_missing(ax, sorted(set(bad_x)), _TOP, _RED, "NaN/Inf norm")
+    _mark_missing(ax, sorted(set(zero_x)), _BOTTOM, _ORANGE, "zero norm")
+    from matplotlib.ticker import MaxNLocator
+
+    all_steps = [s for layer in layers for s, _ in layer.history]
+    pad = max(0.5, 0.02 * (max(all_steps) - min(all_steps)))
+    ax.set_xlim(min(all_steps) - pad, max(all_steps) + pad)  # markers do not autoscale x
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("step")
+    ax.set_ylabel("gradient L2 norm (log)")
+    ax.set_title(f"Gradient norm per layer (top {k} by norm + flagged)")
+    ax.grid(alpha=0.3)
+    _legend(ax)
+    return fig
+
+
+def update_ratios(report: Report) -> Optional[Figure]:
+    """|Δw|/|w| of the last step per layer against the 1e-3 rule of thumb.
+
+    Returns ``None`` when the report has no layers.
+    """
+    layers = layer_order(report)
+    if not layers:
+        return None
+    flags = flagged_layers(report)
+    names = [layer.name for layer in layers]
+    ratios = [layer.update_ratio for layer in layers]
+    floor, ceiling = _floor_ceiling([*ratios, UPDATE_RATIO_RULE])
+    fig, ax = _new_figure(min(max(6.5, 0.28 * len(layers) + 2.5), 24.0), 4.2)
+    xs = list(range(len(layers)))
+    good = [(x, r) for x, r in zip(xs, ratios) if r is not None and _finite_pos(r)]
+    colors = [
+        _ORANGE if r < UPDATE_RATIO_RULE / 10 or r > UPDATE_RATIO_RULE * 10 else _BLUE
+        for _, r in good
+    ]
+    ax.scatter(
+        [x for x, _ in good],
+        [r for _, r in good],
+        s=36,
+        color=colors,
+        zorder=4,
+        label="|Δw| / |w| (last step)",
+    )
+    ax.set_yscale("log")
+    ax.set_ylim(floor, ceiling)
+    ax.axhline(UPDATE_RATIO_RULE, color="#555", ls="--", lw=1, label="1e-3 rule of thumb")
+    ax.axhspan(UPDATE_RATIO_RULE / 10, UPDATE_RATIO_RULE * 10, color="#a5d6a7", alpha=0.2, lw=0)
+    missing = [x for x, r in zip(xs, ratios) if r is None or r == 0.0]
+    bad = [x for x, r in zip(xs, ratios) if r is not None and not math.isfinite(r)]
+    _mark_missing(ax, missing, _BOTTOM, "#757575", "no update measured / zero")
+    _mark_missing(ax, bad, _TOP, _RED, "NaN/Inf")
+    _layer_ticks(ax, names, flags)
+    ax.set_ylabel("update ratio (log)")
+    ax.set_title("Update ratio per layer (green band: 1e-4 .. 1e-2)")
+    ax.grid(axis="y", alpha=0.3)
+    _legend(ax)
+    return fig
+
+
+def figure_png(fig: Any) -> str:
+    """The figure as a base64 PNG string (for a ``data:`` URI)."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100, facecolor="white")
+    return base64.b64encode(buf.getvalue()).decode("ascii")
