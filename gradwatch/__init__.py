@@ -12,6 +12,7 @@ from __future__ import annotations
 from gradwatch._version import __version__
 from gradwatch.config import GradWatchConfig
 from gradwatch.errors import ConfigError, GhostLayerError, GradWatchError, GradWatchWarning
+from gradwatch.probe import Probe
 from gradwatch.report import Coverage, Finding, LayerStats, Report
 from gradwatch.watcher import Watcher, watch
 
@@ -24,6 +25,7 @@ __all__ = [
     "GradWatchError",
     "GradWatchWarning",
     "LayerStats",
+    "Probe",
     "Report",
     "Watcher",
     "__version__",

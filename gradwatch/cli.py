@@ -1,0 +1,340 @@
+"""The ``gradwatch`` command: ``check`` a model in CI, show a saved ``report``, print a ``schema``.
+
+Exit codes: 0 clean, 1 findings at or above ``fail_on``, 2 usage, config or target errors
+(one line on stderr naming the cause; ``--verbose`` adds the traceback).
+
+Example:
+    $ gradwatch check examples/ci_ghost.py:build --junit gradwatch.xml
+    $ gradwatch report gradwatch-report.json --html report.html
+    $ gradwatch schema config > gradwatch-config.schema.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import json
+import os
+import sys
+import time
+import traceback
+from collections.abc import Sequence
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Optional
+
+from gradwatch._version import __version__
+
+__all__ = ["CliError", "build_parser", "load_target", "main"]
+
+PROG = "gradwatch"
+
+
+class CliError(Exception):
+    """A one-line reason to exit with status 2 (bad target, file or option)."""
+
+
+# -- targets -------------------------------------------------------------------------------
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    head = text.splitlines()[0] if text else ""
+    return f"{type(exc).__name__}: {head}" if head else type(exc).__name__
+
+
+def _import_file(path: Path, target: str) -> ModuleType:
+    if not path.is_file():
+        raise CliError(f"cannot import {target!r}: No such file")
+    folder = str(path.resolve().parent)
+    if folder not in sys.path:  # sibling imports work as when running the file as a script
+        sys.path.insert(0, folder)
+    name = f"_gradwatch_target_{path.stem}_{abs(hash(str(path.resolve())))}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise CliError(f"cannot import {target!r}: not a Python file")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses and pickling look their module up here
+    try:
+        spec.loader.exec_module(module)
+    except (Exception, SystemExit) as exc:
+        sys.modules.pop(name, None)
+        raise CliError(f"cannot import {target!r}: {_first_line(exc)}") from exc
+    return module
+
+
+def _import_module(name: str, target: str) -> ModuleType:
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:  # as `python -m` does
+        sys.path.insert(0, cwd)
+    try:
+        return importlib.import_module(name)
+    except (Exception, SystemExit) as exc:
+        raise CliError(f"cannot import {target!r}: {_first_line(exc)}") from exc
+
+
+def load_target(target: str) -> Any:
+    """Import ``path/to/file.py:factory`` or ``package.module:factory`` and return its Probe.
+
+    ``factory`` may be a dotted attribute path; it is called without arguments (a
+    :class:`~gradwatch.Probe` instance itself is accepted too).
+
+    Raises:
+        CliError: one line naming the target and what went wrong.
+    """
+    from gradwatch.probe import Probe
+
+    where, sep, attr = target.rpartition(":")
+    if not sep or not where or not attr:
+        raise CliError(
+            f"target {target!r} must be 'path/to/file.py:factory' or 'package.module:factory'"
+        )
+    if where.endswith(".py") or "/" in where or os.sep in where:
+        module = _import_file(Path(where), target)
+    else:
+        module = _import_module(where, target)
+    obj: Any = module
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise CliError(f"cannot load {target!r}: {where} has no attribute {part!r}") from None
+    if isinstance(obj, Probe):
+        return obj
+    if not callable(obj):
+        raise CliError(
+            f"{target!r} is a {type(obj).__name__}, not a factory returning gradwatch.Probe"
+        )
+    try:
+        probe = obj()
+    except Exception as exc:
+        raise CliError(f"factory {target!r} raised {_first_line(exc)}") from exc
+    if not isinstance(probe, Probe):
+        raise CliError(f"factory {target!r} returned {type(probe).__name__}, not a gradwatch.Probe")
+    return probe
+
+
+# -- commands ------------------------------------------------------------------------------
+
+
+def _write(what: str, fn: Any, *args: Any, **kwargs: Any) -> None:
+    try:
+        fn(*args, **kwargs)
+    except ImportError as exc:
+        raise CliError(f"cannot write {what}: {_first_line(exc)}") from exc
+    except OSError as exc:
+        raise CliError(f"cannot write {what}: {exc.strerror or exc}") from exc
+
+
+def _cmd_check(args: argparse.Namespace) -> int:
+    from gradwatch._junit import write_junit
+    from gradwatch.probe import (
+        LOSS_NOT_DECREASING,
+        add_finding,
+        loss_not_decreasing,
+        resolve_config,
+    )
+
+    probe = load_target(args.target)
+    source = args.config if args.config is not None else probe.config
+    # The report lists every finding: a warning per finding on top is noise unless asked for.
+    cfg = resolve_config(source, ignore=args.ignore, fail_on=args.fail_on, warn=args.verbose)
+    extra: list[str] = []
+    start = time.perf_counter()
+    report = probe.run(args.steps, config=cfg)
+    if args.overfit:
+        losses = probe.overfit(args.overfit_steps)
+        extra.append(LOSS_NOT_DECREASING)
+        finding = loss_not_decreasing(losses)
+        if finding is not None:
+            add_finding(report, finding)
+            if cfg.report_path is not None:  # the watcher wrote it before the overfit phase
+                _write(f"JSON report {cfg.report_path}", report.write, cfg.report_path)
+        print(
+            f"overfit: loss {losses[0]:.4g} -> {losses[-1]:.4g} over {len(losses)} steps on one batch"
+        )
+    elapsed = time.perf_counter() - start
+    report.print()
+    if args.json is not None:
+        _write(f"JSON report {args.json}", report.write, args.json)
+    if args.junit is not None:
+        _write(
+            f"JUnit XML {args.junit}",
+            write_junit,
+            report,
+            args.junit,
+            extra_checks=extra,
+            time=elapsed,
+        )
+    return 1 if report.failed else 0
+
+
+def _read_report(path: str) -> Any:
+    from pydantic import ValidationError
+
+    from gradwatch._config_errors import format_validation_error
+    from gradwatch.report import Report
+
+    try:
+        return Report.read(path)
+    except OSError as exc:
+        raise CliError(f"cannot read report {path!r}: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise CliError(f"cannot read report {path!r}: not a text file") from exc
+    except ValidationError as exc:
+        raise CliError(
+            "cannot read report: " + format_validation_error(exc, Report, source=path)
+        ) from exc
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from gradwatch._junit import write_junit
+
+    report = _read_report(args.file)
+    report.print()
+    if args.html is not None:
+        _write(f"HTML report {args.html}", report.to_html, args.html)
+    if args.junit is not None:
+        _write(f"JUnit XML {args.junit}", write_junit, report, args.junit)
+    return 1 if report.failed else 0
+
+
+def _cmd_schema(args: argparse.Namespace) -> int:
+    from gradwatch.config import GradWatchConfig
+    from gradwatch.report import Report
+
+    model = GradWatchConfig if args.which == "config" else Report
+    print(json.dumps(model.model_json_schema(), indent=2))
+    return 0
+
+
+# -- parser --------------------------------------------------------------------------------
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser (subcommands ``check``, ``report``, ``schema``)."""
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "-v", "--verbose", action="store_true", help="tracebacks on errors, finding warnings"
+    )
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="Find the silent bugs of PyTorch training loops: ghost layers, missing "
+        "zero_grad, NaN origins. Exit codes: 0 clean, 1 findings at/above fail_on, 2 errors.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    check = sub.add_parser(
+        "check",
+        parents=[common],
+        help="run a few watched training steps of a Probe and report",
+        description="Import TARGET ('path/to/file.py:factory' or 'package.module:factory'), "
+        "call the factory to get a gradwatch.Probe, run --steps watched training steps "
+        "(statistics on every step unless the config sets every_n_steps) and report.",
+    )
+    check.add_argument(
+        "target", metavar="TARGET", help="path/to/file.py:factory or package.module:factory"
+    )
+    check.add_argument("--steps", type=_positive, default=3, help="watched steps (default: 3)")
+    check.add_argument(
+        "--config",
+        metavar="FILE",
+        help="config file (.yaml/.toml/.json); replaces the Probe's config",
+    )
+    check.add_argument("--json", metavar="OUT", help="write the JSON report here")
+    check.add_argument(
+        "--junit", metavar="OUT", help="write JUnit XML here (one test case per check)"
+    )
+    check.add_argument(
+        "--ignore",
+        metavar="PATTERN",
+        nargs="+",
+        action="extend",
+        default=[],
+        help="fnmatch patterns over parameter names to allowlist (added to the config's)",
+    )
+    check.add_argument(
+        "--fail-on",
+        choices=["info", "warning", "error", "never"],
+        help="fail at/above this severity (default: the config's, 'error')",
+    )
+    check.add_argument(
+        "--overfit",
+        action="store_true",
+        help="also train on the first batch and report loss_not_decreasing when the loss does "
+        "not fall below 0.9 x its initial value",
+    )
+    check.add_argument(
+        "--overfit-steps", type=_positive, default=30, help="steps of --overfit (default: 30)"
+    )
+    check.set_defaults(func=_cmd_check)
+
+    report = sub.add_parser(
+        "report",
+        parents=[common],
+        help="show a saved JSON report",
+        description="Print a saved JSON report; exit 1 when it failed.",
+    )
+    report.add_argument("file", metavar="FILE", help="a JSON report (Report.write, --json)")
+    report.add_argument("--html", metavar="OUT", help="also write a self-contained HTML report")
+    report.add_argument("--junit", metavar="OUT", help="also write JUnit XML")
+    report.set_defaults(func=_cmd_report)
+
+    schema = sub.add_parser(
+        "schema", parents=[common], help="print the JSON Schema of the config or the report"
+    )
+    schema.add_argument("which", nargs="?", choices=["config", "report"], default="config")
+    schema.set_defaults(func=_cmd_schema)
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Run the command line and return its exit code (0 clean, 1 findings, 2 errors).
+
+    Example:
+        >>> from gradwatch.cli import main
+        >>> main(["check", "examples/ci_clean.py:build"])  # doctest: +SKIP
+        0
+    """
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help, --version, usage errors (argparse printed them)
+        return exc.code if isinstance(exc.code, int) else 2
+    from gradwatch.errors import ConfigError
+
+    try:
+        return int(args.func(args))
+    except (CliError, ConfigError) as exc:
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        print(f"{PROG}: error: {reason}", file=sys.stderr)
+        if args.verbose:
+            traceback.print_exception(type(exc), exc, exc.__traceback__)
+        return 2
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # `gradwatch ... | head`: stop quietly, as the docs of `signal` advise
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    except Exception as exc:  # a gradwatch bug: still one line unless --verbose
+        print(
+            f"{PROG}: error: internal error: {_first_line(exc)}"
+            + ("" if args.verbose else " (run with --verbose for the traceback)"),
+            file=sys.stderr,
+        )
+        if args.verbose:
+            traceback.print_exception(type(exc), exc, exc.__traceback__)
+        return 2
