@@ -5,16 +5,39 @@ Example:
     >>> with gradwatch.watch(model, optimizer) as watcher:  # doctest: +SKIP
     ...     train_one_epoch()
     >>> watcher.report().raise_for_findings()  # doctest: +SKIP
+
+Names are imported on first use (PEP 562): ``import gradwatch`` alone, as pytest does when it
+loads the plugin, does not import torch.
 """
 
 from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from gradwatch._version import __version__
-from gradwatch.config import GradWatchConfig
 from gradwatch.errors import ConfigError, GhostLayerError, GradWatchError, GradWatchWarning
-from gradwatch.probe import Probe
-from gradwatch.report import Coverage, Finding, LayerStats, Report
-from gradwatch.watcher import Watcher, watch
+
+if TYPE_CHECKING:
+    from gradwatch.config import GradWatchConfig
+    from gradwatch.parammap import ParamEntry, ParamMap, ParamMapError
+    from gradwatch.probe import Probe
+    from gradwatch.report import Coverage, Finding, LayerStats, Report
+    from gradwatch.watcher import Watcher, watch
+
+_LAZY = {
+    "GradWatchConfig": "gradwatch.config",
+    "Coverage": "gradwatch.report",
+    "Finding": "gradwatch.report",
+    "LayerStats": "gradwatch.report",
+    "Report": "gradwatch.report",
+    "Watcher": "gradwatch.watcher",
+    "watch": "gradwatch.watcher",
+    "Probe": "gradwatch.probe",
+    "ParamMap": "gradwatch.parammap",
+    "ParamEntry": "gradwatch.parammap",
+    "ParamMapError": "gradwatch.parammap",
+}
 
 __all__ = [
     "ConfigError",
@@ -25,9 +48,25 @@ __all__ = [
     "GradWatchError",
     "GradWatchWarning",
     "LayerStats",
+    "ParamEntry",
+    "ParamMap",
+    "ParamMapError",
     "Probe",
     "Report",
     "Watcher",
     "__version__",
     "watch",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'gradwatch' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -159,6 +159,9 @@ class Report(BaseModel):
                 fh.write(self.model_dump_json(indent=2))
                 fh.flush()
                 os.fsync(fh.fileno())
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes it 0600; a report is for reading
             os.replace(tmp, target)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
