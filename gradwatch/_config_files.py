@@ -62,6 +62,10 @@ def load_mapping(path: Path) -> dict[str, Any]:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read config file ({exc.strerror or exc})") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"{path}: not a UTF-8 text file (byte {exc.start}: {exc.reason})"
+        ) from None
     try:
         data = parser(text)
     except ValueError as exc:

@@ -126,17 +126,30 @@ def make_param_hooks(
     return pre, post
 
 
-def make_forward_hook(tracker: Tracker, layer: str) -> Callable[..., None]:
-    """A forward hook that stamps when ``layer`` ran, with or without grad mode."""
+def make_forward_hook(
+    tracker: Tracker,
+    layer: str,
+    on_error: Optional[Callable[[str, BaseException], None]] = None,
+) -> Callable[..., None]:
+    """A forward hook that stamps when ``layer`` ran, with or without grad mode.
+
+    A fault inside it goes to ``on_error`` (it runs inside the user's forward pass: it must
+    never break it); without ``on_error`` it propagates.
+    """
     t = tracker
 
     def forward_hook(module: Any, args: Any, output: Any) -> None:
-        seq = next(t.counter)
-        if torch.is_grad_enabled():
-            t.fwd_grad[layer] = seq
-        else:
-            t.fwd_nograd[layer] = seq
-        if layer not in t.fwd_first:
-            t.fwd_first[layer] = seq
+        try:
+            seq = next(t.counter)
+            if torch.is_grad_enabled():
+                t.fwd_grad[layer] = seq
+            else:
+                t.fwd_nograd[layer] = seq
+            if layer not in t.fwd_first:
+                t.fwd_first[layer] = seq
+        except Exception as exc:
+            if on_error is None:
+                raise
+            on_error("forward hook", exc)
 
     return forward_hook

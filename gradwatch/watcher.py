@@ -56,7 +56,15 @@ def unwrap(model: nn.Module) -> nn.Module:
 def _optimizers(optimizer: OptimizerArg) -> list[torch.optim.Optimizer]:
     if optimizer is None:
         return []
-    opts = [optimizer] if isinstance(optimizer, torch.optim.Optimizer) else list(optimizer)
+    if isinstance(optimizer, torch.optim.Optimizer):
+        opts = [optimizer]
+    elif isinstance(optimizer, Sequence) and not isinstance(optimizer, (str, bytes)):
+        opts = list(optimizer)
+    else:
+        raise ConfigError(
+            f"optimizer must be a torch.optim.Optimizer, a sequence of them or None, "
+            f"not {type(optimizer).__name__}"
+        )
     for k, o in enumerate(opts):
         if not isinstance(o, torch.optim.Optimizer):
             raise ConfigError(f"optimizer[{k}] is a {type(o).__name__}, not a torch.optim.Optimizer")
@@ -136,6 +144,7 @@ class Watcher:
         self._internal: set[str] = set()
         self._attached = False
         self._closed = False
+        self._final: Any = None
         self.metrics: dict[str, float] = {}
         from gradwatch._distributed import DistSync
 
@@ -154,6 +163,10 @@ class Watcher:
 
     def attach(self) -> Watcher:
         """Register every hook (``__enter__`` calls this)."""
+        if self._closed:
+            raise GradWatchError(
+                "this watcher is closed: call gradwatch.watch() again to watch another run"
+            )
         if self._attached:
             return self
         model = self._model
@@ -192,28 +205,45 @@ class Watcher:
             self._closed = True
             return
         self._closed = True
+        faults = len(self._internal)
         try:
-            self._check_scaler()
-        except Exception as exc:  # never let bookkeeping at exit hide the user's own error
-            self._internal_error("exit", exc)
-        for h in self._handles:
-            h.remove()
-        for pre, post in self._param_handles.values():
-            pre.remove()
-            post.remove()
-        self._handles.clear()
-        self._param_handles.clear()
-        if self._model is not None and _ACTIVE.get(self._model) is self:
-            del _ACTIVE[self._model]
-        self._final = self._build_report()
-        self._model = None
-        self._optimizers = []
-        for track in self._tracks:
-            track.params, track.snapshot, track.ref = [], None, None
+            # Never let bookkeeping at exit hide the user's own error (or skip the unhooking).
+            self._guard("exit", self._check_scaler)
+        finally:
+            for h in self._handles:
+                h.remove()
+            for pre, post in self._param_handles.values():
+                pre.remove()
+                post.remove()
+            self._handles.clear()
+            self._param_handles.clear()
+            if self._model is not None and _ACTIVE.get(self._model) is self:
+                del _ACTIVE[self._model]
+            try:
+                self._final = self._guard("exit", self._build_report)
+            finally:
+                self._model = None
+                self._optimizers = []
+                for track in self._tracks:
+                    track.params, track.snapshot, track.ref = [], None, None
         for sink in self._sinks:
             close = getattr(sink, "close", None)
             if close is not None:
                 self._guard("sink close", close)
+        faults = self._refresh_final(faults)
+        self._guard("report writing", self._write_outputs)
+        self._refresh_final(faults)
+
+    def _refresh_final(self, faults: int) -> int:
+        """Rebuild the final report when faults were recorded since ``faults`` were known."""
+        if len(self._internal) != faults:  # faults at exit belong in the final report too
+            final = self._guard("exit", self._build_report)
+            self._final = final if final is not None else self._final
+        return len(self._internal)
+
+    def _write_outputs(self) -> None:
+        if self._final is None:
+            return
         if self.config.report_path is not None:
             self._final.write(self.config.report_path)
         if self.config.console and (self._dist is None or self._dist.rank == 0):
@@ -326,7 +356,7 @@ class Watcher:
             if id(mod) in self._hooked_modules or not mod._parameters:
                 continue
             self._hooked_modules.add(id(mod))
-            hook = make_forward_hook(self._tracker, name or "(root)")
+            hook = make_forward_hook(self._tracker, name or "(root)", self._internal_error_cb())
             self._handles.append(mod.register_forward_hook(hook))
 
     # -- hooks -----------------------------------------------------------------------------
@@ -548,7 +578,7 @@ class Watcher:
 
     def report(self) -> Any:
         """The :class:`~gradwatch.Report` so far (callable during or after the loop)."""
-        if self._closed and hasattr(self, "_final"):
+        if self._closed and self._final is not None:
             return self._final
         return self._build_report()
 
