@@ -66,11 +66,11 @@ class FindingLog:
             finding.params.extend(n for n in names if n not in finding.params)
             if details:
                 finding.details.update(details)
-        self._surface(finding, names)
+        self._surface(finding, names or [ident[1] or finding.check])
         return finding
 
     def _surface(self, finding: Finding, names: list[str]) -> None:
-        fresh = [n for n in (names or [finding.module or finding.check]) if (finding.check, n) not in self._warned]
+        fresh = [n for n in names if (finding.check, n) not in self._warned]
         if not fresh:
             return
         self._warned.update((finding.check, n) for n in fresh)
