@@ -1,15 +1,51 @@
-"""Gathering per-rank facts under ``torch.distributed`` (one collective per step)."""
+"""Per-rank facts under ``torch.distributed``, exchanged with one ``all_gather`` per step.
+
+What the mechanisms give us under DDP (torch 2.x, gloo and nccl alike):
+
+- a parameter's hooks fire on a rank only when *that rank's* backward reached it; a
+  parameter unused on one rank still gets the averaged ``.grad`` from DDP's reducer there,
+  with no hook firing. So the local hooks, not ``.grad``, tell which rank missed it.
+- by the time ``optimizer.step()`` runs, DDP has averaged ``.grad`` across ranks: gradient
+  norms read at the step are already the global ones, the same on every rank, and need no
+  collective of their own.
+
+So the one collective per step carries, per parameter, a byte: 0 when its gradient arrived
+on this rank, else 1 + the local cause code (why it did not: never called, ran under
+no_grad, disconnected). Every rank then knows who missed what and why, and the ghost check
+can name the ranks. Every rank must call ``watch()`` (DDP already demands identical
+models): a rank that does not step would leave the others waiting in the collective.
+"""
 
 from __future__ import annotations
 
-from typing import Optional
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, Optional
 
 import torch
 import torch.distributed as dist
 
+if TYPE_CHECKING:
+    from gradwatch._tracking import Tracker
+
+__all__ = ["CAUSES", "DistSync", "Exchanged"]
+
+CAUSES = ("not_called", "no_grad", "disconnected", "unknown")
+
+
+@dataclass
+class Exchanged:
+    """One step's cross-rank view, aligned with the step's parameter ids."""
+
+    ranks_missing: list[list[int]]
+    """For each parameter, the ranks where no gradient arrived (same list on every rank)."""
+    arrived: list[bool]
+    """A gradient arrived on at least one rank (so ``.grad`` holds DDP's average)."""
+    cause: Callable[[int], str]
+    """Why a parameter was missing, as seen by the lowest rank that missed it."""
+
 
 class DistSync:
-    """Exchanges which parameters each rank saw a gradient for."""
+    """Exchanges which parameters each rank saw a gradient for, and why not."""
 
     def __init__(self, rank: int, world_size: int) -> None:
         self.rank = rank
@@ -23,14 +59,62 @@ class DistSync:
         world = dist.get_world_size()
         return cls(dist.get_rank(), world) if world > 1 else None
 
-    def ranks_missing(self, arrived: list[bool], device: Optional[torch.device]) -> list[list[int]]:
-        """For each parameter, the ranks where no gradient arrived (one ``all_gather``)."""
+    def _gather(self, codes: list[int], device: Optional[torch.device]) -> list[list[int]]:
+        """``codes`` of every rank, as a ``world_size`` x ``len(codes)`` matrix."""
         if dist.get_backend() == "nccl" and device is not None and device.type == "cuda":
             where = device
         else:
             where = torch.device("cpu")
-        local = torch.tensor(arrived, dtype=torch.uint8, device=where)
+        local = torch.tensor(codes, dtype=torch.uint8, device=where)
         gathered = [torch.empty_like(local) for _ in range(self.world_size)]
         dist.all_gather(gathered, local)
-        matrix = torch.stack(gathered).cpu().tolist()
-        return [[r for r in range(self.world_size) if not matrix[r][k]] for k in range(len(arrived))]
+        return torch.stack(gathered).cpu().tolist()  # type: ignore[no-any-return]
+
+    def exchange(
+        self,
+        ids: list[int],
+        arrived: list[bool],
+        cause: Callable[[int], str],
+        tracker: Tracker,
+        device: Optional[torch.device],
+    ) -> Exchanged:
+        """Share this step's arrivals and causes with every rank (one ``all_gather``).
+
+        Also makes ``tracker``'s seen/missing step counters global: a step where any rank
+        missed a parameter counts as missing for it, so every rank reports the same
+        ``steps_missing``/``steps_seen`` (rank 0, which reports, may itself have had it).
+        """
+        n = len(ids)
+        if n == 0:  # same parameters on every rank, so every rank skips the collective
+            return Exchanged([], [], cause)
+        codes = [0 if a else 1 + _code(cause(i)) for i, a in zip(ids, arrived)]
+        matrix = self._gather(codes, device)
+        world = range(self.world_size)
+        ranks = [[r for r in world if matrix[r][k]] for k in range(n)]
+        remote: dict[int, str] = {}
+        for k, i in enumerate(ids):
+            if not ranks[k]:
+                continue
+            remote[i] = CAUSES[min(matrix[ranks[k][0]][k] - 1, len(CAUSES) - 1)]
+            if arrived[k]:  # arrived here but not everywhere: a missing step, globally
+                tracker.seen[i] -= 1
+                tracker.missing[i] += 1
+
+        def global_cause(i: int) -> str:
+            return remote.get(i) or cause(i)
+
+        return Exchanged(ranks, [len(r) < self.world_size for r in ranks], global_cause)
+
+    def ranks_missing(self, arrived: list[bool], device: Optional[torch.device]) -> list[list[int]]:
+        """For each parameter, the ranks where no gradient arrived (one ``all_gather``)."""
+        if not arrived:
+            return []
+        matrix = self._gather([0 if a else 1 for a in arrived], device)
+        return [[r for r in range(self.world_size) if matrix[r][k]] for k in range(len(arrived))]
+
+
+def _code(cause: str) -> int:
+    try:
+        return CAUSES.index(cause)
+    except ValueError:
+        return CAUSES.index("unknown")

@@ -140,7 +140,11 @@ class Watcher:
         self.backward_passes = 0
         self.steps = 0
         self._skipped = 0
-        self._last_scale: Optional[float] = None
+        # The scale before any step: skips before the first successful step count too.
+        scale0 = getattr(scaler, "_scale", None)
+        self._last_scale: Optional[float] = (
+            float(scale0) if isinstance(scale0, torch.Tensor) else getattr(scaler, "_init_scale", None)
+        )
         self._internal: set[str] = set()
         self._attached = False
         self._closed = False
@@ -468,8 +472,6 @@ class Watcher:
         tracker = self._tracker
         start = track.start
         ranks = None
-        if self._dist is not None:
-            ranks = self._dist.ranks_missing(g.arrived, track.params[0].device if track.params else None)
         layer_of = [index.params[i].layer for i in g.ids]
         numel = [index.params[i].numel for i in g.ids]
 
@@ -483,6 +485,11 @@ class Watcher:
                 return "no_grad"
             return "not_called"
 
+        ex = None
+        if self._dist is not None:  # one all_gather: which rank missed what, and why
+            ex = self._dist.exchange(g.ids, g.arrived, cause, tracker,
+                                     track.params[0].device if track.params else None)
+            ranks, g.arrived = ex.ranks_missing, ex.arrived
         return StepView(
             step=track.steps,
             optimizer=track.index,
@@ -495,7 +502,7 @@ class Watcher:
             order=g.order,
             backward_in_window=self.backward_passes > track.backward_at_start,
             observed=observed,
-            cause=cause,
+            cause=ex.cause if ex is not None else cause,
             seen=[tracker.seen[i] for i in g.ids],
             missing=[tracker.missing[i] for i in g.ids],
             dirty=g.dirty,

@@ -37,7 +37,9 @@ class GhostParam(Check):
             missing = [bool(r) for r in view.ranks_missing]
         else:
             missing = [not a for a in view.arrived]
-        if not any(missing) or (view.ranks_missing is None and not any(view.arrived)):
+        # No gradient anywhere (on any rank: under DDP ``arrived`` is global) is a step
+        # without backward, not a ghost.
+        if not any(missing) or not any(view.arrived):
             return
         for layer, positions in view.by_layer().items():
             ghosts = [k for k in positions if missing[k]]

@@ -1,0 +1,285 @@
+"""``GradWatchCallback``: every gradwatch check on a Lightning ``Trainer``, as one callback.
+
+The callback is a thin adapter: it attaches :func:`gradwatch.watch` to the LightningModule
+and the Trainer's optimizers when fit starts, forwards the core's metrics to the Trainer's
+loggers, and closes the watcher (hooks removed, report written) when fit ends or raises.
+The core observes the raw torch optimizers' step hooks, so automatic optimization (where
+Lightning runs the backward inside ``optimizer.step(closure)``), manual optimization,
+gradient accumulation, clipping and mixed precision need no special casing here.
+
+Example:
+    >>> from pytorch_lightning import Trainer  # doctest: +SKIP
+    >>> from gradwatch.lightning import GradWatchCallback
+    >>> cb = GradWatchCallback(config={"fail_on": "warning"})
+    >>> trainer = Trainer(callbacks=[cb], max_steps=100)  # doctest: +SKIP
+    >>> trainer.fit(model)  # doctest: +SKIP
+    >>> cb.report.raise_for_findings()  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Optional, Union
+
+from gradwatch.config import GradWatchConfig
+from gradwatch.lightning._state import restore_state, watcher_state
+from gradwatch.report import Report
+from gradwatch.watcher import Watcher, watch
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["REPORT_NAME", "GradWatchCallback"]
+
+log = logging.getLogger("gradwatch.lightning")
+
+REPORT_NAME = "gradwatch-report.json"
+INSTALL_HINT = "pip install gradwatch[lightning]"
+
+
+def _import_lightning() -> Any:
+    """``pytorch_lightning`` if installed, else ``lightning.pytorch``."""
+    try:
+        import pytorch_lightning as pl
+
+        return pl
+    except ImportError:
+        pass
+    try:
+        import lightning.pytorch as pl  # type: ignore[no-redef]
+
+        return pl
+    except ImportError:
+        raise ImportError(
+            "gradwatch.lightning needs PyTorch Lightning (pytorch_lightning or lightning): "
+            f"{INSTALL_HINT}"
+        ) from None
+
+
+pl = _import_lightning()
+LIGHTNING_PACKAGE: str = pl.__name__
+LIGHTNING_VERSION: str = getattr(pl, "__version__", "unknown")
+
+
+class _PendingMetrics:
+    """A gradwatch sink that holds the metrics of observed steps until Lightning can log them.
+
+    The core feeds sinks from inside ``optimizer.step()``, where ``LightningModule.log`` is
+    not allowed; the callback flushes at ``on_train_batch_end``. With several optimizers one
+    batch may bring several observed steps: their layers merge and the total is recomputed
+    over all of them.
+    """
+
+    def __init__(self) -> None:
+        self.metrics: dict[str, float] = {}
+
+    def log_metrics(self, step: int, metrics: dict[str, float]) -> None:
+        self.metrics.update(metrics)
+        layers = [v for k, v in self.metrics.items() if k.startswith("grad_norm/")]
+        if layers:
+            self.metrics["grad_norm_total"] = math.sqrt(sum(v * v for v in layers))
+
+    def take(self) -> dict[str, float]:
+        out, self.metrics = self.metrics, {}
+        return out
+
+    def close(self) -> None:
+        self.metrics = {}
+
+
+def _log_dir(trainer: Any) -> Path:
+    """``trainer.log_dir`` without its broadcast (safe to call on one rank, e.g. on error)."""
+    loggers = getattr(trainer, "loggers", None) or []
+    path: Optional[str] = None
+    if loggers:
+        first = loggers[0]
+        # Same rule as Trainer.log_dir: CSV/TensorBoard loggers have a versioned log_dir.
+        if isinstance(first, (pl.loggers.TensorBoardLogger, pl.loggers.CSVLogger)):
+            path = first.log_dir
+        else:
+            path = first.save_dir
+    return Path(path or trainer.default_root_dir)
+
+
+def _send(trainer: Any, values: dict[str, float]) -> None:
+    """Log ``values`` to every logger of the Trainer, at the step Lightning itself logs at.
+
+    Not ``pl_module.log_dict``: Lightning re-sends a step metric's cached value on every
+    later step of the epoch, which would turn "every ``every_n_steps``" into every step.
+    """
+    loop = getattr(getattr(trainer, "fit_loop", None), "epoch_loop", None)
+    step = getattr(loop, "_batches_that_stepped", None)
+    step = trainer.global_step if not isinstance(step, int) else step
+    for logger in trainer.loggers:
+        logger.log_metrics(values, step=step)
+
+
+class GradWatchCallback(pl.Callback):  # type: ignore[misc,name-defined]
+    """Run gradwatch's checks during ``trainer.fit`` and report what they found.
+
+    Args:
+        config: a :class:`~gradwatch.GradWatchConfig`, a dict of its fields, or a path to a
+            YAML/TOML/JSON file (a bad one raises :class:`~gradwatch.ConfigError` here).
+        print_summary: print the one-screen summary on rank 0 when fit ends.
+        report_name: file name of the JSON report written to the Trainer's log dir when fit
+            ends (or raises), on rank 0; ``None`` writes none.
+        log_metrics: send ``gradwatch/...`` metrics (per-layer gradient norms, total norm,
+            findings count) to the Trainer's loggers on observed steps (every
+            ``config.every_n_steps`` optimizer steps), at Lightning's own logging step.
+
+    Attributes:
+        report: the :class:`~gradwatch.Report` of the last fit (also set when fit raised);
+            ``None`` before.
+        watcher: the live :class:`~gradwatch.Watcher` during fit.
+        report_path: where the last report was written, if it was.
+
+    Example:
+        >>> cb = GradWatchCallback(config={"every_n_steps": 1}, print_summary=False)
+        >>> cb.config.every_n_steps
+        1
+    """
+
+    def __init__(
+        self,
+        config: Union[str, dict[str, Any], GradWatchConfig, None] = None,
+        *,
+        print_summary: bool = True,
+        report_name: Optional[str] = REPORT_NAME,
+        log_metrics: bool = True,
+    ) -> None:
+        super().__init__()
+        self.config = GradWatchConfig.coerce(config)
+        self.print_summary = print_summary
+        self.report_name = report_name
+        self.log_metrics = log_metrics
+        self.report: Optional[Report] = None
+        self.report_path: Optional[Path] = None
+        self.watcher: Optional[Watcher] = None
+        self._sink = _PendingMetrics()
+        self._restored: Optional[dict[str, Any]] = None
+        self._saved: Optional[dict[str, Any]] = None
+
+    # -- attach / detach ----------------------------------------------------------------
+
+    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        """Forget the previous fit's report (optimizers do not exist yet: attach waits)."""
+        if stage == "fit":
+            self.report = None
+            self.report_path = None
+
+    def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
+        """Attach the watcher to the module, the Trainer's optimizers and its GradScaler."""
+        self._close(trainer)  # a previous fit that never reached its end
+        scaler = getattr(trainer.strategy.precision_plugin, "scaler", None)
+        self._sink = _PendingMetrics()
+        watcher = watch(
+            pl_module,
+            list(trainer.optimizers),
+            config=self.config,
+            scaler=scaler,
+            sinks=[self._sink] if self.log_metrics else (),
+        )
+        watcher.attach()
+        self.watcher = watcher
+        if self._restored is not None:
+            state, self._restored = self._restored, None
+            try:
+                restore_state(watcher, state)
+            except Exception as exc:  # a stale or foreign checkpoint must not stop training
+                watcher._internal_error("checkpoint restore", exc)
+
+    def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
+        """Remove the hooks, keep the report, write it and print its summary on rank 0."""
+        self._close(trainer)
+
+    def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+        """Fit raised (``fail_fast`` included): remove the hooks, keep and write the report.
+
+        The summary is printed only when there are findings: they may explain the crash
+        (a ghost layer under DDP dies at the next forward), a clean table would be noise.
+        """
+        self._close(trainer, crashed=True)
+
+    def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        """Last resort: never leave hooks behind, whatever path fit took."""
+        if stage == "fit":
+            self._close(trainer)
+
+    def _close(self, trainer: Any, *, crashed: bool = False) -> None:
+        watcher, self.watcher = self.watcher, None
+        if watcher is None:
+            return
+        watcher.close()
+        self.report = report = watcher.report()
+        self._saved = self._guarded(watcher, "checkpoint state", watcher_state, watcher)
+        rank_zero = bool(getattr(trainer, "is_global_zero", True))
+        if not rank_zero:
+            return
+        if self.report_name:
+            try:
+                self.report_path = report.write(_log_dir(trainer) / self.report_name)
+            except OSError as exc:  # a full disk must not turn a finished fit into a crash
+                log.warning("gradwatch could not write its report: %s", exc)
+        if crashed and not report.findings:
+            return
+        if self.print_summary and not self.config.console:  # console=True: the core printed
+            report.print()
+
+    # -- per-step hooks: the core observes autograd and the optimizers itself ------------
+
+    def on_after_backward(self, trainer: Any, pl_module: Any) -> None:
+        """Nothing to do: the parameters' own hooks saw the gradients arrive."""
+
+    def on_before_optimizer_step(
+        self, trainer: Any, pl_module: Any, optimizer: torch.optim.Optimizer
+    ) -> None:
+        """Nothing to do: gradients are unscaled here and the core reads them at the step."""
+
+    def on_before_zero_grad(
+        self, trainer: Any, pl_module: Any, optimizer: torch.optim.Optimizer
+    ) -> None:
+        """Nothing to do: the core tells a reset gradient by its identity and version."""
+
+    def on_train_batch_end(
+        self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        """Send the metrics of this batch's observed steps to the Trainer's loggers."""
+        metrics = self._sink.take()
+        if not metrics or self.watcher is None or not trainer.loggers:
+            return
+        values = {f"gradwatch/{k}": float(v) for k, v in metrics.items()}
+        self._guarded(self.watcher, "metric logging", _send, trainer, values)
+
+    # -- checkpoints ---------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """Findings so far and step counters, so a resumed run keeps its statistics."""
+        if self.watcher is not None:
+            state = self._guarded(self.watcher, "checkpoint state", watcher_state, self.watcher)
+            return dict(state) if state else {}
+        if self._saved is not None:
+            return dict(self._saved)
+        return dict(self._restored or {})
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Keep the state until ``on_fit_start`` attaches a watcher to restore it into."""
+        self._restored = dict(state_dict) if state_dict else None
+
+    # -- helpers -------------------------------------------------------------------------
+
+    @staticmethod
+    def _guarded(watcher: Watcher, where: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        """Run an adapter step; a failure is an ``internal_error`` finding, never a crash."""
+        try:
+            return fn(*args, **kwargs)
+        except Exception as exc:
+            watcher._internal_error(where, exc)
+            return None
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(fail_on={self.config.fail_on!r}, "
+            f"every_n_steps={self.config.every_n_steps}, print_summary={self.print_summary})"
+        )
