@@ -42,14 +42,6 @@ def _short(text: str, limit: int = _HINT_CHARS) -> str:
     return text if len(text) <= limit else text[: limit - 3].rstrip() + "..."
 
 
-def _cause(f: Finding) -> str:
-    for key in ("cause", "origin"):
-        value = f.details.get(key)
-        if value:
-            return str(value)
-    return ""
-
-
 def _count(n: int, word: str) -> str:
     return f"{n} {word}" + ("" if n == 1 else "s")
 
@@ -127,7 +119,7 @@ def _build(report: Report, *, plain: bool) -> list[Any]:
             hint = _short(f.hint or f.message) if f.check != previous else '"'
             previous = f.check
             table.add_row(
-                Text(f.severity, style=_STYLE[f.severity]), f.check, _params(f), _cause(f), hint
+                Text(f.severity, style=_STYLE[f.severity]), f.check, _params(f), f.cause(), hint
             )
         parts.append(table)
         if len(ordered) > MAX_ROWS:

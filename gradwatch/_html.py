@@ -88,14 +88,6 @@ def _params_cell(f: Finding) -> str:
     return shown
 
 
-def _cause(f: Finding) -> str:
-    for key in ("cause", "origin"):
-        value = f.details.get(key)
-        if value:
-            return str(value)
-    return ""
-
-
 def _header(report: Report) -> str:
     status = "failed" if report.failed else "passed"
     cfg = report.config
@@ -131,7 +123,7 @@ def _findings(report: Report) -> str:
         rows.append(
             f'<tr><td class="sev-{_e(f.severity)}">{_e(f.severity)}</td><td><code>{_e(f.check)}'
             f"</code></td><td>{_params_cell(f)}</td><td>{_e(f.message)}</td>"
-            f"<td>{_e(_cause(f))}</td><td>{_e(f.hint)}</td><td>{steps}</td></tr>"
+            f"<td>{_e(f.cause())}</td><td>{_e(f.hint)}</td><td>{steps}</td></tr>"
         )
     head = "".join(
         f"<th>{h}</th>"

@@ -44,6 +44,14 @@ class Finding(BaseModel):
     count: int = 1
     details: dict[str, Any] = Field(default_factory=dict)
 
+    def cause(self) -> str:
+        """The short "why" of the finding: ``details.cause``, else ``details.origin``, else ""."""
+        for key in ("cause", "origin"):
+            value = self.details.get(key)
+            if value:
+                return str(value)
+        return ""
+
     def line(self) -> str:
         """A one-line rendering: ``[severity] check module: message``."""
         where = f" {self.module}" if self.module else ""
