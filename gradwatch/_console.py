@@ -111,13 +111,16 @@ def _build(report: Report, *, plain: bool) -> list[Any]:
         table.add_column("cause", overflow="fold")
         table.add_column("hint", overflow="fold")
         ordered = sorted(
-            report.findings, key=lambda f: (_ORDER[f.severity], f.check, f.module or "")
+            report.findings,
+            key=lambda f: (_ORDER[f.severity], f.check, f.cause(), f.module or ""),
         )
         previous = None
         for f in ordered[:MAX_ROWS]:
-            # One hint per check: rows of the same check are adjacent, a ditto saves lines.
-            hint = _short(f.hint or f.message) if f.check != previous else '"'
-            previous = f.check
+            # A hint once: rows with the same hint are adjacent (sorted by check and cause,
+            # and a ghost's hint depends on its cause); a ditto saves lines.
+            text = f.hint or f.message
+            hint = _short(text) if text != previous else '"'
+            previous = text
             table.add_row(
                 Text(f.severity, style=_STYLE[f.severity]), f.check, _params(f), f.cause(), hint
             )
