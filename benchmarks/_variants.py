@@ -1,0 +1,126 @@
+"""The instrumentation variants the benchmark compares, each on its own model copy.
+
+A variant owns one (model, optimizer) pair and whatever it instruments them with for the
+whole run (gradwatch watchers are entered once and exited at the end: attaching is not part
+of a step's cost). ``step()`` runs one ordinary training step plus the variant's own work.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+import torch
+from torch import nn
+
+import gradwatch
+
+__all__ = ["VARIANTS", "Variant", "make_variants"]
+
+STAT_CHECKS = ("exploding_grad", "vanishing_grad", "dead_param", "stale_param")
+
+# name -> one-line description (the order is the table's order)
+VARIANTS: dict[str, str] = {
+    "baseline": "no instrumentation",
+    "clip_grad_norm": "torch.nn.utils.clip_grad_norm_ every step (the one-pass reference)",
+    "lightning_grad_norm": "pytorch_lightning.utilities.grad_norm(module, norm_type=2) every step",
+    "item_loop": "for p in params: p.grad.norm().item() every step (the hand-written check)",
+    "noop_hooks": "two empty Python hooks per parameter (the CPython floor for gradwatch's hooks)",
+    "gradwatch_default": "gradwatch.watch() with the default config",
+    "gradwatch_every_step": "gradwatch with every statistic every step (every_n_steps=1)",
+    "gradwatch_hooks_only": "gradwatch with the statistic checks off and every_n_steps=10**9",
+}
+
+
+@dataclass
+class Variant:
+    """One instrumented (model, optimizer) pair."""
+
+    name: str
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    loss: Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
+    after_backward: Optional[Callable[[], Any]] = None
+    watcher: Optional[gradwatch.Watcher] = None
+    handles: list[Any] = field(default_factory=list)
+    sink: Any = None
+
+    def step(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        """One training step: zero_grad, forward, backward, [instrumentation], step."""
+        self.optimizer.zero_grad(set_to_none=True)
+        self.loss(self.model, x, y).backward()
+        if self.after_backward is not None:
+            self.sink = self.after_backward()
+        self.optimizer.step()
+
+    def close(self) -> None:
+        """Exit the watcher, remove hooks."""
+        if self.watcher is not None:
+            self.watcher.close()
+        for h in self.handles:
+            h.remove()
+
+
+def _item_loop(model: nn.Module) -> Callable[[], list[float]]:
+    params = list(model.parameters())
+
+    def run() -> list[float]:
+        return [p.grad.norm().item() for p in params if p.grad is not None]
+
+    return run
+
+
+def _lightning(model: nn.Module) -> Callable[[], Any]:
+    from pytorch_lightning.utilities import grad_norm
+
+    return lambda: grad_norm(model, norm_type=2)
+
+
+def _clip(model: nn.Module) -> Callable[[], Any]:
+    params = list(model.parameters())
+    return lambda: torch.nn.utils.clip_grad_norm_(params, max_norm=math.inf)
+
+
+def _noop_hooks(model: nn.Module) -> list[Any]:
+    handles = []
+    for p in model.parameters():
+        handles.append(p.register_hook(lambda g: None))
+        handles.append(p.register_post_accumulate_grad_hook(lambda p: None))
+    return handles
+
+
+def gradwatch_config(name: str) -> dict[str, Any]:
+    """The gradwatch config of a gradwatch variant."""
+    if name == "gradwatch_default":
+        return {}
+    if name == "gradwatch_every_step":
+        return {"every_n_steps": 1}
+    if name == "gradwatch_hooks_only":
+        return {"every_n_steps": 10**9, "checks": {c: {"enabled": False} for c in STAT_CHECKS}}
+    raise KeyError(name)
+
+
+def make_variants(
+    names: list[str],
+    pairs: list[tuple[nn.Module, torch.optim.Optimizer]],
+    loss: Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor],
+) -> list[Variant]:
+    """One :class:`Variant` per name, on its own (model, optimizer) pair."""
+    out = []
+    for name, (model, opt) in zip(names, pairs):
+        v = Variant(name, model, opt, loss)
+        if name == "clip_grad_norm":
+            v.after_backward = _clip(model)
+        elif name == "lightning_grad_norm":
+            v.after_backward = _lightning(model)
+        elif name == "item_loop":
+            v.after_backward = _item_loop(model)
+        elif name == "noop_hooks":
+            v.handles = _noop_hooks(model)
+        elif name.startswith("gradwatch"):
+            v.watcher = gradwatch.watch(model, opt, config=gradwatch_config(name)).attach()
+        elif name != "baseline":
+            raise KeyError(name)
+        out.append(v)
+    return out

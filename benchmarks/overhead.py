@@ -1,0 +1,305 @@
+"""gradwatch's per-step overhead against its peers, and the performance budget it must meet.
+
+Usage::
+
+    .venv/bin/python benchmarks/overhead.py            # full run, both models (minutes)
+    .venv/bin/python benchmarks/overhead.py --quick    # short run of model (a): a smoke test
+    .venv/bin/python benchmarks/overhead.py --memory   # state growth over 10,000 steps of (a)
+
+Every variant trains its own copy of the same model (same init, same batches); gradwatch
+watchers are entered once, before warm-up, and stay attached for the whole run. After
+warm-up the variants are interleaved block by block (A B C ... then B C ... A, rotating), one
+block being ``--block`` consecutive steps (default: gradwatch's default ``every_n_steps``, so
+every gradwatch block holds exactly one statistics step and the figure is the amortised cost,
+not the cheap steps' cost). The step time of a variant is the median over its blocks; its
+added time is that median minus the baseline's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import platform
+import resource
+import statistics
+import sys
+import time
+import tracemalloc
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _models import MODELS, ModelCase
+from _variants import VARIANTS, make_variants
+
+import gradwatch
+
+__all__ = ["machine", "main", "run_memory", "run_model"]
+
+DEFAULT_EVERY = gradwatch.GradWatchConfig().every_n_steps
+
+
+def machine() -> dict[str, Any]:
+    """Where the figures come from."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "torch_num_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "gradwatch": gradwatch.__version__,
+    }
+
+
+def _quantiles(xs: list[float]) -> tuple[float, float, float]:
+    q = statistics.quantiles(xs, n=4) if len(xs) > 1 else [xs[0]] * 3
+    return q[0], statistics.median(xs), q[2]
+
+
+def run_model(
+    case: ModelCase, names: list[str], *, blocks: int, warmup: int, block: int
+) -> dict[str, Any]:
+    """Time every variant on ``case``; return the per-variant figures and the budget lines."""
+    pairs = case.instances(len(names))
+    batches = case.batches()
+    variants = make_variants(names, pairs, case.loss)
+    samples: dict[str, list[float]] = {n: [] for n in names}
+    n_params = sum(1 for p in pairs[0][0].parameters() if p.requires_grad)
+    steps = 0
+    try:
+        for r in range(warmup + blocks):
+            shift = r % len(variants)
+            for v in variants[shift:] + variants[:shift]:
+                t0 = time.perf_counter()
+                for s in range(block):
+                    x, y = batches[(steps + s) % len(batches)]
+                    v.step(x, y)
+                dt = (time.perf_counter() - t0) / block
+                if r >= warmup:
+                    samples[v.name].append(dt * 1e3)
+            steps += block
+    finally:
+        for v in variants:
+            v.close()
+    out: dict[str, Any] = {"title": case.title, "param_tensors": n_params, "variants": {}}
+    base = statistics.median(samples["baseline"])
+    for name in names:
+        p25, med, p75 = _quantiles(samples[name])
+        out["variants"][name] = {
+            "description": VARIANTS[name],
+            "ms_per_step": med,
+            "p25_ms": p25,
+            "p75_ms": p75,
+            "added_ms": med - base,
+            "samples": len(samples[name]),
+        }
+    rows = out["variants"]
+    for row in rows.values():
+        for ref, key in (("clip_grad_norm", "x_clip"), ("lightning_grad_norm", "x_lightning")):
+            ref_added = rows.get(ref, {}).get("added_ms")
+            row[key] = row["added_ms"] / ref_added if ref_added and ref_added > 0 else None
+    if "noop_hooks" in rows:
+        out["us_per_empty_hook"] = rows["noop_hooks"]["added_ms"] * 1e3 / (2 * n_params)
+    out["budget"] = budget(case.key, rows)
+    return out
+
+
+def budget(key: str, rows: dict[str, Any]) -> list[dict[str, Any]]:
+    """The budget lines of issue 7 that apply to model ``key``: each with its figure and limit."""
+    lines: list[dict[str, Any]] = []
+
+    def line(what: str, value: float | None, limit: float | None, unit: str) -> None:
+        ok = value is not None and limit is not None and value <= limit
+        lines.append({"line": what, "value": value, "limit": limit, "unit": unit, "met": ok})
+
+    def added(name: str) -> float | None:
+        return rows[name]["added_ms"] if name in rows else None
+
+    if key == "a":
+        clip = added("clip_grad_norm")
+        line(
+            "default config added <= 1.3 x clip_grad_norm_ added",
+            added("gradwatch_default"),
+            1.3 * clip if clip is not None else None,
+            "ms",
+        )
+        line(
+            "every statistic every step added <= Lightning grad_norm added",
+            added("gradwatch_every_step"),
+            added("lightning_grad_norm"),
+            "ms",
+        )
+        line(
+            "hooks only (ghost + zero_grad bookkeeping) <= 0.2 ms/step",
+            added("gradwatch_hooks_only"),
+            0.2,
+            "ms",
+        )
+    elif key == "b" and "baseline" in rows:
+        base = rows["baseline"]["ms_per_step"]
+        d = added("gradwatch_default")
+        line(
+            "default config added <= 2% of the baseline step",
+            None if d is None else 100.0 * d / base,
+            2.0,
+            "%",
+        )
+    return lines
+
+
+def print_table(key: str, res: dict[str, Any]) -> None:
+    """The human-readable table of one model."""
+    print(f"\n({key}) {res['title']}")
+    print(f"{'variant':<22} {'ms/step':>9} {'added ms':>9} {'x clip':>7} {'x lightning':>11}")
+    for name, row in res["variants"].items():
+        xc = f"{row['x_clip']:.2f}" if row["x_clip"] is not None else "-"
+        xl = f"{row['x_lightning']:.2f}" if row["x_lightning"] is not None else "-"
+        print(f"{name:<22} {row['ms_per_step']:>9.3f} {row['added_ms']:>+9.3f} {xc:>7} {xl:>11}")
+    if "us_per_empty_hook" in res:
+        print(f"empty Python hook: {res['us_per_empty_hook']:.2f} us each")
+    for b in res["budget"]:
+        v = "n/a" if b["value"] is None else f"{b['value']:.3f}"
+        lim = "n/a" if b["limit"] is None else f"{b['limit']:.3f}"
+        print(f"  [{'met ' if b['met'] else 'MISS'}] {b['line']}: {v} {b['unit']} (limit {lim})")
+
+
+def _rss_kib() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+def _gradwatch_bytes(snap: tracemalloc.Snapshot) -> int:
+    root = os.path.dirname(gradwatch.__file__)
+    flt = [tracemalloc.Filter(True, os.path.join(root, "*"))]
+    return sum(s.size for s in snap.filter_traces(flt).statistics("filename"))
+
+
+def run_memory(steps: int, warmup: int = 200) -> dict[str, Any]:
+    """Peak RSS and the growth of gradwatch's own allocations over ``steps`` steps of (a)."""
+    case = MODELS["a"]
+    ((model, opt),) = case.instances(1)
+    batches = case.batches()
+    checkpoints: list[dict[str, Any]] = []
+    with gradwatch.watch(model, opt) as w:
+        for s in range(warmup):
+            x, y = batches[s % len(batches)]
+            opt.zero_grad(set_to_none=True)
+            case.loss(model, x, y).backward()
+            opt.step()
+        gc.collect()
+        tracemalloc.start()
+        t0 = time.perf_counter()
+        marks = {steps // 4, steps // 2, 3 * steps // 4, steps}
+        for s in range(steps + 1):
+            if s in marks or s == 0:
+                gc.collect()
+                snap = tracemalloc.take_snapshot()
+                checkpoints.append(
+                    {
+                        "step": warmup + s,
+                        "gradwatch_bytes": _gradwatch_bytes(snap),
+                        "traced_bytes": tracemalloc.get_traced_memory()[0],
+                        "rss_kib": _rss_kib(),
+                        "param_copies_held": sum(t.snapshot is not None for t in w._tracks),
+                    }
+                )
+            if s == steps:
+                break
+            x, y = batches[s % len(batches)]
+            opt.zero_grad(set_to_none=True)
+            case.loss(model, x, y).backward()
+            opt.step()
+        elapsed = time.perf_counter() - t0
+        tracemalloc.stop()
+        history = sum(len(lt.history) for lt in w._layer_tracks.values())
+        layers = len(w._layer_tracks)
+    first, last = checkpoints[0], checkpoints[-1]
+    return {
+        "model": case.title,
+        "warmup_steps": warmup,
+        "steps": steps,
+        "seconds": elapsed,
+        "checkpoints": checkpoints,
+        "gradwatch_growth_bytes": last["gradwatch_bytes"] - first["gradwatch_bytes"],
+        "rss_growth_kib": last["rss_kib"] - first["rss_kib"],
+        "peak_rss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+        "history_samples": history,
+        "history_bound": layers * gradwatch.GradWatchConfig().history,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark; print the table and write the JSON."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="a short run of model (a) (smoke test)")
+    ap.add_argument(
+        "--models", default=None, help="models to run, e.g. 'ab' (default: ab; --quick: a)"
+    )
+    ap.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated variant names")
+    ap.add_argument("--blocks", type=int, default=None, help="measured blocks per variant")
+    ap.add_argument("--warmup", type=int, default=None, help="warm-up blocks per variant")
+    ap.add_argument("--block", type=int, default=DEFAULT_EVERY, help="steps per block")
+    ap.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (default 1)")
+    ap.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
+    ap.add_argument("--memory", action="store_true", help="measure state growth instead of time")
+    ap.add_argument("--memory-steps", type=int, default=10_000, help="steps of the --memory run")
+    args = ap.parse_args(argv)
+
+    torch.set_num_threads(args.threads)
+    warnings.simplefilter("ignore", gradwatch.GradWatchWarning)
+    result: dict[str, Any] = {"machine": machine(), "block": args.block}
+    if args.memory:
+        mem = run_memory(args.memory_steps)
+        result["memory"] = mem
+        print(json.dumps(mem, indent=2))
+    else:
+        names = [n.strip() for n in args.variants.split(",") if n.strip()]
+        unknown = [n for n in names if n not in VARIANTS]
+        if unknown or "baseline" not in names:
+            ap.error(
+                f"unknown variant(s) {unknown} (known: {', '.join(VARIANTS)}; baseline is required)"
+            )
+        models = args.models or ("a" if args.quick else "ab")
+        result["models"] = {}
+        for key in models:
+            if key not in MODELS:
+                ap.error(f"unknown model {key!r} (known: {', '.join(MODELS)})")
+            case = MODELS[key]
+            default_blocks = {"a": 40, "b": 4}[key]
+            blocks = args.blocks or (3 if args.quick else default_blocks)
+            warmup = (
+                args.warmup if args.warmup is not None else (1 if args.quick or key == "b" else 3)
+            )
+            res = run_model(case, names, blocks=blocks, warmup=warmup, block=args.block)
+            result["models"][key] = res
+            print_table(key, res)
+    print(
+        f"\nmachine: {result['machine']['cpu']}, {result['machine']['cores']} cores, torch "
+        f"{result['machine']['torch']}, torch threads {result['machine']['torch_num_threads']}"
+    )
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=2) + "\n")
+        print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

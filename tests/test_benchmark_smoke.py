@@ -1,0 +1,55 @@
+"""The overhead benchmark runs end to end (``--quick``) and reports every variant."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+EXPECTED = [
+    "baseline",
+    "clip_grad_norm",
+    "lightning_grad_norm",
+    "item_loop",
+    "noop_hooks",
+    "gradwatch_default",
+    "gradwatch_every_step",
+    "gradwatch_hooks_only",
+]
+
+
+@pytest.mark.slow  # a subprocess importing torch and Lightning, 8 variants: ~15-20 s
+def test_quick_benchmark_writes_every_variant(tmp_path: Path) -> None:
+    out = tmp_path / "results.json"
+    cmd = [
+        sys.executable,
+        str(ROOT / "benchmarks" / "overhead.py"),
+        "--quick",
+        "--blocks",
+        "2",
+        "--warmup",
+        "0",
+        "--block",
+        "2",
+        "--out",
+        str(out),
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    data = json.loads(out.read_text())
+    assert data["machine"]["torch_num_threads"] == 1
+    assert data["machine"]["cpu"] and data["machine"]["torch"]
+    res = data["models"]["a"]
+    assert res["param_tensors"] == 400
+    assert list(res["variants"]) == EXPECTED
+    for name, row in res["variants"].items():
+        assert row["samples"] == 2, name
+        assert row["ms_per_step"] > 0 and math.isfinite(row["added_ms"]), name
+    assert res["variants"]["baseline"]["added_ms"] == 0.0
+    assert [b["line"].split()[0] for b in res["budget"]] == ["default", "every", "hooks"]
+    assert "gradwatch_default" in proc.stdout and "x clip" in proc.stdout
