@@ -524,9 +524,13 @@ class Watcher:
             lt.update(view.step, sample)
             total += sample.norm**2
             metrics[f"grad_norm/{layer}"] = sample.norm
-        metrics["grad_norm_total"] = total**0.5
+        # With several optimizers each step sees its own layers: name the total per optimizer
+        # so that sinks do not get two different values for one series at one step.
+        several = sum(1 for t in self._tracks if t.index is not None) > 1
+        total_key = f"grad_norm_total/optimizer_{view.optimizer}" if several else "grad_norm_total"
+        metrics[total_key] = total**0.5
         metrics["findings"] = float(len(self._log._findings))
-        self.metrics = metrics
+        self.metrics = {**self.metrics, **metrics}
         for sink in self._sinks:
             self._guard("sink", sink.log_metrics, view.step, dict(metrics))
 
