@@ -45,8 +45,9 @@ def main(out_dir: Path = Path(".")) -> gradwatch.Report:
     model = BuggyClassifier()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     loss_fn = nn.CrossEntropyLoss()
-    config = gradwatch.GradWatchConfig(every_n_steps=5, warn=False,
-                                       report_path=out_dir / "gradwatch-report.json")
+    config = gradwatch.GradWatchConfig(
+        every_n_steps=5, warn=False, report_path=out_dir / "gradwatch-report.json"
+    )
 
     with gradwatch.watch(model, optimizer, config=config) as watcher:
         for _ in range(20):  # an ordinary, unmodified training loop

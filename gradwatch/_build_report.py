@@ -22,7 +22,9 @@ def build_report(w: Watcher) -> Report:
     trainable = {i for t in w._tracks for i in t.ids}
     layers: list[LayerStats] = []
     order = {name: seq for name, seq in tracker.fwd_first.items()}
-    names = sorted(index.layers, key=lambda n: (order.get(n, float("inf")), list(index.layers).index(n)))
+    names = sorted(
+        index.layers, key=lambda n: (order.get(n, float("inf")), list(index.layers).index(n))
+    )
     for name in names:
         idxs = [i for i in index.layers[name] if index.params[i].ref() is not None or True]
         params = index.names(idxs)

@@ -17,7 +17,9 @@ def _submodel(model: type[BaseModel], loc: tuple[Any, ...]) -> Optional[type[Bas
             return None
         ann = field.annotation
         candidates = [ann, *typing.get_args(ann)]
-        current = next((c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None)
+        current = next(
+            (c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None
+        )
         if current is None:
             return None
     return current if isinstance(current, type) and issubclass(current, BaseModel) else None

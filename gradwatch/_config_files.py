@@ -29,7 +29,9 @@ def _toml(text: str) -> Any:
         try:
             import tomli as tomllib
         except ImportError:
-            raise ValueError("reading TOML on Python < 3.11 needs 'tomli' (pip install tomli)") from None
+            raise ValueError(
+                "reading TOML on Python < 3.11 needs 'tomli' (pip install tomli)"
+            ) from None
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -40,7 +42,9 @@ def _json(text: str) -> Any:
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
-        raise ValueError(f"invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}") from None
+        raise ValueError(
+            f"invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}"
+        ) from None
 
 
 _PARSERS: dict[str, Callable[[str], Any]] = {
@@ -75,5 +79,7 @@ def load_mapping(path: Path) -> dict[str, Any]:
     if data is None:
         return {}
     if not isinstance(data, dict):
-        raise ConfigError(f"{path}: the top level must be a mapping of settings, not {type(data).__name__}")
+        raise ConfigError(
+            f"{path}: the top level must be a mapping of settings, not {type(data).__name__}"
+        )
     return data

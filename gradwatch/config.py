@@ -118,7 +118,8 @@ class GradWatchConfig(BaseModel):
     model_config = _STRICT
 
     fail_on: FailOn = Field(
-        "error", description="A finding at or above this severity fails the report ('never': never)."
+        "error",
+        description="A finding at or above this severity fails the report ('never': never).",
     )
     fail_fast: bool = Field(
         False,
@@ -170,7 +171,9 @@ class GradWatchConfig(BaseModel):
             raise ConfigError(format_validation_error(exc, cls, source=str(path))) from None
 
     @classmethod
-    def coerce(cls, value: Union[GradWatchConfig, dict[str, Any], str, Path, None]) -> GradWatchConfig:
+    def coerce(
+        cls, value: Union[GradWatchConfig, dict[str, Any], str, Path, None]
+    ) -> GradWatchConfig:
         """Turn what ``watch(config=...)`` accepts into a config.
 
         Raises:

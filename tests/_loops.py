@@ -14,7 +14,10 @@ Batch = tuple[torch.Tensor, torch.Tensor]
 
 def batches(n: int, dim: int = 8, out: int = 1, batch: int = 16, seed: int = 0) -> list[Batch]:
     g = torch.Generator().manual_seed(seed)
-    return [(torch.randn(batch, dim, generator=g), torch.randn(batch, out, generator=g)) for _ in range(n)]
+    return [
+        (torch.randn(batch, dim, generator=g), torch.randn(batch, out, generator=g))
+        for _ in range(n)
+    ]
 
 
 def train(

@@ -52,7 +52,9 @@ def test_unknown_key_names_file_and_allowed_keys(tmp_path: Path) -> None:
 def test_wrong_value_names_field_and_allowed_values(tmp_path: Path) -> None:
     path = tmp_path / "bad.json"
     path.write_text('{"fail_on": "sometimes"}')
-    with pytest.raises(ConfigError, match=r"fail_on: .*'info', 'warning', 'error' or 'never'.*sometimes"):
+    with pytest.raises(
+        ConfigError, match=r"fail_on: .*'info', 'warning', 'error' or 'never'.*sometimes"
+    ):
         GradWatchConfig.from_file(path)
 
 

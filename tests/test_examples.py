@@ -15,12 +15,20 @@ SLOW = {"lightning_ghost.py"}
 
 @pytest.mark.parametrize(
     "script",
-    [pytest.param(p, id=p.name, marks=[pytest.mark.slow] if p.name in SLOW else []) for p in EXAMPLES],
+    [
+        pytest.param(p, id=p.name, marks=[pytest.mark.slow] if p.name in SLOW else [])
+        for p in EXAMPLES
+    ],
 )
 def test_example_runs(script: Path, tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     proc = subprocess.run(
-        [sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+        [sys.executable, str(script)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 

@@ -97,8 +97,12 @@ def test_unused_branch_is_a_ghost_not_called() -> None:
 
 @pytest.mark.parametrize(
     ("mode", "cause"),
-    [("detach", "disconnected"), ("no_grad", "no_grad"), ("inference_mode", "no_grad"),
-     ("checkpoint", "no_grad")],
+    [
+        ("detach", "disconnected"),
+        ("no_grad", "no_grad"),
+        ("inference_mode", "no_grad"),
+        ("checkpoint", "no_grad"),
+    ],
 )
 def test_encoder_cut_off_from_the_loss(mode: str, cause: str) -> None:
     model = TwoTower(mode)
@@ -229,7 +233,9 @@ def test_warning_once_per_check_and_parameter() -> None:
 
 def test_ignore_patterns_silence_listed_parameters() -> None:
     model = Branchy()
-    report = train(model, torch.optim.SGD(model.parameters(), lr=0.01), config={"ignore": ["extra.*"]})
+    report = train(
+        model, torch.optim.SGD(model.parameters(), lr=0.01), config={"ignore": ["extra.*"]}
+    )
     assert report.findings == [] and not report.failed
 
 

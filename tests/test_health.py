@@ -36,7 +36,10 @@ def test_exploding_twelve_layer_linear_net_scaled_by_six() -> None:
 def test_spike_over_running_median() -> None:
     model = mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
-    cfg = {"every_n_steps": 1, "checks": {"exploding_grad": {"max_norm": None, "warmup": 5, "spike_factor": 20}}}
+    cfg = {
+        "every_n_steps": 1,
+        "checks": {"exploding_grad": {"max_norm": None, "warmup": 5, "spike_factor": 20}},
+    }
     with gradwatch.watch(model, opt, config=cfg) as w:
         for k, (x, y) in enumerate(batches(10)):
             opt.zero_grad()
@@ -65,7 +68,9 @@ def test_vanishing_at_the_first_layer_of_a_25_layer_sigmoid_mlp() -> None:
 
 def test_dead_relu_layer() -> None:
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 1))
+    model = nn.Sequential(
+        nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 1)
+    )
     with torch.no_grad():
         model[2].bias.fill_(-100.0)  # every unit of the second layer is negative: dead ReLUs
     report = train(model, torch.optim.SGD(model.parameters(), lr=0.01), steps=4)
@@ -183,8 +188,10 @@ def test_sparse_embedding_with_sparse_adam() -> None:
             return self.head(self.embed(ids).mean(1))
 
     model = Bag()
-    opts = [torch.optim.SparseAdam(list(model.embed.parameters()), lr=1e-2),
-            torch.optim.Adam(model.head.parameters(), lr=1e-2)]
+    opts = [
+        torch.optim.SparseAdam(list(model.embed.parameters()), lr=1e-2),
+        torch.optim.Adam(model.head.parameters(), lr=1e-2),
+    ]
     with gradwatch.watch(model, opts, config={"every_n_steps": 1}) as w:
         for _ in range(4):
             for o in opts:

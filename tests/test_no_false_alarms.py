@@ -44,6 +44,7 @@ def test_lbfgs_closure() -> None:
     opt = torch.optim.LBFGS(model.parameters(), lr=0.5, max_iter=4)
     with gradwatch.watch(model, opt, config={"every_n_steps": 1}) as w:
         for x, y in batches(3):
+
             def closure(x: torch.Tensor = x, y: torch.Tensor = y) -> torch.Tensor:
                 opt.zero_grad()
                 loss = nn.functional.mse_loss(model(x), y)
@@ -105,7 +106,9 @@ def test_tied_embedding_and_lm_head() -> None:
 
 
 def test_batchnorm_buffers_are_not_parameters() -> None:
-    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(), nn.LazyLinear(1))
+    model = nn.Sequential(
+        nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(), nn.LazyLinear(1)
+    )
 
     def loss(m: nn.Module, b: object) -> torch.Tensor:
         return m(torch.randn(4, 3, 6, 6)).pow(2).mean()

@@ -26,7 +26,8 @@ class NotInOptimizer(Check):
         if not view.has_optimizer:
             return
         orphans = [
-            i for i in view.trainable
+            i
+            for i in view.trainable
             if i not in view.in_optimizer and not view.index.params[i].outside_model
         ]
         for layer, idxs in _by_layer(view, orphans).items():

@@ -36,7 +36,11 @@ class NonfiniteGrad(Check):
             "(use a GradScaler or bf16), or a too-high learning rate.",
             params=names,
             module=origin.layer,
-            details={"origin": origin.name, "origin_layer": origin.layer, "nonfinite_params": len(names)},
+            details={
+                "origin": origin.name,
+                "origin_layer": origin.layer,
+                "nonfinite_params": len(names),
+            },
         )
 
     def on_skipped(self, skipped: int, total: int, step: int, log: FindingLog) -> None:

@@ -18,7 +18,9 @@ class StepWithoutGrad(Check):
     def on_step(self, view: StepView, log: FindingLog) -> None:
         if view.optimizer is None or not view.backward_in_window or not view.ids:
             return
-        if not any(view.arrived) or not all(view.cleared[k] for k, a in enumerate(view.arrived) if a):
+        if not any(view.arrived) or not all(
+            view.cleared[k] for k, a in enumerate(view.arrived) if a
+        ):
             return
         log.emit(
             self.id,
