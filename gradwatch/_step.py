@@ -9,6 +9,7 @@ from typing import Any, Optional
 
 import torch
 
+from gradwatch._index import ParamIndex
 from gradwatch._stats import foreach_norms, layer_norm, to_host
 from gradwatch._tracking import Tracker
 from gradwatch.checks.base import LayerSample
@@ -102,10 +103,10 @@ def gather(
     pnorm_ks: list[int] = []
     delta: list[torch.Tensor] = []
     if observed:
-        ps = [track.params[ks[j]].detach() for j in range(n)]
-        pnorm_ks = list(range(n))
+        pnorm_ks = [j for j in range(n) if not ParamIndex.uninitialized(track.params[ks[j]])]
+        ps = [track.params[ks[j]].detach() for j in pnorm_ks]
         values.extend(foreach_norms(ps, 2.0))
-        if track.snapshot is not None and len(track.snapshot) == len(track.params):
+        if track.snapshot is not None and len(track.snapshot) == len(track.params) and len(ps) == n:
             snap = [track.snapshot[ks[j]] for j in range(n)]
             try:
                 delta = foreach_norms(torch._foreach_sub(ps, snap), 2.0)

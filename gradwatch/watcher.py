@@ -136,7 +136,7 @@ class Watcher:
         self._coverage: dict[str, int] = {}
         self._structure_key: Any = None
         self._callback_queued = False
-        self._pending_lazy = False
+        self._lazy: list[weakref.ref[torch.Tensor]] = []
         self.backward_passes = 0
         self.steps = 0
         self._skipped = 0
@@ -271,10 +271,14 @@ class Watcher:
                     optimizer_of.setdefault(i, []).append(k)
         self._tracker.grow(len(index.params))
         trainable, frozen = [], []
-        self._pending_lazy = False
+        self._lazy = []
         for info, p in index.live():
             if index.uninitialized(p):
-                self._pending_lazy = True
+                # No hook fits an uninitialised parameter: it is judged (it cannot have a
+                # gradient) and hooked at the first backward end after it materialises.
+                self._lazy.append(info.ref)
+                if p.requires_grad:
+                    trainable.append(info.idx)
                 continue
             if p.requires_grad:
                 trainable.append(info.idx)
@@ -391,7 +395,7 @@ class Watcher:
         self._callback_queued = False
         self.backward_passes += 1
         try:
-            if self._pending_lazy:
+            if any(not ParamIndex.uninitialized(p) for p in (r() for r in self._lazy) if p is not None):
                 self._sync_structure(step=self.steps)
             if not self._optimizers and self._tracks:
                 self._decide(self._tracks[0])
@@ -416,7 +420,7 @@ class Watcher:
 
         return hook
 
-    def _track_of(self, k: int) -> Optional[Track]:
+    def _track_of(self, k: Optional[int]) -> Optional[Track]:
         return next((t for t in self._tracks if t.index == k), None)
 
     def _observed(self, track: Track) -> bool:
@@ -426,8 +430,10 @@ class Watcher:
         track = self._track_of(k)
         if track is None or not self._observed(track) or not track.params:
             return
+        if any(ParamIndex.uninitialized(p) for p in track.params):
+            return  # no update ratio while a lazy parameter has no values yet
         with torch.no_grad():
-            track.snapshot = torch._foreach_mul([p.detach() for p in track.params], 1.0)
+            track.snapshot = list(torch._foreach_mul([p.detach() for p in track.params], 1.0))
 
     def _after_step(self, k: int) -> None:
         opt = self._optimizers[k]

@@ -79,12 +79,6 @@ def test_lazy_module_in_a_dead_branch_is_a_ghost_after_its_sibling_materialises(
     assert ghost.details["cause"] == "disconnected"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="core: a lazy module that never runs keeps UninitializedParameters, which "
-    "_sync_structure skips (no hooks possible before materialisation), so the layer is never "
-    "judged and its ghost goes unreported",
-)
 def test_lazy_module_never_called_is_a_ghost() -> None:
     torch.manual_seed(0)
     model = nn.ModuleDict({"used": nn.Linear(4, 3), "never": nn.LazyLinear(3)})
