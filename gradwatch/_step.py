@@ -24,6 +24,8 @@ class Track:
     ids: list[int] = field(default_factory=list)
     params: list[torch.Tensor] = field(default_factory=list)
     layer_positions: dict[str, list[int]] = field(default_factory=dict)
+    positions: list[int] = field(default_factory=list)
+    layer_of: list[str] = field(default_factory=list)
     start: int = 0
     steps: int = 0
     backward_at_start: int = 0
@@ -32,6 +34,8 @@ class Track:
 
     def set_params(self, ids: list[int], params: list[torch.Tensor], layer_of: list[str]) -> None:
         self.ids, self.params = ids, params
+        self.positions = list(range(len(ids)))
+        self.layer_of = list(layer_of)
         self.layer_positions = {}
         for k, layer in enumerate(layer_of):
             self.layer_positions.setdefault(layer, []).append(k)
@@ -52,6 +56,7 @@ class Gathered:
     cleared: list[bool]
     stats: Optional[dict[str, list[Optional[float]]]]
     scale: Optional[float]
+    grads: list[Optional[torch.Tensor]]
 
 
 def _spread(ks_present: list[int], values: list[float], n: int) -> list[Optional[float]]:
@@ -67,33 +72,44 @@ def gather(
     *,
     observed: bool,
     min_hooked_at: dict[int, int],
+    last_hooked: int,
     scaler_scale: Optional[torch.Tensor],
 ) -> Gathered:
-    """Read this step's gradients and compute what the checks need, with one host transfer."""
+    """Read this step's gradients and compute what the checks need, with one host transfer.
+
+    Hot path: list comprehensions over the track's parameters, no per-parameter function
+    calls; the per-parameter lists are only built in full where a check can use them.
+    """
     t = tracker
     start = track.start
-    ks: list[int] = []
-    ids: list[int] = []
-    arrived: list[bool] = []
-    grads: list[Optional[torch.Tensor]] = []
-    for k, (i, p) in enumerate(zip(track.ids, track.params)):
-        if not p.requires_grad or min_hooked_at.get(i, 0) > start:
-            continue  # frozen since, or hooked during this window: not judged this step
-        a = t.last_seq[i] > start
-        if a:
-            t.seen[i] += 1
-        else:
-            t.missing[i] += 1
-        ks.append(k)
-        ids.append(i)
-        arrived.append(a)
-        grads.append(p.grad)
+    ls = t.last_seq
+    params = track.params
+    if last_hooked <= start and all(p.requires_grad for p in params):
+        ks, ids, judged = track.positions, track.ids, params
+    else:  # frozen since, or hooked during this window: not judged this step
+        ks = [
+            k
+            for k, (i, p) in enumerate(zip(track.ids, params))
+            if p.requires_grad and min_hooked_at.get(i, 0) <= start
+        ]
+        ids = [track.ids[k] for k in ks]
+        judged = [params[k] for k in ks]
     n = len(ids)
-    present = [j for j in range(n) if grads[j] is not None]
-    pg = [grads[j] for j in present]
-    values: list[torch.Tensor] = list(foreach_norms(pg, 2.0))  # type: ignore[arg-type]
-    pending = [j for j in range(n) if arrived[j] and isinstance(t.dirty[ids[j]], torch.Tensor)]
-    values.extend(t.dirty[ids[j]] for j in pending)
+    arrived = [ls[i] > start for i in ids]
+    seen, missing = t.seen, t.missing
+    for i, a in zip(ids, arrived):
+        if a:
+            seen[i] += 1
+        else:
+            missing[i] += 1
+    grads = [p.grad for p in judged]
+    present = [j for j, g in enumerate(grads) if g is not None]
+    pg = grads if len(present) == n else [grads[j] for j in present]
+    values: list[torch.Tensor] = foreach_norms(pg, 2.0)  # type: ignore[arg-type]
+    pending: list[int] = []
+    if t.pending:
+        pending = [j for j in range(n) if arrived[j] and ids[j] in t.pending]
+        values.extend(t.dirty[ids[j]] for j in pending)
     n_stats = 0
     if observed and pg:
         values.extend(foreach_norms(pg, 1.0))  # type: ignore[arg-type]
@@ -103,11 +119,11 @@ def gather(
     pnorm_ks: list[int] = []
     delta: list[torch.Tensor] = []
     if observed:
-        pnorm_ks = [j for j in range(n) if not ParamIndex.uninitialized(track.params[ks[j]])]
-        ps = [track.params[ks[j]].detach() for j in pnorm_ks]
+        pnorm_ks = [j for j in range(n) if not ParamIndex.uninitialized(judged[j])]
+        ps = [judged[j].detach() for j in pnorm_ks]
         values.extend(foreach_norms(ps, 2.0))
-        if track.snapshot is not None and len(track.snapshot) == len(track.params) and len(ps) == n:
-            snap = [track.snapshot[ks[j]] for j in range(n)]
+        if track.snapshot is not None and len(track.snapshot) == len(params) and len(ps) == n:
+            snap = [track.snapshot[k] for k in ks]
             try:
                 delta = foreach_norms(torch._foreach_sub(ps, snap), 2.0)
             except RuntimeError:  # shapes changed under us (a replaced parameter)
@@ -125,7 +141,7 @@ def gather(
         return out
 
     norms = _spread(present, take(len(pg)), n)
-    dirty_vals = dict(zip(pending, take(len(pending))))
+    flags = take(len(pending))
     stats: Optional[dict[str, list[Optional[float]]]] = None
     if observed:
         stats = {}
@@ -135,28 +151,41 @@ def gather(
         stats["delta"] = _spread(pnorm_ks, take(len(delta)), n) if delta else [None] * n
     scale = take(1)[0] if scaler_scale is not None else None
 
-    dirty: list[bool] = []
-    cleared: list[bool] = []
-    nonfinite: list[bool] = []
-    for j in range(n):
-        i = ids[j]
-        d = t.dirty[i]
-        g = grads[j]
-        was_dirty = bool(dirty_vals[j]) if j in dirty_vals else (arrived[j] and d is True)
-        dirty.append(g is not None and was_dirty)
-        norm = norms[j]
-        cleared.append(
-            g is None or (norm == 0.0 and (id(g) != t.acc_id[i] or g._version != t.acc_ver[i]))
-        )
-        bad = norm is not None and not math.isfinite(norm)
-        if bad and g is not None and norm is not None and math.isinf(norm):
-            # An inf L2 norm may be float32 overflow of finite values: look at the entries.
-            v = g.coalesce()._values() if g.is_sparse else g
-            bad = not bool(torch.isfinite(v).all())
-        nonfinite.append(bad)
+    # missing_zero_grad: a value check said the gradient held pre-step contributions.
+    dirty = [False] * n
+    for j, flag in zip(pending, flags):
+        dirty[j] = bool(flag) and grads[j] is not None
+    # nonfinite_grad: NaN/Inf norms; an inf L2 norm may be float32 overflow of finite values.
+    isfinite = math.isfinite
+    nonfinite = [v is not None and not isfinite(v) for v in norms]
+    order: list[int] = []
+    if any(nonfinite):
+        for j in range(n):
+            v, g = norms[j], grads[j]
+            if nonfinite[j] and g is not None and v is not None and math.isinf(v):
+                dense = g.coalesce()._values() if g.is_sparse else g
+                nonfinite[j] = not bool(torch.isfinite(dense).all())
+        order = [ls[i] for i in ids]
+    # step_without_grad: only when no arrived gradient is left with a non-zero value.
+    cleared = [False] * n
+    if any(arrived) and all(norms[j] in (None, 0.0) for j in range(n) if arrived[j]):
+        cleared = [
+            g is None or (id(g) != t.acc_id[i] or g._version != t.acc_ver[i])
+            for i, g in zip(ids, grads)
+        ]
     return Gathered(
-        ks, ids, arrived, [g is not None for g in grads], norms, nonfinite,
-        [t.last_seq[i] for i in ids], dirty, cleared, stats, scale,
+        ks,
+        ids,
+        arrived,
+        [g is not None for g in grads],
+        norms,
+        nonfinite,
+        order,
+        dirty,
+        cleared,
+        stats,
+        scale,
+        grads,
     )
 
 

@@ -43,6 +43,9 @@ class Tracker:
         self.fwd_grad: dict[str, int] = {}
         self.fwd_nograd: dict[str, int] = {}
         self.fwd_first: dict[str, int] = {}
+        self.fwd_since: dict[str, int] = {}  # layer -> event number its forward hook went on
+        self.pending: set[int] = set()  # parameters whose dirty flag is an unresolved tensor
+        self.backward_queued = False  # the end-of-backward callback is queued
 
     def now(self) -> int:
         """A fresh event number (later than every event so far)."""
@@ -62,14 +65,18 @@ class Tracker:
             self.seen.append(0)
             self.missing.append(0)
 
-    def snapshot(self, i: int, grad: Optional[torch.Tensor]) -> None:
-        """Record ``.grad`` as its optimizer's step left it."""
-        if grad is None:
-            self.snap_id[i], self.snap_ver[i] = 0, -1
-        else:
-            self.snap_id[i], self.snap_ver[i] = id(grad), grad._version
-        self.fresh[i] = True
-        self.dirty[i] = False
+    def snapshot(self, ids: list[int], grads: list[Optional[torch.Tensor]]) -> None:
+        """Record each ``.grad`` as its optimizer's step left it (identity and version)."""
+        sid, sver, fresh, dirty = self.snap_id, self.snap_ver, self.fresh, self.dirty
+        for i, g in zip(ids, grads):
+            if g is None:
+                sid[i], sver[i] = 0, -1
+            else:
+                sid[i], sver[i] = id(g), g._version
+            fresh[i] = True
+            dirty[i] = False
+        if self.pending:
+            self.pending.difference_update(ids)
 
 
 def make_param_hooks(
@@ -94,7 +101,7 @@ def make_param_hooks(
                 return None
             g = p.grad
             if g is None:
-                t.dirty[i] = False
+                clean = True
             elif t.fresh[i]:
                 untouched = id(g) == t.snap_id[i] and g._version == t.snap_ver[i]
                 if untouched or g._base is not None:
@@ -102,10 +109,16 @@ def make_param_hooks(
                     # (``.data.zero_()``) or not reset at all; a view's counter is shared.
                     # Only the values can tell; resolved at the next step, no sync here.
                     t.dirty[i] = torch.ne(g.detach(), 0).any()
-                else:
-                    t.dirty[i] = False  # replaced or modified in place since the step: reset
-            elif id(g) != t.acc_id[i] or (g._version != t.acc_ver[i] and g._base is None):
-                t.dirty[i] = False  # reset between two backward passes of one step
+                    t.pending.add(i)
+                    return None
+                clean = True  # replaced or modified in place since the step: reset
+            else:
+                # reset between two backward passes of one step?
+                clean = id(g) != t.acc_id[i] or (g._version != t.acc_ver[i] and g._base is None)
+            if clean:
+                t.dirty[i] = False
+                if t.pending:
+                    t.pending.discard(i)
         except Exception as exc:
             on_error("pre-accumulate hook", exc)
         return None
@@ -119,7 +132,8 @@ def make_param_hooks(
             t.last_seq[i] = next(t.counter)
             t.acc_id[i], t.acc_ver[i] = id(g), g._version
             t.fresh[i] = False
-            on_arrival()
+            if not t.backward_queued:
+                on_arrival()
         except Exception as exc:
             on_error("post-accumulate hook", exc)
 

@@ -67,7 +67,9 @@ def _optimizers(optimizer: OptimizerArg) -> list[torch.optim.Optimizer]:
         )
     for k, o in enumerate(opts):
         if not isinstance(o, torch.optim.Optimizer):
-            raise ConfigError(f"optimizer[{k}] is a {type(o).__name__}, not a torch.optim.Optimizer")
+            raise ConfigError(
+                f"optimizer[{k}] is a {type(o).__name__}, not a torch.optim.Optimizer"
+            )
     return opts
 
 
@@ -135,7 +137,12 @@ class Watcher:
         self._layer_tracks: dict[str, LayerTrack] = {}
         self._coverage: dict[str, int] = {}
         self._structure_key: Any = None
-        self._callback_queued = False
+        self._last_hooked = 0
+        self._fwd_handles: dict[str, RemovableHandle] = {}
+        self._fwd_modules: dict[str, weakref.ref[nn.Module]] = {}
+        self._fwd_wanted: set[str] = set()
+        self._fwd_trimmed = False
+        self._model_signature: tuple[int, ...] = ()
         self._lazy: list[weakref.ref[torch.Tensor]] = []
         self.backward_passes = 0
         self.steps = 0
@@ -143,7 +150,9 @@ class Watcher:
         # The scale before any step: skips before the first successful step count too.
         scale0 = getattr(scaler, "_scale", None)
         self._last_scale: Optional[float] = (
-            float(scale0) if isinstance(scale0, torch.Tensor) else getattr(scaler, "_init_scale", None)
+            float(scale0)
+            if isinstance(scale0, torch.Tensor)
+            else getattr(scaler, "_init_scale", None)
         )
         self._internal: set[str] = set()
         self._attached = False
@@ -214,8 +223,9 @@ class Watcher:
             # Never let bookkeeping at exit hide the user's own error (or skip the unhooking).
             self._guard("exit", self._check_scaler)
         finally:
-            for h in self._handles:
+            for h in [*self._handles, *self._fwd_handles.values()]:
                 h.remove()
+            self._fwd_handles.clear()
             for pre, post in self._param_handles.values():
                 pre.remove()
                 post.remove()
@@ -261,6 +271,7 @@ class Watcher:
             return
         index = self._index
         index.scan_model(model)
+        self._model_signature = tuple(map(id, model.parameters()))
         optimizer_of: dict[int, list[int]] = {}
         for k, opt in enumerate(self._optimizers):
             for g, group in enumerate(opt.param_groups):
@@ -308,7 +319,12 @@ class Watcher:
             "optimizers": len(self._optimizers),
         }
         view = StructureView(
-            index, trainable, frozen, set(optimizer_of), optimizer_of, bool(self._optimizers),
+            index,
+            trainable,
+            frozen,
+            set(optimizer_of),
+            optimizer_of,
+            bool(self._optimizers),
             extra={"step": step},
         )
         for check in self._checks:
@@ -331,8 +347,10 @@ class Watcher:
         tracks = []
         groups: list[tuple[Optional[int], list[int]]]
         if self._optimizers:
-            groups = [(k, [i for i in trainable if k in optimizer_of.get(i, ())])
-                      for k in range(len(self._optimizers))]
+            groups = [
+                (k, [i for i in trainable if k in optimizer_of.get(i, ())])
+                for k in range(len(self._optimizers))
+            ]
         else:
             groups = [(None, trainable)]
         for k, ids in groups:
@@ -357,15 +375,38 @@ class Watcher:
             self._tracker, i, weakref.ref(p), self._arrival_callback(), self._internal_error_cb()
         )
         self._param_handles[i] = (p.register_hook(pre), p.register_post_accumulate_grad_hook(post))
-        self._hooked_at[i] = self._tracker.now()
+        self._hooked_at[i] = self._last_hooked = self._tracker.now()
 
     def _hook_modules(self, model: nn.Module) -> None:
         for name, mod in model.named_modules():
             if id(mod) in self._hooked_modules or not mod._parameters:
                 continue
             self._hooked_modules.add(id(mod))
-            hook = make_forward_hook(self._tracker, name or "(root)", self._internal_error_cb())
-            self._handles.append(mod.register_forward_hook(hook))
+            self._fwd_modules[name or "(root)"] = weakref.ref(mod)
+            if not self._fwd_trimmed:
+                self._hook_forward(name or "(root)")
+
+    def _hook_forward(self, layer: str) -> None:
+        """Stamp when ``layer`` runs (and in which grad mode): a ghost's cause comes from it."""
+        mod = self._fwd_modules.get(layer)
+        module = mod() if mod is not None else None
+        if module is None or layer in self._fwd_handles:
+            return
+        hook = make_forward_hook(self._tracker, layer, self._internal_error_cb())
+        self._fwd_handles[layer] = module.register_forward_hook(hook)
+        self._tracker.fwd_since[layer] = self._tracker.now()
+
+    def _trim_forward_hooks(self) -> None:
+        """After ``cause_steps`` steps keep forward hooks only on layers that were ghosts.
+
+        A forward hook on every layer puts every module call on nn.Module's slow path; a
+        ghost that appears later gets its hook back and its cause from its next missing step.
+        """
+        flagged = {f.module for f in self._log.findings() if f.check == "ghost_param"}
+        for layer in [name for name in self._fwd_handles if name not in flagged]:
+            self._fwd_handles.pop(layer).remove()
+            self._tracker.fwd_since.pop(layer, None)
+        self._fwd_trimmed = True
 
     # -- hooks -----------------------------------------------------------------------------
 
@@ -374,9 +415,9 @@ class Watcher:
 
         def on_arrival() -> None:
             me = wself()
-            if me is None or me._callback_queued:
+            if me is None or me._tracker.backward_queued:
                 return
-            me._callback_queued = True
+            me._tracker.backward_queued = True
             torch.autograd.Variable._execution_engine.queue_callback(me._on_backward_end)
 
         return on_arrival
@@ -392,10 +433,10 @@ class Watcher:
         return on_error
 
     def _on_backward_end(self) -> None:
-        self._callback_queued = False
+        self._tracker.backward_queued = False
         self.backward_passes += 1
         try:
-            if any(not ParamIndex.uninitialized(p) for p in (r() for r in self._lazy) if p is not None):
+            if self._lazy_materialised():
                 self._sync_structure(step=self.steps)
             if not self._optimizers and self._tracks:
                 self._decide(self._tracks[0])
@@ -449,41 +490,90 @@ class Watcher:
 
     # -- the step decision -----------------------------------------------------------------
 
+    def _lazy_materialised(self) -> bool:
+        """Whether a lazy parameter got its values since the last structure sync."""
+        live = (r() for r in self._lazy)
+        return any(not ParamIndex.uninitialized(p) for p in live if p is not None)
+
     def _decide(self, track: Track) -> None:
         observed = self._observed(track)
-        if observed and track.steps > 0:
+        if (self._lazy and self._lazy_materialised()) or (
+            observed and track.steps > 0 and self._structure_may_have_changed()
+        ):
             self._sync_structure(step=track.steps)
             track = self._track_of(track.index) or track
         scale = getattr(self._scaler, "_scale", None) if self._scaler is not None else None
         with torch.profiler.record_function("gradwatch::step"), torch.no_grad():
-            g = gather(track, self._tracker, observed=observed, min_hooked_at=self._hooked_at,
-                       scaler_scale=scale if isinstance(scale, torch.Tensor) else None)
+            g = gather(
+                track,
+                self._tracker,
+                observed=observed,
+                min_hooked_at=self._hooked_at,
+                last_hooked=self._last_hooked,
+                scaler_scale=scale if isinstance(scale, torch.Tensor) else None,
+            )
         self._note_scale(g.scale, track.steps)
         view = self._view(track, g, observed)
         for check in self._checks:
             self._guard(f"{check.id} check", check.on_step, view, self._log)
         if observed:
             self._record_layers(view)
-        for j, i in enumerate(g.ids):
-            self._tracker.snapshot(i, track.params[g.ks[j]].grad)
+        self._tracker.snapshot(g.ids, g.grads)
         track.snapshot = None
         track.start = self._tracker.now()
         track.backward_at_start = self.backward_passes
         track.steps += 1
         self.steps += 1
+        self._adjust_forward_hooks()
         self._log.raise_fail_fast()
+
+    def _structure_may_have_changed(self) -> bool:
+        """On observed steps: parameters added/replaced in the model, or one unfrozen."""
+        model = self._model
+        if model is None:
+            return False
+        signature = tuple(map(id, model.parameters()))
+        if signature != self._model_signature:
+            return True
+        tracked = {i for t in self._tracks for i in t.ids}
+        return any(
+            p.requires_grad and info.idx not in tracked
+            for info, p in self._index.live()
+            if not info.outside_model
+        )
+
+    def _adjust_forward_hooks(self) -> None:
+        for layer in self._fwd_wanted:
+            self._hook_forward(layer)
+        self._fwd_wanted.clear()
+        limit = self.config.cause_steps
+        if (
+            not self._fwd_trimmed
+            and limit is not None
+            and not self.config.fail_fast
+            and self.steps >= limit
+        ):
+            self._trim_forward_hooks()
 
     def _view(self, track: Track, g: Gathered, observed: bool) -> StepView:
         index = self._index
         tracker = self._tracker
         start = track.start
         ranks = None
-        layer_of = [index.params[i].layer for i in g.ids]
-        numel = [index.params[i].numel for i in g.ids]
+        if g.ks is track.positions:
+            layer_of = track.layer_of
+        else:
+            layer_of = [index.params[i].layer for i in g.ids]
+        numel = [index.params[i].numel for i in g.ids] if observed else []
 
         def cause(i: int) -> str:
             info = index.params[i]
             if info.outside_model:
+                return "unknown"
+            since = tracker.fwd_since
+            if not any(since.get(o, start + 1) <= start for o in info.owners):
+                # Its forward hook was off (trimmed after cause_steps) during this window.
+                self._fwd_wanted.add(info.layer)
                 return "unknown"
             if any(tracker.fwd_grad.get(o, 0) > start for o in info.owners):
                 return "disconnected"
@@ -493,8 +583,9 @@ class Watcher:
 
         ex = None
         if self._dist is not None:  # one all_gather: which rank missed what, and why
-            ex = self._dist.exchange(g.ids, g.arrived, cause, tracker,
-                                     track.params[0].device if track.params else None)
+            ex = self._dist.exchange(
+                g.ids, g.arrived, cause, tracker, track.params[0].device if track.params else None
+            )
             ranks, g.arrived = ex.ranks_missing, ex.arrived
         return StepView(
             step=track.steps,

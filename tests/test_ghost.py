@@ -287,3 +287,33 @@ def test_report_is_readable_during_and_after_the_loop() -> None:
             assert w.report().steps == k + 1
     after = w.report()
     assert gradwatch.Report.model_validate_json(after.model_dump_json()) == after
+
+
+def test_a_ghost_after_cause_steps_gets_its_cause_from_its_next_missing_step() -> None:
+    """Forward hooks are trimmed after ``cause_steps``; a late ghost gets one back."""
+    model = Branchy()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with gradwatch.watch(model, opt, config={"every_n_steps": 1, "cause_steps": 2}) as w:
+        for step, (x, y) in enumerate(batches(8)):
+            model.use_extra = step < 4  # the branch stops being taken at step 4
+            opt.zero_grad()
+            nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+            if step == 3:
+                assert set(w._fwd_handles) == set()  # clean so far: no forward hook left
+    (finding,) = w.report().by_check("ghost_param")
+    assert finding.first_step == 4 and finding.details["cause"] == "not_called"
+    assert finding.details["steps_missing"] == 4 and finding.details["steps_seen"] == 4
+    assert set(w._fwd_handles) == set()  # removed on exit
+
+
+def test_forward_hooks_stay_on_ghost_layers_only() -> None:
+    model = Branchy()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with gradwatch.watch(model, opt, config={"every_n_steps": 1, "cause_steps": 2}) as w:
+        for x, y in batches(4):
+            opt.zero_grad()
+            nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+        assert set(w._fwd_handles) == {"extra"}
+        assert not model.body[0]._forward_hooks and model.extra._forward_hooks
