@@ -37,7 +37,8 @@ def foreach_norms(tensors: Sequence[torch.Tensor], ord: float = 2.0) -> list[tor
         # One call for the common case: dense floating tensors (mixed dtypes and devices are
         # grouped inside the kernel); accumulating in float32 keeps fp16/bf16 from overflowing.
         # Callers run under no_grad, so no per-tensor detach is needed.
-        return list(torch._foreach_norm(tensors, ord, dtype=_F32))
+        batch = tensors if isinstance(tensors, list) else list(tensors)
+        return list(torch._foreach_norm(batch, ord, dtype=_F32))
     except (RuntimeError, TypeError, NotImplementedError):
         pass  # sparse, integer or complex tensors, or a torch without dtype=: group by hand
     out: list[Optional[torch.Tensor]] = [None] * len(tensors)
