@@ -10,7 +10,8 @@ from typing import Any, Optional
 import torch
 
 from gradwatch._index import ParamIndex
-from gradwatch._stats import foreach_norms, layer_norm, to_host
+from gradwatch._stats import Chunk, layer_norm, to_host
+from gradwatch._stats import norms as vector_norms
 from gradwatch._tracking import Tracker
 from gradwatch.checks.base import LayerSample
 
@@ -105,33 +106,33 @@ def gather(
     grads = [p.grad for p in judged]
     present = [j for j, g in enumerate(grads) if g is not None]
     pg = grads if len(present) == n else [grads[j] for j in present]
-    values: list[torch.Tensor] = foreach_norms(pg, 2.0)  # type: ignore[arg-type]
+    ords = (2.0, 1.0, math.inf, 0.0) if observed else (2.0,)
+    grad_chunks = vector_norms(pg, ords)  # type: ignore[arg-type]
+    chunks: list[Chunk] = [grad_chunks[0]]
     pending: list[int] = []
     if t.pending:
         pending = [j for j in range(n) if arrived[j] and ids[j] in t.pending]
-        values.extend(t.dirty[ids[j]] for j in pending)
+        chunks.append([t.dirty[ids[j]] for j in pending])
     n_stats = 0
     if observed and pg:
-        values.extend(foreach_norms(pg, 1.0))  # type: ignore[arg-type]
-        values.extend(foreach_norms(pg, math.inf))  # type: ignore[arg-type]
-        values.extend(foreach_norms(pg, 0.0))  # type: ignore[arg-type]
+        chunks.extend(grad_chunks[1:])
         n_stats = 3
     pnorm_ks: list[int] = []
-    delta: list[torch.Tensor] = []
+    has_delta = False
     if observed:
         pnorm_ks = [j for j in range(n) if not ParamIndex.uninitialized(judged[j])]
         ps = [judged[j].detach() for j in pnorm_ks]
-        values.extend(foreach_norms(ps, 2.0))
+        chunks.append(vector_norms(ps, (2.0,))[0])
         if track.snapshot is not None and len(track.snapshot) == len(params) and len(ps) == n:
             snap = [track.snapshot[k] for k in ks]
             try:
-                delta = foreach_norms(torch._foreach_sub(ps, snap), 2.0)
+                chunks.append(vector_norms(torch._foreach_sub(ps, snap), (2.0,))[0])
+                has_delta = True
             except RuntimeError:  # shapes changed under us (a replaced parameter)
-                delta = []
-            values.extend(delta)
+                pass
     if scaler_scale is not None:
-        values.append(scaler_scale)
-    host = to_host(values)
+        chunks.append([scaler_scale])
+    host = to_host(chunks)
     pos = 0
 
     def take(m: int) -> list[float]:
@@ -148,7 +149,7 @@ def gather(
         for key in ("l1", "linf", "nnz")[:n_stats]:
             stats[key] = _spread(present, take(len(pg)), n)
         stats["param_norm"] = _spread(pnorm_ks, take(len(pnorm_ks)), n)
-        stats["delta"] = _spread(pnorm_ks, take(len(delta)), n) if delta else [None] * n
+        stats["delta"] = _spread(pnorm_ks, take(len(pnorm_ks)), n) if has_delta else [None] * n
     scale = take(1)[0] if scaler_scale is not None else None
 
     # missing_zero_grad: a value check said the gradient held pre-step contributions.

@@ -167,7 +167,7 @@ FAULTS = {
     ),
     # the step decision: gradient norms fail inside gather()
     "optimizer_post_step": Fault(
-        "optimizer step hook", lambda mp, w: mp.setattr(gradwatch._step, "foreach_norms", _boom)
+        "optimizer step hook", lambda mp, w: mp.setattr(gradwatch._step, "vector_norms", _boom)
     ),
     "forward": Fault("forward hook", _tracker_dict("fwd_grad")),
     "sink": Fault("sink", _nothing, sink=FaultySink),
@@ -280,7 +280,7 @@ def test_faults_at_several_hook_points_do_not_stop_training(
         for name in ("incoming", "acc_id"):
             monkeypatch.setattr(w._tracker, name, RaisingList(getattr(w._tracker, name)))
         monkeypatch.setattr(w._tracker, "fwd_grad", RaisingDict())
-        monkeypatch.setattr(gradwatch._step, "foreach_norms", _boom)
+        monkeypatch.setattr(gradwatch._step, "vector_norms", _boom)
         losses = train(model, opt)
     assert losses == want_losses
     where = sorted(f.details["where"] for f in w.report().by_check("internal_error"))

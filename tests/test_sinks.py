@@ -144,7 +144,9 @@ def test_csv_long_format_grows_with_late_layers(tmp_path: Path) -> None:
     body = {int(r["step"]): float(r["value"]) for r in rows if r["metric"] == "grad_norm/body"}
     assert sorted(body) == list(range(6))
     for step, value in body.items():
-        assert value == pytest.approx(expected[step]["body"], rel=1e-9)
+        assert value == pytest.approx(
+            expected[step]["body"], rel=1e-6
+        )  # norms accumulate in float32
 
 
 def test_csv_keeps_nonfinite_values_readable(tmp_path: Path) -> None:
