@@ -20,10 +20,18 @@ class FindingLog:
         self._warned: set[tuple[str, str]] = set()
         self._fail_fast: list[Finding] = []
         self.emit_warnings = config.warn
+        self._ignored: dict[str, bool] = {}
         self.quiet_checks: set[str] = set()  # e.g. set on non-zero ranks for rank-0-only findings
 
     def ignored(self, name: str) -> bool:
-        return any(fnmatch.fnmatchcase(name, pat) for pat in self.config.ignore)
+        if not self.config.ignore:
+            return False
+        hit = self._ignored.get(name)
+        if hit is None:
+            hit = self._ignored[name] = any(
+                fnmatch.fnmatchcase(name, pat) for pat in self.config.ignore
+            )
+        return hit
 
     def emit(
         self,
@@ -39,7 +47,7 @@ class FindingLog:
         key: Optional[str] = None,
     ) -> Optional[Finding]:
         """Record one occurrence; merge into the finding of the same (check, key/layer)."""
-        names = [n for n in (params or []) if not self.ignored(n)]
+        names = [n for n in params if not self.ignored(n)] if params else []
         if params and not names:
             return None
         ident = (check, key or module or (names[0] if names else ""))
@@ -59,11 +67,16 @@ class FindingLog:
             )
             self._findings[ident] = finding
         else:
-            finding.last_step = max(finding.last_step, step)
-            finding.count += 1
-            finding.message = message
-            finding.severity = severity  # type: ignore[assignment]
-            finding.params.extend(n for n in names if n not in finding.params)
+            # A finding is updated at every step it recurs (per layer: hundreds per step on a
+            # sick model); pydantic's validating __setattr__ would cost more than the check.
+            # The values are already valid, so write the fields directly.
+            fields = finding.__dict__
+            fields["last_step"] = max(finding.last_step, step)
+            fields["count"] = finding.count + 1
+            fields["message"] = message
+            fields["severity"] = severity
+            if names != finding.params:
+                finding.params.extend(n for n in names if n not in finding.params)
             if details:
                 finding.details.update(details)
         self._surface(finding, names or [ident[1] or finding.check])

@@ -46,6 +46,7 @@ class ParamIndex:
     params: list[ParamInfo] = field(default_factory=list)
     layers: dict[str, list[int]] = field(default_factory=dict)
     _by_id: dict[int, int] = field(default_factory=dict)
+    _names: dict[tuple[int, ...], list[str]] = field(default_factory=dict)
 
     def lookup(self, p: torch.Tensor) -> Optional[int]:
         """The index of ``p`` when it is registered (identity, not value)."""
@@ -60,6 +61,7 @@ class ParamIndex:
             info = self.params[i]
             if name not in info.names:
                 info.names.append(name)
+                self._names.clear()
             if owner not in info.owners:
                 info.owners.append(owner)
             return i
@@ -99,11 +101,17 @@ class ParamIndex:
                 yield info, p
 
     def names(self, idxs: list[int]) -> list[str]:
-        """Every name of every index, in order, without repeats."""
-        out: list[str] = []
-        for i in idxs:
-            out.extend(n for n in self.params[i].names if n not in out)
-        return out
+        """Every name of every index, in order, without repeats (a fresh list)."""
+        key = tuple(idxs)
+        found = self._names.get(key)
+        if found is None:
+            found = []
+            for i in idxs:
+                found.extend(n for n in self.params[i].names if n not in found)
+            if len(self._names) > 4096:
+                self._names.clear()
+            self._names[key] = found
+        return list(found)
 
     @staticmethod
     def uninitialized(p: torch.Tensor) -> bool:
