@@ -18,7 +18,16 @@ from typing import Optional, Union
 import torch
 from torch._utils import _flatten_dense_tensors
 
-__all__ = ["Chunk", "foreach_norms", "layer_norm", "median", "norms", "to_host"]
+__all__ = [
+    "Chunk",
+    "flatten_cpu",
+    "foreach_norms",
+    "layer_norm",
+    "median",
+    "norms",
+    "segment_norms",
+    "to_host",
+]
 
 Chunk = Union[torch.Tensor, list[torch.Tensor]]
 """Per-tensor values: a 1-D float32 vector, or a list of 0-dim float32 tensors."""
@@ -83,32 +92,30 @@ def _lengths(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
     return found
 
 
-def _flat_cpu(tensors: Sequence[torch.Tensor]) -> Optional[torch.Tensor]:
-    """All of ``tensors`` as one float32 CPU vector, or None where that does not apply."""
-    first = tensors[0]
-    dtype = first.dtype
-    if first.device.type != "cpu" or not first.is_floating_point():
-        return None
-    strided = torch.strided
-    if not all(t.dtype is dtype and t.layout is strided for t in tensors):
-        return None
-    if any(t.device.type != "cpu" for t in tensors):
-        return None
-    flat = _flatten_dense_tensors(list(tensors))
-    return flat if dtype is _F32 else flat.to(_F32)
+def flatten_cpu(tensors: Sequence[torch.Tensor], *, copy: bool = False) -> Optional[torch.Tensor]:
+    """All of ``tensors`` as one float32 CPU vector, or None where that does not apply.
 
+    With ``copy`` the result never aliases an input (a single tensor flattens to a view).
 
-def norms(tensors: Sequence[torch.Tensor], ords: Sequence[float]) -> list[Chunk]:
-    """Per-tensor vector norms for each ``ord`` in ``ords``, aligned with ``tensors``.
-
-    ``ord=0`` counts non-zero elements, ``1`` sums absolute values, ``2`` is the L2 norm,
-    ``inf`` the max |x|. NaN and Inf propagate.
+    Only the first tensor is inspected: ``cat`` promotes mixed float dtypes (norms stay right)
+    and refuses sparse tensors or other devices, which then take the foreach path.
     """
-    if not tensors:
-        return [[] for _ in ords]
-    flat = _flat_cpu(tensors)
-    if flat is None:
-        return [foreach_norms(tensors, o) for o in ords]
+    first = tensors[0]
+    if first.device.type != "cpu" or not first.is_floating_point() or first.is_sparse:
+        return None
+    try:
+        flat = _flatten_dense_tensors(tensors if isinstance(tensors, list) else list(tensors))
+    except (RuntimeError, TypeError):
+        return None
+    if flat.dtype is not _F32:
+        return flat.to(_F32)
+    return flat.clone() if copy and len(tensors) == 1 else flat
+
+
+def segment_norms(
+    flat: torch.Tensor, tensors: Sequence[torch.Tensor], ords: Sequence[float]
+) -> list[Chunk]:
+    """Per-tensor norms of ``flat`` (``tensors`` flattened and concatenated) for each ord."""
     lengths = _lengths(tensors)
     mag = flat.abs()
     out: list[Chunk] = []
@@ -122,9 +129,23 @@ def norms(tensors: Sequence[torch.Tensor], ords: Sequence[float]) -> list[Chunk]
         elif o == 0.0:
             v = torch.segment_reduce((flat != 0).to(_F32), "sum", lengths=lengths)
         else:
-            v = torch.stack(foreach_norms(tensors, o))
+            raise ValueError(f"unsupported norm order {o}")
         out.append(v)
     return out
+
+
+def norms(tensors: Sequence[torch.Tensor], ords: Sequence[float]) -> list[Chunk]:
+    """Per-tensor vector norms for each ``ord`` in ``ords``, aligned with ``tensors``.
+
+    ``ord=0`` counts non-zero elements, ``1`` sums absolute values, ``2`` is the L2 norm,
+    ``inf`` the max |x|. NaN and Inf propagate.
+    """
+    if not tensors:
+        return [[] for _ in ords]
+    flat = flatten_cpu(tensors)
+    if flat is None:
+        return [foreach_norms(tensors, o) for o in ords]
+    return segment_norms(flat, tensors, ords)
 
 
 def to_host(chunks: Sequence[Chunk]) -> list[float]:

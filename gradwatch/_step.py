@@ -10,7 +10,7 @@ from typing import Any, Optional
 import torch
 
 from gradwatch._index import ParamIndex
-from gradwatch._stats import Chunk, layer_norm, to_host
+from gradwatch._stats import Chunk, flatten_cpu, layer_norm, segment_norms, to_host
 from gradwatch._stats import norms as vector_norms
 from gradwatch._tracking import Tracker
 from gradwatch.checks.base import LayerSample
@@ -32,6 +32,7 @@ class Track:
     backward_at_start: int = 0
     signature: tuple[int, ...] = ()
     snapshot: Optional[list[torch.Tensor]] = None
+    snapshot_flat: Optional[torch.Tensor] = None
 
     def set_params(self, ids: list[int], params: list[torch.Tensor], layer_of: list[str]) -> None:
         self.ids, self.params = ids, params
@@ -121,15 +122,26 @@ def gather(
     has_delta = False
     if observed:
         pnorm_ks = [j for j in range(n) if not ParamIndex.uninitialized(judged[j])]
-        ps = [judged[j].detach() for j in pnorm_ks]
-        chunks.append(vector_norms(ps, (2.0,))[0])
-        if track.snapshot is not None and len(track.snapshot) == len(params) and len(ps) == n:
-            snap = [track.snapshot[k] for k in ks]
-            try:
-                chunks.append(vector_norms(torch._foreach_sub(ps, snap), (2.0,))[0])
+        ps = judged if len(pnorm_ks) == n else [judged[j] for j in pnorm_ks]
+        flat_now = flatten_cpu(ps) if ps else None
+        if flat_now is not None:  # CPU: one flatten gives the parameter norms and the update
+            before = track.snapshot_flat
+            whole = (
+                before is not None and ks is track.positions and before.numel() == flat_now.numel()
+            )
+            chunks.extend(segment_norms(flat_now, ps, (2.0,)))
+            if whole:
+                chunks.extend(segment_norms(flat_now - before, ps, (2.0,)))  # type: ignore[operator]
                 has_delta = True
-            except RuntimeError:  # shapes changed under us (a replaced parameter)
-                pass
+        elif ps:
+            chunks.append(vector_norms(ps, (2.0,))[0])
+            if track.snapshot is not None and len(track.snapshot) == len(params) and len(ps) == n:
+                snap = [track.snapshot[k] for k in ks]
+                try:
+                    chunks.append(vector_norms(torch._foreach_sub(ps, snap), (2.0,))[0])
+                    has_delta = True
+                except RuntimeError:  # shapes changed under us (a replaced parameter)
+                    pass
     if scaler_scale is not None:
         chunks.append([scaler_scale])
     host = to_host(chunks)

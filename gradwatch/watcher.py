@@ -25,6 +25,7 @@ from torch.utils.hooks import RemovableHandle
 from gradwatch._findings import FindingLog
 from gradwatch._index import ParamIndex
 from gradwatch._layers import LayerTrack
+from gradwatch._stats import flatten_cpu
 from gradwatch._step import Gathered, Track, gather, layer_samples
 from gradwatch._tracking import Tracker, make_forward_hook, make_param_hooks
 from gradwatch.checks import ALL_CHECKS, Check, StepView, StructureView
@@ -240,6 +241,7 @@ class Watcher:
                 self._optimizers = []
                 for track in self._tracks:
                     track.params, track.snapshot, track.ref = [], None, None
+                    track.snapshot_flat = None
         for sink in self._sinks:
             close = getattr(sink, "close", None)
             if close is not None:
@@ -474,7 +476,9 @@ class Watcher:
         if any(ParamIndex.uninitialized(p) for p in track.params):
             return  # no update ratio while a lazy parameter has no values yet
         with torch.no_grad():
-            track.snapshot = list(torch._foreach_mul([p.detach() for p in track.params], 1.0))
+            track.snapshot_flat = flatten_cpu(track.params, copy=True)  # the CPU path
+            if track.snapshot_flat is None:
+                track.snapshot = list(torch._foreach_mul(track.params, 1.0))
 
     def _after_step(self, k: int) -> None:
         opt = self._optimizers[k]
@@ -519,7 +523,7 @@ class Watcher:
         if observed:
             self._record_layers(view)
         self._tracker.snapshot(g.ids, g.grads)
-        track.snapshot = None
+        track.snapshot = track.snapshot_flat = None
         track.start = self._tracker.now()
         track.backward_at_start = self.backward_passes
         track.steps += 1

@@ -239,3 +239,17 @@ def test_every_n_steps_controls_the_statistics_cadence() -> None:
     report = train(model, opt, steps=10, config={"every_n_steps": 4})
     layer = report.layers[0]
     assert [step for step, _ in layer.history] == [0, 4, 8]
+
+
+def test_single_parameter_optimizer_is_not_stale() -> None:
+    """One tensor flattens to a view of itself: the pre-step copy must be a real copy."""
+    embed = nn.Embedding(10, 4)
+    opt = torch.optim.SGD(embed.parameters(), lr=0.1)
+    with gradwatch.watch(embed, opt, config={"every_n_steps": 1}) as w:
+        for _ in range(4):
+            opt.zero_grad()
+            embed(torch.randint(0, 10, (6,))).pow(2).mean().backward()
+            opt.step()
+    report = w.report()
+    assert fired(report) == set(), [f.line() for f in report.findings]
+    assert report.layers[0].update_ratio is not None and report.layers[0].update_ratio > 0
