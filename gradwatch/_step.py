@@ -183,7 +183,7 @@ def gather(
     cleared = [False] * n
     if any(arrived) and all(norms[j] in (None, 0.0) for j in range(n) if arrived[j]):
         cleared = [
-            g is None or (id(g) != t.acc_id[i] or g._version != t.acc_ver[i])
+            g is None or t.acc_ref[i]() is not g or g._version != t.acc_ver[i]
             for i, g in zip(ids, grads)
         ]
     return Gathered(

@@ -8,8 +8,8 @@ DDP bucket views share one counter).
 Per parameter ``i``:
 - ``last_seq[i]``: event counter at its last real gradient accumulation;
 - ``fresh[i]``: no accumulation since its optimizer's last step;
-- ``snap_id/snap_ver``: identity and version of ``.grad`` right after that step;
-- ``acc_id/acc_ver``: identity and version of ``.grad`` right after its last accumulation;
+- ``snap_ref/snap_ver``: identity and version of ``.grad`` right after that step;
+- ``acc_ref/acc_ver``: identity and version of ``.grad`` right after its last accumulation;
 - ``dirty[i]``: the gradient being built still holds contributions from before the last
   step: ``False``, ``True`` or a pending 0-dim bool tensor resolved at the next step.
 """
@@ -25,6 +25,13 @@ import torch
 DirtyFlag = Any  # bool | torch.Tensor
 
 
+def _dead() -> None:
+    return None
+
+
+Ref = Callable[[], Optional[torch.Tensor]]
+
+
 class Tracker:
     """Per-parameter hot state, grown as parameters are registered."""
 
@@ -33,11 +40,13 @@ class Tracker:
         self.last_seq: list[int] = []
         self.fresh: list[bool] = []
         self.dirty: list[DirtyFlag] = []
-        self.snap_id: list[int] = []
+        # Identity by weak reference, not id(): a freed gradient's address is soon reused.
+        self.snap_ref: list[Ref] = []
         self.snap_ver: list[int] = []
-        self.acc_id: list[int] = []
+        self.acc_ref: list[Ref] = []
         self.acc_ver: list[int] = []
         self.incoming: list[bool] = []
+        self.has_pre: list[bool] = []
         self.seen: list[int] = []
         self.missing: list[int] = []
         self.fwd_grad: dict[str, int] = {}
@@ -45,6 +54,7 @@ class Tracker:
         self.fwd_first: dict[str, int] = {}
         self.fwd_since: dict[str, int] = {}  # layer -> event number its forward hook went on
         self.pending: set[int] = set()  # parameters whose dirty flag is an unresolved tensor
+        self.want_pre: set[int] = set()  # parameters whose resets only values can tell
         self.backward_queued = False  # the end-of-backward callback is queued
 
     def now(self) -> int:
@@ -57,22 +67,24 @@ class Tracker:
             self.last_seq.append(0)
             self.fresh.append(True)
             self.dirty.append(False)
-            self.snap_id.append(0)
+            self.snap_ref.append(_dead)
             self.snap_ver.append(-1)
-            self.acc_id.append(0)
+            self.acc_ref.append(_dead)
             self.acc_ver.append(-1)
             self.incoming.append(True)
+            self.has_pre.append(False)
             self.seen.append(0)
             self.missing.append(0)
 
     def snapshot(self, ids: list[int], grads: list[Optional[torch.Tensor]]) -> None:
         """Record each ``.grad`` as its optimizer's step left it (identity and version)."""
-        sid, sver, fresh, dirty = self.snap_id, self.snap_ver, self.fresh, self.dirty
+        sref, sver, fresh, dirty = self.snap_ref, self.snap_ver, self.fresh, self.dirty
+        ref = weakref.ref
         for i, g in zip(ids, grads):
             if g is None:
-                sid[i], sver[i] = 0, -1
+                sref[i], sver[i] = _dead, -1
             else:
-                sid[i], sver[i] = id(g), g._version
+                sref[i], sver[i] = ref(g), g._version
             fresh[i] = True
             dirty[i] = False
         if self.pending:
@@ -87,6 +99,14 @@ def make_param_hooks(
     on_error: Callable[[str, BaseException], None],
 ) -> tuple[Callable[[torch.Tensor], None], Callable[[torch.Tensor], None]]:
     """The (tensor pre-accumulation hook, post-accumulate-grad hook) pair of parameter ``i``.
+
+    The post-accumulate hook is always on. The pre-accumulation hook looks at the values of
+    ``.grad`` before a gradient is added to them; it is on for the first steps
+    (``trim_hooks_after``) and afterwards only where the version counter (``zero_()`` bumps
+    it once, accumulating once more) and identity (``set_to_none``) cannot tell a reset apart
+    (one bump: never reset, or reset by ``.data.zero_()``; DDP bucket views share a
+    counter). The post hook asks for it back when such a case appears later. Most loops
+    never need it after the first steps, which halves the Python calls per parameter.
 
     Closures hold a weak reference to the parameter: a hook that holds its own parameter
     is never freed (the C++ side keeps it out of reach of the garbage collector).
@@ -103,18 +123,19 @@ def make_param_hooks(
             if g is None:
                 clean = True
             elif t.fresh[i]:
-                untouched = id(g) == t.snap_id[i] and g._version == t.snap_ver[i]
+                untouched = t.snap_ref[i]() is g and g._version == t.snap_ver[i]
                 if untouched or g._base is not None:
                     # Same tensor, same version since the step: reset without a version bump
                     # (``.data.zero_()``) or not reset at all; a view's counter is shared.
                     # Only the values can tell; resolved at the next step, no sync here.
                     t.dirty[i] = torch.ne(g.detach(), 0).any()
                     t.pending.add(i)
+                    t.want_pre.add(i)  # keep this hook when the others are trimmed
                     return None
                 clean = True  # replaced or modified in place since the step: reset
             else:
                 # reset between two backward passes of one step?
-                clean = id(g) != t.acc_id[i] or (g._version != t.acc_ver[i] and g._base is None)
+                clean = t.acc_ref[i]() is not g or (g._version != t.acc_ver[i] and g._base is None)
             if clean:
                 t.dirty[i] = False
                 if t.pending:
@@ -126,11 +147,25 @@ def make_param_hooks(
     def post(p: torch.Tensor) -> None:
         try:
             g = p.grad
-            if g is None or not t.incoming[i]:
-                t.incoming[i] = True
+            if g is None:
                 return  # the hook fired but no gradient arrived (seen under torch.compile)
+            ver = g._version
+            if t.has_pre[i]:
+                if not t.incoming[i]:
+                    t.incoming[i] = True
+                    return
+            elif (t.acc_ref[i]() is g and ver == t.acc_ver[i]) or (
+                t.snap_ref[i]() is g and ver == t.snap_ver[i]
+            ):
+                return  # fired, yet the gradient is untouched: nothing arrived
+            elif (
+                t.fresh[i]
+                and t.snap_ref[i]() is g
+                and (g._base is not None or ver < t.snap_ver[i] + 2)
+            ):
+                t.want_pre.add(i)  # accumulated into the step's gradient: reset or not?
             t.last_seq[i] = next(t.counter)
-            t.acc_id[i], t.acc_ver[i] = id(g), g._version
+            t.acc_ref[i], t.acc_ver[i] = weakref.ref(g), ver
             t.fresh[i] = False
             if not t.backward_queued:
                 on_arrival()

@@ -133,13 +133,14 @@ class GradWatchConfig(BaseModel):
         "vanishing/dead/stale). Ghost, zero_grad and NaN/Inf checks run every step whatever "
         "it is. 10 keeps the default overhead near one clip_grad_norm_ pass.",
     )
-    cause_steps: Optional[int] = Field(
+    trim_hooks_after: Optional[int] = Field(
         8,
         ge=0,
-        description="Forward hooks that tell a ghost's cause stay on every layer for the first "
-        "cause_steps optimizer steps, then only on layers that were ghosts (a ghost that "
-        "appears later is 'unknown' once, then gets its cause from its next missing step). "
-        "null keeps them on every layer; fail_fast keeps them on too.",
+        description="Every hook stays on for the first N optimizer steps. After that, forward "
+        "hooks (a ghost's cause) stay only on layers that were ghosts, and value-check hooks "
+        "(missing zero_grad) only on parameters whose gradient resets the version counter "
+        "cannot tell apart; a problem that appears later gets them back from its next step "
+        "(a late ghost's cause is 'unknown' once). null keeps every hook on; so does fail_fast.",
     )
     ignore: list[str] = Field(
         default_factory=list,

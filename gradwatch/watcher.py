@@ -131,7 +131,9 @@ class Watcher:
             if self.config.check(cls.id).enabled
         ]
         self._handles: list[RemovableHandle] = []
-        self._param_handles: dict[int, tuple[RemovableHandle, RemovableHandle]] = {}
+        self._param_handles: dict[int, RemovableHandle] = {}
+        self._pre_handles: dict[int, RemovableHandle] = {}
+        self._pre_hooks: dict[int, Any] = {}
         self._hooked_modules: set[int] = set()
         self._hooked_at: dict[int, int] = {}
         self._tracks: list[Track] = []
@@ -227,11 +229,12 @@ class Watcher:
             for h in [*self._handles, *self._fwd_handles.values()]:
                 h.remove()
             self._fwd_handles.clear()
-            for pre, post in self._param_handles.values():
-                pre.remove()
-                post.remove()
+            for h in [*self._param_handles.values(), *self._pre_handles.values()]:
+                h.remove()
             self._handles.clear()
             self._param_handles.clear()
+            self._pre_handles.clear()
+            self._pre_hooks.clear()
             if self._model is not None and _ACTIVE.get(self._model) is self:
                 del _ACTIVE[self._model]
             try:
@@ -376,8 +379,23 @@ class Watcher:
         pre, post = make_param_hooks(
             self._tracker, i, weakref.ref(p), self._arrival_callback(), self._internal_error_cb()
         )
-        self._param_handles[i] = (p.register_hook(pre), p.register_post_accumulate_grad_hook(post))
+        self._param_handles[i] = p.register_post_accumulate_grad_hook(post)
+        self._pre_hooks[i] = pre
+        if not self._fwd_trimmed:  # every hook on until trim_hooks_after
+            self._pre_handles[i] = p.register_hook(pre)
+            self._tracker.has_pre[i] = True
         self._hooked_at[i] = self._last_hooked = self._tracker.now()
+
+    def _install_pre_hooks(self) -> None:
+        """Value checks for the parameters whose resets the version counter cannot tell."""
+        tracker = self._tracker
+        for i in tracker.want_pre:
+            p = self._index.params[i].ref()
+            if p is None or i in self._pre_handles or i not in self._pre_hooks:
+                continue
+            self._pre_handles[i] = p.register_hook(self._pre_hooks[i])
+            tracker.has_pre[i] = True
+        tracker.want_pre.clear()
 
     def _hook_modules(self, model: nn.Module) -> None:
         for name, mod in model.named_modules():
@@ -399,7 +417,7 @@ class Watcher:
         self._tracker.fwd_since[layer] = self._tracker.now()
 
     def _trim_forward_hooks(self) -> None:
-        """After ``cause_steps`` steps keep forward hooks only on layers that were ghosts.
+        """After ``trim_hooks_after`` steps keep hooks only where they found something to watch.
 
         A forward hook on every layer puts every module call on nn.Module's slow path; a
         ghost that appears later gets its hook back and its cause from its next missing step.
@@ -408,6 +426,12 @@ class Watcher:
         for layer in [name for name in self._fwd_handles if name not in flagged]:
             self._fwd_handles.pop(layer).remove()
             self._tracker.fwd_since.pop(layer, None)
+        # Value-check hooks stay where the version counter could not tell a reset apart.
+        tracker = self._tracker
+        for i in [i for i in self._pre_handles if i not in tracker.want_pre]:
+            self._pre_handles.pop(i).remove()
+            tracker.has_pre[i] = False
+        tracker.want_pre.clear()
         self._fwd_trimmed = True
 
     # -- hooks -----------------------------------------------------------------------------
@@ -523,6 +547,8 @@ class Watcher:
         if observed:
             self._record_layers(view)
         self._tracker.snapshot(g.ids, g.grads)
+        if self._tracker.want_pre and self._fwd_trimmed:
+            self._install_pre_hooks()
         track.snapshot = track.snapshot_flat = None
         track.start = self._tracker.now()
         track.backward_at_start = self.backward_passes
@@ -550,7 +576,7 @@ class Watcher:
         for layer in self._fwd_wanted:
             self._hook_forward(layer)
         self._fwd_wanted.clear()
-        limit = self.config.cause_steps
+        limit = self.config.trim_hooks_after
         if (
             not self._fwd_trimmed
             and limit is not None
@@ -576,7 +602,7 @@ class Watcher:
                 return "unknown"
             since = tracker.fwd_since
             if not any(since.get(o, start + 1) <= start for o in info.owners):
-                # Its forward hook was off (trimmed after cause_steps) during this window.
+                # Its forward hook was off (trimmed after trim_hooks_after) during this window.
                 self._fwd_wanted.add(info.layer)
                 return "unknown"
             if any(tracker.fwd_grad.get(o, 0) > start for o in info.owners):

@@ -155,7 +155,7 @@ FAULTS = {
     # the tensor hook that runs before a gradient is accumulated into .grad
     "pre_accumulate": Fault("pre-accumulate hook", _tracker_list("incoming")),
     # the hook that runs after .grad was written
-    "post_accumulate": Fault("post-accumulate hook", _tracker_list("acc_id")),
+    "post_accumulate": Fault("post-accumulate hook", _tracker_list("acc_ref")),
     # the autograd-engine callback at the end of backward (decides steps without optimizer)
     "backward_end": Fault(
         "backward end",
@@ -277,7 +277,7 @@ def test_faults_at_several_hook_points_do_not_stop_training(
     model = make_model()
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     with gradwatch.watch(model, opt, config={"every_n_steps": 1}, sinks=[FaultySink()]) as w:
-        for name in ("incoming", "acc_id"):
+        for name in ("incoming", "acc_ref"):
             monkeypatch.setattr(w._tracker, name, RaisingList(getattr(w._tracker, name)))
         monkeypatch.setattr(w._tracker, "fwd_grad", RaisingDict())
         monkeypatch.setattr(gradwatch._step, "vector_norms", _boom)

@@ -289,11 +289,11 @@ def test_report_is_readable_during_and_after_the_loop() -> None:
     assert gradwatch.Report.model_validate_json(after.model_dump_json()) == after
 
 
-def test_a_ghost_after_cause_steps_gets_its_cause_from_its_next_missing_step() -> None:
-    """Forward hooks are trimmed after ``cause_steps``; a late ghost gets one back."""
+def test_a_ghost_after_trim_hooks_after_gets_its_cause_from_its_next_missing_step() -> None:
+    """Forward hooks are trimmed after ``trim_hooks_after``; a late ghost gets one back."""
     model = Branchy()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    with gradwatch.watch(model, opt, config={"every_n_steps": 1, "cause_steps": 2}) as w:
+    with gradwatch.watch(model, opt, config={"every_n_steps": 1, "trim_hooks_after": 2}) as w:
         for step, (x, y) in enumerate(batches(8)):
             model.use_extra = step < 4  # the branch stops being taken at step 4
             opt.zero_grad()
@@ -310,7 +310,7 @@ def test_a_ghost_after_cause_steps_gets_its_cause_from_its_next_missing_step() -
 def test_forward_hooks_stay_on_ghost_layers_only() -> None:
     model = Branchy()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    with gradwatch.watch(model, opt, config={"every_n_steps": 1, "cause_steps": 2}) as w:
+    with gradwatch.watch(model, opt, config={"every_n_steps": 1, "trim_hooks_after": 2}) as w:
         for x, y in batches(4):
             opt.zero_grad()
             nn.functional.mse_loss(model(x), y).backward()

@@ -171,3 +171,38 @@ def test_step_without_any_backward_is_not_step_without_grad() -> None:
         opt.step()
         opt.step()
     assert fired(w.report(), "info") == set()
+
+
+def test_forgetting_zero_grad_after_the_hooks_are_trimmed_is_still_caught() -> None:
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    cfg = {"every_n_steps": 1, "trim_hooks_after": 3}
+    with gradwatch.watch(model, opt, config=cfg) as w:
+        for k, (x, y) in enumerate(batches(10)):
+            if k < 5:
+                opt.zero_grad()
+            nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+            if k == 4:
+                assert not w._pre_handles  # a clean loop keeps no value-check hook
+    (finding,) = w.report().by_check("missing_zero_grad")
+    # Step 5 is the first without a reset: the version counter cannot tell, so the value
+    # check goes on, and from step 6 on the stale contributions are seen.
+    assert finding.first_step == 6 and finding.last_step == 9
+
+
+@pytest.mark.parametrize("name", ["p.grad.data.zero_()", "opt.zero_grad(set_to_none=False)"])
+def test_long_correct_loops_stay_silent_after_the_trim(name: str) -> None:
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with gradwatch.watch(model, opt, config={"every_n_steps": 1, "trim_hooks_after": 2}) as w:
+        for k, (x, y) in enumerate(batches(12)):
+            if k:
+                CORRECT_RESETS[name](model, opt)
+            nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+        kept = len(w._pre_handles)
+    assert fired(w.report(), "info") == set()
+    # .data.zero_() cannot be told from a forgotten reset by the version counter: its
+    # parameters keep the value check; zero_() bumps the counter and needs none.
+    assert kept == (4 if name == "p.grad.data.zero_()" else 0)
