@@ -8,7 +8,7 @@ of a step's cost). ``step()`` runs one ordinary training step plus the variant's
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 import torch
@@ -35,16 +35,17 @@ VARIANTS: dict[str, str] = {
 
 @dataclass
 class Variant:
-    """One instrumented (model, optimizer) pair."""
+    """One instrumentation of the shared (model, optimizer) pair, installed per block."""
 
     name: str
     model: nn.Module
     optimizer: torch.optim.Optimizer
     loss: Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
     after_backward: Optional[Callable[[], Any]] = None
-    watcher: Optional[gradwatch.Watcher] = None
-    handles: list[Any] = field(default_factory=list)
+    install: Optional[Callable[[], Callable[[], None]]] = None  # returns its remover
+    settle: int = 0  # untimed steps after installing (gradwatch trims hooks after 8 steps)
     sink: Any = None
+    _remove: Optional[Callable[[], None]] = None
 
     def step(self, x: torch.Tensor, y: torch.Tensor) -> None:
         """One training step: zero_grad, forward, backward, [instrumentation], step."""
@@ -54,12 +55,16 @@ class Variant:
             self.sink = self.after_backward()
         self.optimizer.step()
 
+    def open(self) -> None:
+        """Install the instrumentation (untimed)."""
+        if self.install is not None:
+            self._remove = self.install()
+
     def close(self) -> None:
-        """Exit the watcher, remove hooks."""
-        if self.watcher is not None:
-            self.watcher.close()
-        for h in self.handles:
-            h.remove()
+        """Remove the instrumentation (exit the watcher, remove hooks)."""
+        if self._remove is not None:
+            self._remove()
+            self._remove = None
 
 
 def _item_loop(model: nn.Module) -> Callable[[], list[float]]:
@@ -82,12 +87,27 @@ def _clip(model: nn.Module) -> Callable[[], Any]:
     return lambda: torch.nn.utils.clip_grad_norm_(params, max_norm=math.inf)
 
 
-def _noop_hooks(model: nn.Module) -> list[Any]:
-    handles = []
-    for p in model.parameters():
-        handles.append(p.register_hook(lambda g: None))
-        handles.append(p.register_post_accumulate_grad_hook(lambda p: None))
-    return handles
+def _noop_hooks(model: nn.Module) -> Callable[[], Callable[[], None]]:
+    def install() -> Callable[[], None]:
+        handles = []
+        for p in model.parameters():
+            handles.append(p.register_hook(lambda g: None))
+            handles.append(p.register_post_accumulate_grad_hook(lambda p: None))
+
+        def remove() -> None:
+            for h in handles:
+                h.remove()
+
+        return remove
+
+    return install
+
+
+def _gradwatch(model: nn.Module, opt: torch.optim.Optimizer, name: str) -> Callable[[], Callable[[], None]]:
+    def install() -> Callable[[], None]:
+        return gradwatch.watch(model, opt, config=gradwatch_config(name)).attach().close
+
+    return install
 
 
 def gradwatch_config(name: str) -> dict[str, Any]:
@@ -103,12 +123,15 @@ def gradwatch_config(name: str) -> dict[str, Any]:
 
 def make_variants(
     names: list[str],
-    pairs: list[tuple[nn.Module, torch.optim.Optimizer]],
+    model: nn.Module,
+    opt: torch.optim.Optimizer,
     loss: Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor],
+    *,
+    settle: int = 10,
 ) -> list[Variant]:
-    """One :class:`Variant` per name, on its own (model, optimizer) pair."""
+    """One :class:`Variant` per name, all on the same (model, optimizer) pair."""
     out = []
-    for name, (model, opt) in zip(names, pairs):
+    for name in names:
         v = Variant(name, model, opt, loss)
         if name == "clip_grad_norm":
             v.after_backward = _clip(model)
@@ -117,9 +140,10 @@ def make_variants(
         elif name == "item_loop":
             v.after_backward = _item_loop(model)
         elif name == "noop_hooks":
-            v.handles = _noop_hooks(model)
+            v.install = _noop_hooks(model)
         elif name.startswith("gradwatch"):
-            v.watcher = gradwatch.watch(model, opt, config=gradwatch_config(name)).attach()
+            v.install = _gradwatch(model, opt, name)
+            v.settle = settle
         elif name != "baseline":
             raise KeyError(name)
         out.append(v)

@@ -6,13 +6,15 @@ Usage::
     .venv/bin/python benchmarks/overhead.py --quick    # short run of model (a): a smoke test
     .venv/bin/python benchmarks/overhead.py --memory   # state growth over 10,000 steps of (a)
 
-Every variant trains its own copy of the same model (same init, same batches); gradwatch
-watchers are entered once, before warm-up, and stay attached for the whole run. After
-warm-up the variants are interleaved block by block (A B C ... then B C ... A, rotating), one
-block being ``--block`` consecutive steps (default: gradwatch's default ``every_n_steps``, so
-every gradwatch block holds exactly one statistics step and the figure is the amortised cost,
-not the cheap steps' cost). The step time of a variant is the median over its blocks; its
-added time is that median minus the baseline's.
+Every variant runs on the same model and optimizer (separate copies differ by several
+percent in step time on their own: memory placement), interleaved block by block (A B C ...
+then B C ... A, rotating). A block installs the variant's instrumentation (untimed), runs
+``settle`` untimed steps for gradwatch variants (gradwatch trims its hooks after its first 8
+steps: the steady state is what a long run pays), times ``--block`` consecutive steps
+(default: gradwatch's default ``every_n_steps``, so every gradwatch block holds exactly one
+statistics step and the figure is the amortised cost), then removes the instrumentation. The
+step time of a variant is the median over its blocks; its added time is that median minus
+the baseline's.
 """
 
 from __future__ import annotations
@@ -75,27 +77,30 @@ def run_model(
     case: ModelCase, names: list[str], *, blocks: int, warmup: int, block: int
 ) -> dict[str, Any]:
     """Time every variant on ``case``; return the per-variant figures and the budget lines."""
-    pairs = case.instances(len(names))
+    (model, opt), = case.instances(1)
     batches = case.batches()
-    variants = make_variants(names, pairs, case.loss)
+    variants = make_variants(names, model, opt, case.loss)
     samples: dict[str, list[float]] = {n: [] for n in names}
-    n_params = sum(1 for p in pairs[0][0].parameters() if p.requires_grad)
+    n_params = sum(1 for p in model.parameters() if p.requires_grad)
     steps = 0
-    try:
-        for r in range(warmup + blocks):
-            shift = r % len(variants)
-            for v in variants[shift:] + variants[:shift]:
+    for r in range(warmup + blocks):
+        shift = r % len(variants)
+        for v in variants[shift:] + variants[:shift]:
+            v.open()
+            try:
+                for s in range(v.settle):
+                    x, y = batches[(steps + s) % len(batches)]
+                    v.step(x, y)
                 t0 = time.perf_counter()
                 for s in range(block):
                     x, y = batches[(steps + s) % len(batches)]
                     v.step(x, y)
                 dt = (time.perf_counter() - t0) / block
-                if r >= warmup:
-                    samples[v.name].append(dt * 1e3)
-            steps += block
-    finally:
-        for v in variants:
-            v.close()
+            finally:
+                v.close()
+            if r >= warmup:
+                samples[v.name].append(dt * 1e3)
+        steps += block
     out: dict[str, Any] = {"title": case.title, "param_tensors": n_params, "variants": {}}
     base = statistics.median(samples["baseline"])
     for name in names:
