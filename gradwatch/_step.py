@@ -202,15 +202,18 @@ def gather(
     )
 
 
-def layer_samples(g: Gathered, numel: list[int], layer_of: list[str]) -> dict[str, LayerSample]:
+def layer_samples(g: Gathered, numel: list[int], track: Track) -> dict[str, LayerSample]:
     """Per-layer values over the parameters that received a gradient (observed steps only)."""
     if g.stats is None:
         return {}
     l1, linf, nnz = g.stats.get("l1"), g.stats.get("linf"), g.stats.get("nnz")
     pnorm, delta = g.stats["param_norm"], g.stats["delta"]
-    groups: dict[str, list[int]] = {}
-    for j, layer in enumerate(layer_of):
-        groups.setdefault(layer, []).append(j)
+    if g.ks is track.positions:  # every tracked parameter judged: the cached grouping holds
+        groups = track.layer_positions
+    else:
+        groups = {}
+        for j, k in enumerate(g.ks):
+            groups.setdefault(track.layer_of[k], []).append(j)
     out: dict[str, LayerSample] = {}
     for layer, js in groups.items():
         live = [j for j in js if g.arrived[j] and g.grad_norm[j] is not None]

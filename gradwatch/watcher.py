@@ -590,10 +590,6 @@ class Watcher:
         tracker = self._tracker
         start = track.start
         ranks = None
-        if g.ks is track.positions:
-            layer_of = track.layer_of
-        else:
-            layer_of = [index.params[i].layer for i in g.ids]
         numel = [index.params[i].numel for i in g.ids] if observed else []
 
         def cause(i: int) -> str:
@@ -638,7 +634,7 @@ class Watcher:
             ranks_missing=ranks,
             world_size=self._dist.world_size if self._dist is not None else 1,
             scaler=self._scaler is not None,
-            layers=layer_samples(g, numel, layer_of) if observed else {},
+            layers=layer_samples(g, numel, track) if observed else {},
         )
 
     def _record_layers(self, view: StepView) -> None:
