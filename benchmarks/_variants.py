@@ -103,7 +103,9 @@ def _noop_hooks(model: nn.Module) -> Callable[[], Callable[[], None]]:
     return install
 
 
-def _gradwatch(model: nn.Module, opt: torch.optim.Optimizer, name: str) -> Callable[[], Callable[[], None]]:
+def _gradwatch(
+    model: nn.Module, opt: torch.optim.Optimizer, name: str
+) -> Callable[[], Callable[[], None]]:
     def install() -> Callable[[], None]:
         return gradwatch.watch(model, opt, config=gradwatch_config(name)).attach().close
 

@@ -77,7 +77,7 @@ def run_model(
     case: ModelCase, names: list[str], *, blocks: int, warmup: int, block: int
 ) -> dict[str, Any]:
     """Time every variant on ``case``; return the per-variant figures and the budget lines."""
-    (model, opt), = case.instances(1)
+    ((model, opt),) = case.instances(1)
     batches = case.batches()
     variants = make_variants(names, model, opt, case.loss)
     samples: dict[str, list[float]] = {n: [] for n in names}
