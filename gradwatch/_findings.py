@@ -3,12 +3,35 @@
 from __future__ import annotations
 
 import fnmatch
+import os
+import sys
 import warnings
 from typing import Any, Optional
+
+import torch
 
 from gradwatch.config import GradWatchConfig
 from gradwatch.errors import GhostLayerError, GradWatchError, GradWatchWarning
 from gradwatch.report import Finding
+
+_INTERNAL = (os.path.dirname(os.path.abspath(__file__)), os.path.dirname(torch.__file__))
+_LIGHTNING = ("pytorch_lightning", "lightning")
+
+
+def _user_stacklevel() -> int:
+    """The stacklevel of the first frame outside gradwatch, torch and Lightning.
+
+    The user's line (``optimizer.step()``, ``loss.backward()``, ``trainer.fit()``) is where
+    a warning should point. Lightning is skipped only if the user already imported it.
+    """
+    files = [getattr(sys.modules.get(name), "__file__", None) for name in _LIGHTNING]
+    internal = _INTERNAL + tuple(os.path.dirname(f) for f in files if isinstance(f, str))
+    frame = sys._getframe(1)
+    level = 1
+    while frame is not None and frame.f_code.co_filename.startswith(internal):
+        frame = frame.f_back  # type: ignore[assignment]
+        level += 1
+    return level
 
 
 class FindingLog:
@@ -94,12 +117,13 @@ class FindingLog:
             and finding.severity != "info"
             and finding.check not in self.quiet_checks
         ):
+            level = _user_stacklevel()
             for name in fresh:
                 warnings.warn(
                     f"gradwatch {finding.check} [{name}]: {finding.message}"
                     + (f" Hint: {finding.hint}" if finding.hint else ""),
                     GradWatchWarning,
-                    stacklevel=2,
+                    stacklevel=level,
                 )
 
     def raise_fail_fast(self) -> None:

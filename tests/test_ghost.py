@@ -317,3 +317,16 @@ def test_forward_hooks_stay_on_ghost_layers_only() -> None:
             opt.step()
         assert set(w._fwd_handles) == {"extra"}
         assert not model.body[0]._forward_hooks and model.extra._forward_hooks
+
+
+def test_warnings_point_at_the_users_line() -> None:
+    model = Branchy()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with pytest.warns(gradwatch.GradWatchWarning) as record:
+        with gradwatch.watch(model, opt):
+            x, y = batches(1)[0]
+            opt.zero_grad()
+            nn.functional.mse_loss(model(x), y).backward()
+            opt.step()  # the ghost is decided here
+    ours = [r for r in record if issubclass(r.category, gradwatch.GradWatchWarning)]
+    assert ours and {r.filename for r in ours} == {__file__}
