@@ -138,6 +138,3 @@ class FindingLog:
     def findings(self) -> list[Finding]:
         """A copy of every finding so far."""
         return [f.model_copy(deep=True) for f in self._findings.values()]
-
-    def get(self, check: str, key: str) -> Optional[Finding]:
-        return self._findings.get((check, key))

@@ -118,6 +118,11 @@ def _legend(ax: Axes) -> None:
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
 
 
+def _per_layer_width(n_layers: int) -> float:
+    """Figure width (inches) of a chart with one x position per layer, within 6.5..24."""
+    return min(max(6.5, 0.28 * n_layers + 2.5), 24.0)
+
+
 def gradient_flow(report: Report) -> Optional[Figure]:
     """Per-layer mean and max |grad| in forward order on a log axis; ghost/dead layers marked.
 
@@ -131,7 +136,7 @@ def gradient_flow(report: Report) -> Optional[Figure]:
     mean = [layer.mean_abs_grad for layer in layers]
     peak = [layer.max_abs_grad for layer in layers]
     floor, ceiling = _floor_ceiling(mean + peak)
-    fig, ax = _new_figure(min(max(6.5, 0.28 * len(layers) + 2.5), 24.0), 4.6)
+    fig, ax = _new_figure(_per_layer_width(len(layers)), 4.6)
     xs = list(range(len(layers)))
 
     def bars(values: list[Optional[float]]) -> list[float]:
@@ -247,7 +252,7 @@ def update_ratios(report: Report) -> Optional[Figure]:
     names = [layer.name for layer in layers]
     ratios = [layer.update_ratio for layer in layers]
     floor, ceiling = _floor_ceiling([*ratios, UPDATE_RATIO_RULE])
-    fig, ax = _new_figure(min(max(6.5, 0.28 * len(layers) + 2.5), 24.0), 4.2)
+    fig, ax = _new_figure(_per_layer_width(len(layers)), 4.2)
     xs = list(range(len(layers)))
     good = [(x, r) for x, r in zip(xs, ratios) if r is not None and _finite_pos(r)]
     colors = [
