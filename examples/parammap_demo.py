@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from gradwatch.parammap import ParamMap
+from gradwatch.vectors.parammap import ParamMap
 
 
 class TiedLM(nn.Module):

@@ -19,11 +19,11 @@ from gradwatch._version import __version__
 from gradwatch.errors import ConfigError, GhostLayerError, GradWatchError, GradWatchWarning
 
 if TYPE_CHECKING:
+    from gradwatch.cli.probe import Probe
     from gradwatch.config import GradWatchConfig
-    from gradwatch.parammap import ParamEntry, ParamMap, ParamMapError
-    from gradwatch.probe import Probe
+    from gradwatch.core.watcher import Watcher, watch
     from gradwatch.report import Coverage, Finding, LayerStats, Report
-    from gradwatch.watcher import Watcher, watch
+    from gradwatch.vectors.parammap import ParamEntry, ParamMap, ParamMapError
 
 _LAZY = {
     "GradWatchConfig": "gradwatch.config",
@@ -31,12 +31,12 @@ _LAZY = {
     "Finding": "gradwatch.report",
     "LayerStats": "gradwatch.report",
     "Report": "gradwatch.report",
-    "Watcher": "gradwatch.watcher",
-    "watch": "gradwatch.watcher",
-    "Probe": "gradwatch.probe",
-    "ParamMap": "gradwatch.parammap",
-    "ParamEntry": "gradwatch.parammap",
-    "ParamMapError": "gradwatch.parammap",
+    "Watcher": "gradwatch.core.watcher",
+    "watch": "gradwatch.core.watcher",
+    "Probe": "gradwatch.cli.probe",
+    "ParamMap": "gradwatch.vectors.parammap",
+    "ParamEntry": "gradwatch.vectors.parammap",
+    "ParamMapError": "gradwatch.vectors.parammap",
 }
 
 __all__ = [

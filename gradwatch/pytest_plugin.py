@@ -29,7 +29,7 @@ import pytest
 
 if TYPE_CHECKING:
     from gradwatch.config import GradWatchConfig
-    from gradwatch.watcher import Watcher
+    from gradwatch.core.watcher import Watcher
 
 __all__ = ["gradwatch", "report_filename"]
 
@@ -102,7 +102,7 @@ def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
 def effective_config(pytest_config: pytest.Config, config: Any = None) -> GradWatchConfig:
     """The fixture's config: ``--gradwatch-config``, the test's ``config`` over it, then
     ``--gradwatch-fail-on``; statistics on every step and no warnings unless set."""
-    from gradwatch.probe import resolve_config
+    from gradwatch.cli.probe import resolve_config
 
     merged = _merge(pytest_config.stash.get(_BASE, {}), _as_dict(config))
     return resolve_config(
@@ -123,7 +123,7 @@ def gradwatch(request: pytest.FixtureRequest) -> Generator[Callable[..., Watcher
         ...     gradwatch(model, opt)
         ...     train_steps(model, opt, 2)
     """
-    from gradwatch.watcher import watch
+    from gradwatch.core.watcher import watch
 
     watchers: list[Watcher] = []
     request.node.stash[_WATCHERS] = watchers
@@ -162,7 +162,7 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
 
 def failure_message(watchers: list[Watcher]) -> str:
     """The findings of every failing report, or ``""`` when none failed."""
-    from gradwatch._junit import finding_text
+    from gradwatch.render.junit import finding_text
 
     parts = []
     for k, w in enumerate(watchers):

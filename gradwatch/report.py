@@ -183,19 +183,19 @@ class Report(BaseModel):
 
     def summary(self, *, color: bool = False, width: int = 110) -> str:
         """The console summary as text (a findings table and the totals)."""
-        from gradwatch._console import render_text
+        from gradwatch.render.console import render_text
 
         return render_text(self, color=color, width=width)
 
     def print(self, file: Any = None) -> None:
         """Print the summary to ``file`` (stdout by default), in colour on a terminal."""
-        from gradwatch._console import print_report
+        from gradwatch.render.console import print_report
 
         print_report(self, file=file)
 
     def to_html(self, path: Union[str, Path]) -> Path:
         """Write a self-contained HTML report with plots (needs ``matplotlib``)."""
-        from gradwatch._html import write_html
+        from gradwatch.render.html import write_html
 
         return write_html(self, Path(path))
 

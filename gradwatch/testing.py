@@ -14,8 +14,8 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
-from gradwatch._junit import finding_text
-from gradwatch.probe import ConfigArg, LossFn, Probe, resolve_config
+from gradwatch.cli.probe import ConfigArg, LossFn, Probe, resolve_config
+from gradwatch.render.junit import finding_text
 from gradwatch.report import Report
 
 __all__ = ["assert_no_ghosts"]
@@ -47,7 +47,7 @@ def assert_no_ghosts(
 
     Raises:
         AssertionError: listing each ghost layer: parameter names, cause and hint.
-        gradwatch.probe.ProbeError: when ``loss_fn``, ``backward`` or the optimizer fails.
+        gradwatch.cli.probe.ProbeError: when ``loss_fn``, ``backward`` or the optimizer fails.
 
     Example:
         >>> assert_no_ghosts(model, (x, y), loss_fn, ignore=["aux_head.*"])  # doctest: +SKIP

@@ -14,9 +14,9 @@ import torch
 from torch import nn
 
 import gradwatch
-from gradwatch._junit import check_ids, junit_xml
-from gradwatch.cli import main
-from gradwatch.probe import Probe, ProbeError, loss_not_decreasing, resolve_config
+from gradwatch.cli.main import main
+from gradwatch.cli.probe import Probe, ProbeError, loss_not_decreasing, resolve_config
+from gradwatch.render.junit import check_ids, junit_xml
 
 ROOT = Path(__file__).resolve().parent.parent
 GHOST = str(ROOT / "examples" / "ci_ghost.py") + ":build"
@@ -314,7 +314,7 @@ def test_report_command_unreadable_exits_2(
 
 
 def test_report_command_html(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    pytest.importorskip("gradwatch._html")
+    pytest.importorskip("gradwatch.render.html")
     pytest.importorskip("matplotlib")
     src, html = tmp_path / "g.json", tmp_path / "out" / "r.html"
     main(["check", GHOST, "--json", str(src)])

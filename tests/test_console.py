@@ -11,7 +11,7 @@ from torch import nn
 
 import gradwatch
 from gradwatch import Finding, GradWatchConfig, Report
-from gradwatch._console import MAX_ROWS, print_report, render_text
+from gradwatch.render.console import MAX_ROWS, print_report, render_text
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 

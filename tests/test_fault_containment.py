@@ -20,9 +20,9 @@ import torch
 from torch import nn
 
 import gradwatch
-import gradwatch._step
+import gradwatch.core.pipeline
+import gradwatch.core.watcher
 import gradwatch.report
-import gradwatch.watcher
 from gradwatch.checks.ghost import GhostParam
 from gradwatch.checks.vanishing import VanishingGrad
 
@@ -159,7 +159,7 @@ FAULTS = {
     # the autograd-engine callback at the end of backward (decides steps without optimizer)
     "backward_end": Fault(
         "backward end",
-        lambda mp, w: mp.setattr(gradwatch.watcher, "gather", _boom),
+        lambda mp, w: mp.setattr(gradwatch.core.watcher, "gather", _boom),
         optimizer=False,
     ),
     "optimizer_pre_step": Fault(
@@ -167,7 +167,8 @@ FAULTS = {
     ),
     # the step decision: gradient norms fail inside gather()
     "optimizer_post_step": Fault(
-        "optimizer step hook", lambda mp, w: mp.setattr(gradwatch._step, "vector_norms", _boom)
+        "optimizer step hook",
+        lambda mp, w: mp.setattr(gradwatch.core.pipeline, "vector_norms", _boom),
     ),
     "forward": Fault("forward hook", _tracker_dict("fwd_grad")),
     "sink": Fault("sink", _nothing, sink=FaultySink),
@@ -280,7 +281,7 @@ def test_faults_at_several_hook_points_do_not_stop_training(
         for name in ("incoming", "acc_ref"):
             monkeypatch.setattr(w._tracker, name, RaisingList(getattr(w._tracker, name)))
         monkeypatch.setattr(w._tracker, "fwd_grad", RaisingDict())
-        monkeypatch.setattr(gradwatch._step, "vector_norms", _boom)
+        monkeypatch.setattr(gradwatch.core.pipeline, "vector_norms", _boom)
         losses = train(model, opt)
     assert losses == want_losses
     where = sorted(f.details["where"] for f in w.report().by_check("internal_error"))

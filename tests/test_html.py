@@ -20,7 +20,7 @@ import gradwatch
 from gradwatch import ConfigError, Finding, GradWatchConfig, LayerStats, Report
 
 mpimg = pytest.importorskip("matplotlib.image")
-from gradwatch import _html_plots as plots  # noqa: E402
+from gradwatch.render import html_plots as plots  # noqa: E402
 
 NAN, INF = float("nan"), float("inf")
 IMG = re.compile(r'<img class="chart" alt="([^"]*)" src="data:image/png;base64,([A-Za-z0-9+/=]+)">')

@@ -1,4 +1,4 @@
-"""Tests for gradwatch.parammap: flatten/unflatten, locate, JSON map, quantization."""
+"""Tests for gradwatch.vectors.parammap: flatten/unflatten, locate, JSON map, quantization."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from torch import nn
 from torch.nn.utils import parameters_to_vector
 
-from gradwatch.parammap import ParamEntry, ParamMap, ParamMapError
+from gradwatch.vectors.parammap import ParamEntry, ParamMap, ParamMapError
 
 ROOT = Path(__file__).resolve().parents[1]
 PROPERTY = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])

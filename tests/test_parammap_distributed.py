@@ -15,7 +15,7 @@ import torch.multiprocessing as mp
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from gradwatch.parammap import ParamMap
+from gradwatch.vectors.parammap import ParamMap
 
 WORLD = 2
 

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from gradwatch.probe import ProbeError
+from gradwatch.cli.probe import ProbeError
 from gradwatch.testing import assert_no_ghosts
 
 

@@ -7,9 +7,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Optional
 
 if TYPE_CHECKING:
-    from gradwatch._findings import FindingLog
-    from gradwatch._index import ParamIndex
     from gradwatch.config import CheckConfig, GradWatchConfig
+    from gradwatch.core.findings import FindingLog
+    from gradwatch.core.index import ParamIndex
 
 
 @dataclass

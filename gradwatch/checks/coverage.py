@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 from gradwatch.checks.base import Check, StructureView
 
 if TYPE_CHECKING:
-    from gradwatch._findings import FindingLog
+    from gradwatch.core.findings import FindingLog
 
 
 def _by_layer(view: StructureView, idxs: list[int]) -> dict[str, list[int]]:

@@ -13,7 +13,7 @@ from gradwatch.checks.base import Check, StepView
 from gradwatch.config import DeadParamConfig
 
 if TYPE_CHECKING:
-    from gradwatch._findings import FindingLog
+    from gradwatch.core.findings import FindingLog
 
 
 class DeadParam(Check):

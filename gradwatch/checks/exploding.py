@@ -5,12 +5,12 @@ from __future__ import annotations
 from collections import deque
 from typing import TYPE_CHECKING
 
-from gradwatch._stats import median
 from gradwatch.checks.base import Check, StepView
 from gradwatch.config import ExplodingGradConfig
+from gradwatch.core.stats import median
 
 if TYPE_CHECKING:
-    from gradwatch._findings import FindingLog
+    from gradwatch.core.findings import FindingLog
 
 
 class ExplodingGrad(Check):

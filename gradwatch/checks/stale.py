@@ -9,7 +9,7 @@ from gradwatch.checks.base import Check, StepView
 from gradwatch.config import StaleParamConfig
 
 if TYPE_CHECKING:
-    from gradwatch._findings import FindingLog
+    from gradwatch.core.findings import FindingLog
 
 
 class StaleParam(Check):

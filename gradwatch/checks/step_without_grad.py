@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 from gradwatch.checks.base import Check, StepView
 
 if TYPE_CHECKING:
-    from gradwatch._findings import FindingLog
+    from gradwatch.core.findings import FindingLog
 
 
 class StepWithoutGrad(Check):

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from gradwatch.report import Finding
 
 if TYPE_CHECKING:
-    from gradwatch.watcher import Watcher
+    from gradwatch.core.watcher import Watcher
 
 __all__ = ["STATE_VERSION", "restore_state", "watcher_state"]
 

@@ -24,9 +24,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional, Union
 
 from gradwatch.config import GradWatchConfig
+from gradwatch.core.watcher import Watcher, watch
 from gradwatch.lightning._state import restore_state, watcher_state
 from gradwatch.report import Report
-from gradwatch.watcher import Watcher, watch
 
 if TYPE_CHECKING:
     import torch

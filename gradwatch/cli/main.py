@@ -83,7 +83,7 @@ def load_target(target: str) -> Any:
     Raises:
         CliError: one line naming the target and what went wrong.
     """
-    from gradwatch.probe import Probe
+    from gradwatch.cli.probe import Probe
 
     where, sep, attr = target.rpartition(":")
     if not sep or not where or not attr:
@@ -128,13 +128,13 @@ def _write(what: str, fn: Any, *args: Any, **kwargs: Any) -> None:
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
-    from gradwatch._junit import write_junit
-    from gradwatch.probe import (
+    from gradwatch.cli.probe import (
         LOSS_NOT_DECREASING,
         add_finding,
         loss_not_decreasing,
         resolve_config,
     )
+    from gradwatch.render.junit import write_junit
 
     probe = load_target(args.target)
     source = args.config if args.config is not None else probe.config
@@ -173,7 +173,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
 def _read_report(path: str) -> Any:
     from pydantic import ValidationError
 
-    from gradwatch._config_errors import format_validation_error
+    from gradwatch.config._errors import format_validation_error
     from gradwatch.report import Report
 
     try:
@@ -189,7 +189,7 @@ def _read_report(path: str) -> Any:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from gradwatch._junit import write_junit
+    from gradwatch.render.junit import write_junit
 
     report = _read_report(args.file)
     report.print()
@@ -304,7 +304,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run the command line and return its exit code (0 clean, 1 findings, 2 errors).
 
     Example:
-        >>> from gradwatch.cli import main
+        >>> from gradwatch.cli.main import main
         >>> main(["check", "examples/ci_clean.py:build"])  # doctest: +SKIP
         0
     """

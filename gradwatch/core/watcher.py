@@ -22,15 +22,15 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from gradwatch._findings import FindingLog
-from gradwatch._index import ParamIndex
-from gradwatch._layers import LayerTrack
-from gradwatch._stats import flatten_cpu
-from gradwatch._step import Gathered, Track, gather, layer_samples
-from gradwatch._tracking import Tracker, make_forward_hook, make_param_hooks
 from gradwatch.checks import ALL_CHECKS, Check, StepView, StructureView
 from gradwatch.checks.nonfinite import NonfiniteGrad
 from gradwatch.config import GradWatchConfig
+from gradwatch.core.evidence import Tracker, make_forward_hook, make_param_hooks
+from gradwatch.core.findings import FindingLog
+from gradwatch.core.index import ParamIndex
+from gradwatch.core.layers import LayerTrack
+from gradwatch.core.pipeline import Gathered, Track, gather, layer_samples
+from gradwatch.core.stats import flatten_cpu
 from gradwatch.errors import ConfigError, GradWatchError, GradWatchWarning
 
 __all__ = ["Watcher", "watch"]
@@ -162,7 +162,7 @@ class Watcher:
         self._closed = False
         self._final: Any = None
         self.metrics: dict[str, float] = {}
-        from gradwatch._distributed import DistSync
+        from gradwatch.core.distributed import DistSync
 
         self._dist = DistSync.detect()
         if self._dist is not None and self._dist.rank != 0:
@@ -717,6 +717,6 @@ class Watcher:
         return self._build_report()
 
     def _build_report(self) -> Any:
-        from gradwatch._build_report import build_report
+        from gradwatch.core.build_report import build_report
 
         return build_report(self)

@@ -14,9 +14,9 @@ from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from gradwatch._config_errors import format_validation_error
-from gradwatch._config_files import load_mapping
 from gradwatch._severity import FailOn, Severity
+from gradwatch.config._errors import format_validation_error
+from gradwatch.config._files import load_mapping
 from gradwatch.errors import ConfigError
 
 __all__ = [

@@ -31,9 +31,9 @@ from torch import nn
 
 from gradwatch._severity import at_least
 from gradwatch.config import GradWatchConfig
+from gradwatch.core.watcher import watch
 from gradwatch.errors import ConfigError, GradWatchError
 from gradwatch.report import Finding, Report
-from gradwatch.watcher import watch
 
 __all__ = [
     "LOSS_NOT_DECREASING",

@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 
 if TYPE_CHECKING:
-    from gradwatch._tracking import Tracker
+    from gradwatch.core.evidence import Tracker
 
 __all__ = ["CAUSES", "DistSync", "Exchanged"]
 

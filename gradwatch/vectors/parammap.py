@@ -30,7 +30,7 @@ from typing import Any, Literal, Optional, SupportsIndex
 import torch
 from torch import Tensor, nn
 
-from gradwatch._parammap_quant import Scheme, dequantize_flat, quantize_flat
+from gradwatch.vectors.quant import Scheme, dequantize_flat, quantize_flat
 
 __all__ = ["ParamEntry", "ParamMap", "ParamMapError"]
 
@@ -38,7 +38,7 @@ Kind = Literal["param", "buffer"]
 Source = Literal["data", "grad"]
 Missing = Literal["error", "zeros"]
 
-_FORMAT = "gradwatch.parammap"
+_FORMAT = "gradwatch.vectors.parammap"
 _FORMAT_VERSION = 1
 _MAX_LISTED = 10
 

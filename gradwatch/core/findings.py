@@ -14,7 +14,10 @@ from gradwatch.config import GradWatchConfig
 from gradwatch.errors import GhostLayerError, GradWatchError, GradWatchWarning
 from gradwatch.report import Finding
 
-_INTERNAL = (os.path.dirname(os.path.abspath(__file__)), os.path.dirname(torch.__file__))
+_INTERNAL = (
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))),  # the gradwatch package
+    os.path.dirname(torch.__file__),
+)
 _LIGHTNING = ("pytorch_lightning", "lightning")
 
 

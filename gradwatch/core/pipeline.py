@@ -9,11 +9,11 @@ from typing import Any, Optional
 
 import torch
 
-from gradwatch._index import ParamIndex
-from gradwatch._stats import Chunk, flatten_cpu, layer_norm, segment_norms, to_host
-from gradwatch._stats import norms as vector_norms
-from gradwatch._tracking import Tracker
 from gradwatch.checks.base import LayerSample
+from gradwatch.core.evidence import Tracker
+from gradwatch.core.index import ParamIndex
+from gradwatch.core.stats import Chunk, flatten_cpu, layer_norm, segment_norms, to_host
+from gradwatch.core.stats import norms as vector_norms
 
 
 @dataclass

@@ -6,13 +6,13 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from gradwatch._layers import LayerTrack
 from gradwatch._severity import at_least
 from gradwatch._version import __version__
+from gradwatch.core.layers import LayerTrack
 from gradwatch.report import Coverage, LayerStats, Report
 
 if TYPE_CHECKING:
-    from gradwatch.watcher import Watcher
+    from gradwatch.core.watcher import Watcher
 
 
 def build_report(w: Watcher) -> Report:

@@ -1,6 +1,6 @@
 """A self-contained HTML report: summary, findings, charts and coverage in one offline file.
 
-Charts are PNGs inlined as ``data:`` URIs (see :mod:`gradwatch._html_plots`); the page loads
+Charts are PNGs inlined as ``data:`` URIs (see :mod:`gradwatch.render.html_plots`); the page loads
 nothing from the network and runs no script.
 
 Example:
@@ -133,7 +133,7 @@ def _findings(report: Report) -> str:
 
 
 def _chart(title: str, build: Callable[[Report], Any], report: Report, empty: str) -> str:
-    from gradwatch._html_plots import figure_png
+    from gradwatch.render.html_plots import figure_png
 
     try:
         fig = build(report)
@@ -164,7 +164,7 @@ def _coverage(report: Report) -> str:
 
 
 def _layers_table(report: Report) -> str:
-    from gradwatch._html_plots import flagged_layers, layer_order
+    from gradwatch.render.html_plots import flagged_layers, layer_order
 
     layers = layer_order(report)
     if not layers:
@@ -209,7 +209,7 @@ def render_html(report: Report) -> str:
         MissingExtraError: when matplotlib is not installed (``pip install gradwatch[html]``).
     """
     _require_matplotlib()
-    from gradwatch._html_plots import gradient_flow, norm_timelines, update_ratios
+    from gradwatch.render.html_plots import gradient_flow, norm_timelines, update_ratios
 
     title = f"gradwatch report: {'FAILED' if report.failed else 'passed'}"
     parts = [

@@ -1,7 +1,7 @@
 """Per-parameter int8/uint8 quantization of a flat vector (the maths behind ``ParamMap.quantize``).
 
 Plain functions over ``(name, offset, numel)`` spans so that they know nothing of
-modules; :mod:`gradwatch.parammap` supplies the spans and the fingerprint.
+modules; :mod:`gradwatch.vectors.parammap` supplies the spans and the fingerprint.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ __all__ = ["QUANT_FORMAT", "Scheme", "dequantize_flat", "qparams", "quantize_fla
 Scheme = Literal["affine", "symmetric"]
 Span = tuple[str, int, int]  # (name, offset, numel)
 
-QUANT_FORMAT = "gradwatch.parammap.quant"
+QUANT_FORMAT = "gradwatch.vectors.parammap.quant"
 _QUANT_VERSION = 1
 _QRANGES: dict[torch.dtype, tuple[int, int]] = {torch.int8: (-128, 127), torch.uint8: (0, 255)}
 _TINY = torch.finfo(torch.float32).tiny

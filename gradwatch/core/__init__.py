@@ -1,0 +1,13 @@
+"""The watching core: hooks record evidence, the pipeline turns it into step views.
+
+Data flow: ``hooks`` (install/trim/remove) → ``evidence`` (what arrived, when, in which grad
+mode) → ``pipeline`` (one step's gradients gathered, one host transfer) → a
+:class:`~gradwatch.checks.StepView` judged by :mod:`gradwatch.checks` → ``findings`` →
+``build_report`` → :class:`~gradwatch.Report`. :class:`Watcher` is the lifecycle facade.
+"""
+
+from __future__ import annotations
+
+from gradwatch.core.watcher import Watcher, watch
+
+__all__ = ["Watcher", "watch"]
