@@ -101,6 +101,8 @@ class FindingLog:
             fields["count"] = finding.count + 1
             fields["message"] = message
             fields["severity"] = severity
+            if module is not None and key is not None:
+                fields["module"] = module  # keyed findings may learn a better module later
             if names != finding.params:
                 finding.params.extend(n for n in names if n not in finding.params)
             if details:

@@ -45,6 +45,7 @@ class HookSet:
         self.last_hooked = 0
         self.trimmed = False
         self.wanted: set[str] = set()  # layers whose forward hook should come back
+        self.removers: list[Callable[[], None]] = []  # other parts' hooks (forward scout, ...)
 
     def add(self, handle: RemovableHandle) -> None:
         """Keep ``handle`` (e.g. an optimizer step hook) for removal."""
@@ -127,3 +128,6 @@ class HookSet:
         self.param.clear()
         self.pre.clear()
         self._pre_fns.clear()
+        removers, self.removers = self.removers, []
+        for remove in removers:
+            remove()

@@ -59,6 +59,7 @@ class Gathered:
     stats: Optional[dict[str, list[Optional[float]]]]
     scale: Optional[float]
     grads: list[Optional[torch.Tensor]]
+    extra: list[float] = field(default_factory=list)
 
 
 def _spread(ks_present: list[int], values: list[float], n: int) -> list[Optional[float]]:
@@ -76,6 +77,7 @@ def gather(
     min_hooked_at: dict[int, int],
     last_hooked: int,
     scaler_scale: Optional[torch.Tensor],
+    extra: Optional[list[torch.Tensor]] = None,
 ) -> Gathered:
     """Read this step's gradients and compute what the checks need, with one host transfer.
 
@@ -144,6 +146,8 @@ def gather(
                     pass
     if scaler_scale is not None:
         chunks.append([scaler_scale])
+    if extra:
+        chunks.append(extra)  # device flags of other evidence (the NaN probe): same transfer
     host = to_host(chunks)
     pos = 0
 
@@ -163,6 +167,7 @@ def gather(
         stats["param_norm"] = _spread(pnorm_ks, take(len(pnorm_ks)), n)
         stats["delta"] = _spread(pnorm_ks, take(len(pnorm_ks)), n) if has_delta else [None] * n
     scale = take(1)[0] if scaler_scale is not None else None
+    extra_values = take(len(extra)) if extra else []
 
     # missing_zero_grad: a value check said the gradient held pre-step contributions.
     dirty = [False] * n
@@ -199,6 +204,7 @@ def gather(
         stats,
         scale,
         grads,
+        extra_values,
     )
 
 

@@ -84,7 +84,7 @@ class Structure:
             set(optimizer_of),
             optimizer_of,
             bool(self.optimizers),
-            extra={"step": step},
+            extra={"step": step, "optimizer_classes": [type(o).__name__ for o in self.optimizers]},
         )
 
     def _rebuild_tracks(self, trainable: list[int], optimizer_of: dict[int, list[int]]) -> None:
