@@ -281,7 +281,12 @@ def test_layers_in_a_plain_list_are_unregistered() -> None:
     report = _plain_loop(ListBlocks())
     found = report.by_check("unregistered_param")
     params = {p for f in found for p in f.params}
-    assert params == {"blocks[0].weight", "blocks[0].bias", "blocks[1].1.weight", "blocks[1].1.bias"}
+    assert params == {
+        "blocks[0].weight",
+        "blocks[0].bias",
+        "blocks[1].1.weight",
+        "blocks[1].1.bias",
+    }
     assert {f.module for f in found} == {"blocks[0]", "blocks[1].1"}
     assert all(f.severity == "error" and "nn.ModuleList" in f.hint for f in found)
     assert all(f.count == 1 for f in found)
@@ -290,7 +295,12 @@ def test_layers_in_a_plain_list_are_unregistered() -> None:
 def test_heads_in_a_plain_dict_are_unregistered() -> None:
     report = _plain_loop(DictHeads())
     params = {p for f in report.by_check("unregistered_param") for p in f.params}
-    assert params == {"heads['a'].weight", "heads['a'].bias", "heads['b'].weight", "heads['b'].bias"}
+    assert params == {
+        "heads['a'].weight",
+        "heads['a'].bias",
+        "heads['b'].weight",
+        "heads['b'].bias",
+    }
 
 
 def test_hidden_frozen_or_no_grad_modules_are_not_unregistered() -> None:
@@ -314,7 +324,9 @@ def test_hidden_frozen_or_no_grad_modules_are_not_unregistered() -> None:
 def test_scan_stops_after_scan_steps() -> None:
     model = ListBlocks()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    with gradwatch.watch(model, opt, config={"checks": {"unregistered_param": {"scan_steps": 1}}}) as w:
+    with gradwatch.watch(
+        model, opt, config={"checks": {"unregistered_param": {"scan_steps": 1}}}
+    ) as w:
         for k, (x, y) in enumerate(batches(3)):
             opt.zero_grad()
             nn.functional.mse_loss(model(x), y).backward()

@@ -68,7 +68,9 @@ class StepView:
     layers: dict[str, LayerSample] = field(default_factory=dict)
     # Evidence of the newer checks (defaults: nothing known).
     model_ran: Optional[str] = None  # "grad" / "no_grad": the model's forward ran in the window
-    backward_called: Optional[bool] = None  # an integration saw backward() requested (None: unknown)
+    backward_called: Optional[bool] = (
+        None  # an integration saw backward() requested (None: unknown)
+    )
     acc_state: Optional[Callable[[int], tuple[int, Any]]] = None  # i -> (last accumulation, grad)
     scaled_edits: Optional[list[int]] = None  # parameters whose grads changed while scaled
     unregistered: list[tuple[str, str]] = field(default_factory=list)  # (path, module class)

@@ -95,7 +95,9 @@ class DoubleUpdate(Check):
         p = view.index.params[i].ref()
         return p is not None and p.grad is not None and p.grad is acc
 
-    def _emit(self, view: StepView, log: FindingLog, k: int, doubled: list[tuple[int, int]]) -> None:
+    def _emit(
+        self, view: StepView, log: FindingLog, k: int, doubled: list[tuple[int, int]]
+    ) -> None:
         ids = list(dict.fromkeys(i for i, _ in doubled))
         others = sorted({o for _, o in doubled})
         names = view.index.names(ids)

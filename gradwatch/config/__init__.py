@@ -22,12 +22,12 @@ from gradwatch.errors import ConfigError
 __all__ = [
     "CheckConfig",
     "ChecksConfig",
-    "NonfiniteGradConfig",
-    "UnregisteredParamConfig",
     "DeadParamConfig",
     "ExplodingGradConfig",
     "GradWatchConfig",
+    "NonfiniteGradConfig",
     "StaleParamConfig",
+    "UnregisteredParamConfig",
     "VanishingGradConfig",
 ]
 

@@ -297,9 +297,9 @@ class ForwardScout:
     def _watch_output_grad(self, output: Any) -> None:
         if len(self._out_grad) >= _MAX_RECORDS:
             return
+        wself = weakref.ref(self)
         for t in _tensors(output):
             if t.requires_grad:
-                wself = weakref.ref(self)
 
                 def out_grad(g: torch.Tensor) -> None:
                     me = wself()

@@ -308,7 +308,11 @@ class StepPipeline:
             return
         opts = self.structure.optimizers
         k = next(
-            (j for j, o in enumerate(opts) if o is optimizer or o is getattr(optimizer, "optimizer", None)),
+            (
+                j
+                for j, o in enumerate(opts)
+                if o is optimizer or o is getattr(optimizer, "optimizer", None)
+            ),
             None,
         )
         track = self.structure.track_of(k) if k is not None else None
