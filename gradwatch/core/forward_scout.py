@@ -1,7 +1,8 @@
 """What the watched model's forward pass does: when it ran, what ran inside it, where NaN starts.
 
-A few forward hooks on the model's entry points (the root module and its direct children:
-a Lightning ``training_step`` often calls ``self.model(x)`` rather than ``self(x)``) give:
+A few forward hooks on the model's entry points (the root module, and its direct children
+until the root is seen running in grad mode: a Lightning ``training_step`` often calls
+``self.model(x)`` rather than ``self(x)``) give:
 
 - *run stamps*: the event number of the last outermost forward, with and without grad mode
   (``loss_disconnected`` needs "the model ran in this window", long after the per-layer
@@ -111,6 +112,7 @@ class ForwardScout:
         self._known: Callable[[torch.Tensor], bool] = lambda p: False
         self._depth = 0
         self._entry: list[RemovableHandle] = []
+        self._children: list[RemovableHandle] = []
         self._global: Optional[RemovableHandle] = None
         self.scanning = scan_steps > 0
         self._registered: set[int] = set()
@@ -149,9 +151,22 @@ class ForwardScout:
             if me is not None and not _compiling():
                 me._leave(output)
 
-        for mod in [model, *model.children()]:
-            self._entry.append(mod.register_forward_pre_hook(pre))
-            self._entry.append(mod.register_forward_hook(post, always_call=True))
+        def pre_root(module: nn.Module, args: Any) -> None:
+            me = wself()
+            if me is not None and not _compiling():
+                if me._children and torch.is_grad_enabled():
+                    # The training forward enters through the root: the children's hooks
+                    # (there for a training_step that calls self.model(x)) only cost.
+                    for h in me._children:
+                        h.remove()
+                    me._children.clear()
+                me._enter()
+
+        self._entry.append(model.register_forward_pre_hook(pre_root))
+        self._entry.append(model.register_forward_hook(post, always_call=True))
+        for mod in model.children():
+            self._children.append(mod.register_forward_pre_hook(pre))
+            self._children.append(mod.register_forward_hook(post, always_call=True))
 
     def _enter(self) -> None:
         try:
@@ -356,9 +371,10 @@ class ForwardScout:
         if self._global is not None:
             self._global.remove()
             self._global = None
-        for h in [*self._entry, *self._grad_hooks.values()]:
+        for h in [*self._entry, *self._children, *self._grad_hooks.values()]:
             h.remove()
         self._entry.clear()
+        self._children.clear()
         self._grad_hooks.clear()
         self._waiting.clear()
         self.disarm()
