@@ -155,6 +155,24 @@ def test_no_step_without_forward_is_not_disconnected() -> None:
     assert "loss_disconnected" not in fired(report, "info")
 
 
+def test_gradients_assigned_by_hand_are_not_disconnected() -> None:
+    """Gradient surgery / autograd.grad loops write .grad without any accumulation hook."""
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    params = list(model.parameters())
+
+    def body(k: int, x: torch.Tensor, y: torch.Tensor) -> None:
+        opt.zero_grad()
+        grads = torch.autograd.grad(nn.functional.mse_loss(model(x), y), params)
+        for p, g in zip(params, grads):
+            p.grad = g.clamp(-1.0, 1.0)
+        opt.step()
+
+    report = _run(model, opt, body)
+    assert "loss_disconnected" not in fired(report, "info")
+    assert _errors(report) == set(), [f.line() for f in report.findings]
+
+
 # -- double_update ---------------------------------------------------------------------------
 
 

@@ -75,6 +75,7 @@ class StepView:
     scaled_edits: Optional[list[int]] = None  # parameters whose grads changed while scaled
     unregistered: list[tuple[str, str]] = field(default_factory=list)  # (path, module class)
     nan_trace: Optional[dict[str, Any]] = None  # the NaN probe's verdict for this window
+    grads_assigned: Optional[Callable[[], bool]] = None  # a .grad replaced since the last step
 
     def by_layer(self) -> dict[str, list[int]]:
         """Positions into ``ids`` grouped by the parameters' layer, in first-seen order."""

@@ -32,8 +32,8 @@ class LossDisconnected(Check):
 
     Fix: compute the loss from the model's output tensor, in grad mode.
 
-    Not this bug: an optimizer left idle while another one trains (phases, GANs), a
-    Lightning ``training_step`` that returns ``None`` to skip a batch, a window in which the
+    Not this bug: an optimizer left idle while another one trains (phases, GANs), gradients
+    assigned by hand (``p.grad = torch.autograd.grad(...)``), a Lightning ``training_step`` that returns ``None`` to skip a batch, a window in which the
     model did not run at all. Needs an optimizer: with ``watch(model)`` alone there is no
     step at which "nothing arrived" could be judged.
     """
@@ -48,6 +48,8 @@ class LossDisconnected(Check):
         # (Lightning skipping a batch) rules it out.
         if view.backward_in_window or any(view.arrived) or view.backward_called is False:
             return
+        if view.grads_assigned is not None and view.grads_assigned():
+            return  # gradients set by hand (torch.autograd.grad, gradient surgery): not cut off
         cause = "disconnected" if view.model_ran == "grad" else "no_grad"
         names = view.index.names(view.ids)
         log.emit(
