@@ -527,3 +527,26 @@ def test_probe_is_disarmed_after_the_first_steps() -> None:
             nn.functional.mse_loss(model(x), y).backward()
             opt.step()
         assert not w._pipe.scout.armed and not w._pipe.scout._probe
+
+
+def test_fp16_overflow_in_forward_under_a_grad_scaler_names_the_module() -> None:
+    """Every step skipped by the scaler: the info finding says which module overflows."""
+
+    class Overflow(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return (x * 1e3).half().exp().float()  # fp16 exp overflows to inf
+
+    model = nn.Sequential(nn.Linear(8, 8), Overflow(), nn.Linear(8, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**8)
+
+    def body(k: int, x: torch.Tensor, y: torch.Tensor) -> None:
+        opt.zero_grad()
+        scaler.scale(nn.functional.mse_loss(model(x), y)).backward()
+        scaler.step(opt)
+        scaler.update()
+
+    report = _run(model, opt, body, steps=4, scaler=scaler)
+    (f,) = report.by_check("nonfinite_grad")
+    assert f.severity == "info" and report.skipped_steps >= 3
+    assert f.details["phase"] == "forward" and f.details["origin_module"] == "1"

@@ -129,16 +129,43 @@ class NonfiniteGrad(Check):
             details=details,
         )
 
-    def on_skipped(self, skipped: int, total: int, step: int, log: FindingLog) -> None:
-        """A GradScaler skipped ``skipped`` steps for inf/NaN gradients: expected, ``info``."""
+    def on_skipped(
+        self,
+        skipped: int,
+        total: int,
+        step: int,
+        log: FindingLog,
+        trace: Optional[dict[str, Any]] = None,
+    ) -> None:
+        """A GradScaler skipped ``skipped`` steps for inf/NaN gradients: expected, ``info``.
+
+        When the NaN probe saw a module turn finite inputs into inf/NaN in the forward (fp16
+        logits overflowing), no loss scale can fix it: the finding says where.
+        """
+        details: dict[str, Any] = {"skipped_steps": total, "cause": "grad_scaler"}
+        message = (
+            f"GradScaler skipped {total} optimizer step(s) because gradients held inf/NaN "
+            "(expected while the loss scale calibrates)."
+        )
+        hint = (
+            "Nothing to do unless skips keep happening after the first steps; then look for "
+            "a NaN source (run without autocast to find its origin)."
+        )
+        if trace is not None and trace.get("phase") == "forward":
+            module = trace["origin_module"]
+            details.update(phase="forward", origin_module=module)
+            message = (
+                f"GradScaler skipped {total} optimizer step(s); the inf/NaN is born in the "
+                f"forward pass of '{module}' (finite inputs, non-finite output), which no loss "
+                "scale fixes."
+            )
+            hint = HINT_FORWARD.format(module=module)
         log.emit(
             self.id,
             severity="info",
             step=step,
-            message=f"GradScaler skipped {total} optimizer step(s) because gradients held inf/NaN "
-            "(expected while the loss scale calibrates).",
-            hint="Nothing to do unless skips keep happening after the first steps; then look for "
-            "a NaN source (run without autocast to find its origin).",
+            message=message,
+            hint=hint,
             key="grad_scaler",
-            details={"skipped_steps": total, "cause": "grad_scaler"},
+            details=details,
         )

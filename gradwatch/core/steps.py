@@ -24,7 +24,7 @@ from gradwatch.core.index import ParamIndex
 from gradwatch.core.pipeline import Gathered, Track, gather, layer_samples
 from gradwatch.core.recorder import LayerRecorder
 from gradwatch.core.scaler import ScalerWatch
-from gradwatch.core.stats import flatten_cpu
+from gradwatch.core.stats import flatten_cpu, to_host
 from gradwatch.core.structure import Structure, group_signature
 from gradwatch.core.unscale_watch import UnscaleWatch
 
@@ -150,9 +150,11 @@ class StepPipeline:
                 scaler_scale=self.scaler.scale_tensor(),
                 extra=self.scout.pending_flags(),
             )
-        self._note_skips(self.scaler.note(g.scale), track.steps)
+        trace = self.scout.interpret(g.extra) if self.scout.armed else None
+        skipped = self.scaler.note(g.scale)
+        self._note_skips(skipped, track.steps, trace)
         view = self._view(track, g, observed)
-        self._newer_view(view, track, g)
+        self._newer_view(view, track, g, trace, skipped)
         for check in self.checks:
             self.faults.guard(f"{check.id} check", check.on_step, view, self.findings)
         if observed:
@@ -243,16 +245,21 @@ class StepPipeline:
 
     # -- the scaler ------------------------------------------------------------------------
 
-    def _note_skips(self, skipped: int, step: int) -> None:
+    def _note_skips(self, skipped: int, step: int, trace: Optional[dict] = None) -> None:
         if not skipped:
             return
         for check in self.checks:
             if isinstance(check, NonfiniteGrad):
-                check.on_skipped(skipped, self.scaler.skipped, step, self.findings)
+                check.on_skipped(skipped, self.scaler.skipped, step, self.findings, trace)
 
     def check_scaler(self) -> None:
         """At exit: account for a skip of the very last step."""
-        self._note_skips(self.scaler.note_current(), self.steps)
+        skipped = self.scaler.note_current()
+        trace = None
+        if skipped and self.scout.armed:  # at exit a host read is fine: no step waits on it
+            flags = self.scout.pending_flags()
+            trace = self.scout.interpret(to_host([flags]) if flags else [])
+        self._note_skips(skipped, self.steps, trace)
 
     def release(self) -> None:
         self.model = None
@@ -328,7 +335,9 @@ class StepPipeline:
                 edited.append(i)
         self.scaled_edits[k] = edited
 
-    def _newer_view(self, view: StepView, track: Track, g: Gathered) -> None:
+    def _newer_view(
+        self, view: StepView, track: Track, g: Gathered, trace: Optional[dict], skipped: int
+    ) -> None:
         """Fill the view's evidence for the newer checks and (dis)arm the NaN probe."""
         start, scout, tracker = track.start, self.scout, self.tracker
         if scout.ran_grad > start:
@@ -348,8 +357,8 @@ class StepPipeline:
         view.scaled_edits = self.scaled_edits.pop(track.index, None)
         view.unregistered = scout.take_unregistered()
         cfg = self.config.checks.nonfinite_grad
-        trace = scout.interpret(g.extra) if scout.armed else None
-        nonfinite = any(g.nonfinite)
+        # A step the GradScaler skipped had inf/NaN gradients too: trace those as well.
+        nonfinite = any(g.nonfinite) or skipped > 0
         if scout.armed:
             scout.armed_steps += 1
             if nonfinite:
