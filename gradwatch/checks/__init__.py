@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gradwatch.checks.base import Check, LayerSample, StepView, StructureView
+from gradwatch.checks.base import Check, LayerSample, RunView, StepView, StructureView
 from gradwatch.checks.clipped_while_scaled import ClippedWhileScaled
 from gradwatch.checks.coverage import FrozenInOptimizer, NotInOptimizer
 from gradwatch.checks.dead import DeadParam
@@ -11,13 +11,14 @@ from gradwatch.checks.exploding import ExplodingGrad
 from gradwatch.checks.ghost import GhostParam
 from gradwatch.checks.loss_disconnected import LossDisconnected
 from gradwatch.checks.nonfinite import NonfiniteGrad
+from gradwatch.checks.not_observed import NotObserved
 from gradwatch.checks.stale import StaleParam
 from gradwatch.checks.step_without_grad import StepWithoutGrad
 from gradwatch.checks.unregistered import UnregisteredParam
 from gradwatch.checks.vanishing import VanishingGrad
 from gradwatch.checks.zero_grad import MissingZeroGrad
 
-__all__ = ["ALL_CHECKS", "Check", "LayerSample", "StepView", "StructureView"]
+__all__ = ["ALL_CHECKS", "Check", "LayerSample", "RunView", "StepView", "StructureView"]
 
 ALL_CHECKS: list[type[Check]] = [
     GhostParam,
@@ -30,6 +31,7 @@ ALL_CHECKS: list[type[Check]] = [
     StaleParam,
     NotInOptimizer,
     FrozenInOptimizer,
+    NotObserved,
     LossDisconnected,
     DoubleUpdate,
     UnregisteredParam,

@@ -29,6 +29,7 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from gradwatch.core.evidence import Tracker
+from gradwatch.core.hooks import _INERT_REDUCE
 
 __all__ = ["ForwardScout", "container_paths"]
 
@@ -38,6 +39,45 @@ Flag = Any  # a 0-dim bool tensor, or True when there was nothing to check
 _MODULE_ATTRS = frozenset(vars(nn.Module()))  # nn.Module's own bookkeeping, not user state
 _MAX_RECORDS = 4096  # forward calls kept per armed window (bounded memory)
 _MAX_DEPTH = 4  # nesting of plain containers walked to name an unregistered module
+
+
+class _Owned:
+    """A module hook that acts only for the module it was put on, and never travels.
+
+    Modules keep hooks in their ``__dict__``: ``copy.deepcopy`` (``AveragedModel``, EMA copies)
+    would carry a plain closure along and pickling (``torch.save(model)``) would fail on it.
+    A copy gets an inert hook; a pickle gets a standard-library no-op.
+    """
+
+    __slots__ = ("__weakref__", "fn", "owner")
+
+    def __init__(self, fn: Callable[..., Any], module: nn.Module) -> None:
+        self.fn = fn
+        self.owner = weakref.ref(module)
+
+    def __call__(self, module: nn.Module, *rest: Any) -> Any:
+        if module is self.owner():
+            return self.fn(module, *rest)
+        return None
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> _Inert:
+        return _Inert()
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _INERT_REDUCE
+
+
+class _Inert:
+    """What a copy of a watched module holds instead of a scout hook: leaves at its first call."""
+
+    def __call__(self, module: nn.Module, *args: Any) -> None:
+        for hooks in (module._forward_pre_hooks, module._forward_hooks):
+            for key in [k for k, h in hooks.items() if h is self]:
+                del hooks[key]
+                module._forward_hooks_always_called.pop(key, None)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _INERT_REDUCE
 
 
 def _compiling() -> bool:
@@ -162,11 +202,11 @@ class ForwardScout:
                     me._children.clear()
                 me._enter()
 
-        self._entry.append(model.register_forward_pre_hook(pre_root))
-        self._entry.append(model.register_forward_hook(post, always_call=True))
+        self._entry.append(model.register_forward_pre_hook(_Owned(pre_root, model)))
+        self._entry.append(model.register_forward_hook(_Owned(post, model), always_call=True))
         for mod in model.children():
-            self._children.append(mod.register_forward_pre_hook(pre))
-            self._children.append(mod.register_forward_hook(post, always_call=True))
+            self._children.append(mod.register_forward_pre_hook(_Owned(pre, mod)))
+            self._children.append(mod.register_forward_hook(_Owned(post, mod), always_call=True))
 
     def _enter(self) -> None:
         try:
@@ -299,7 +339,7 @@ class ForwardScout:
                 except Exception as exc:
                     me._on_error("NaN probe", exc)
 
-            self._probe.append(mod.register_forward_hook(flag))
+            self._probe.append(mod.register_forward_hook(_Owned(flag, mod)))
 
     def disarm(self) -> None:
         for h in self._probe:
