@@ -173,6 +173,18 @@ def test_gradients_assigned_by_hand_are_not_disconnected() -> None:
     assert _errors(report) == set(), [f.line() for f in report.findings]
 
 
+def test_without_optimizer_a_cut_off_loss_fails_as_not_observed() -> None:
+    model = mlp()
+    with gradwatch.watch(model, config=CFG) as w:
+        for x, y in batches(3):
+            value = nn.functional.mse_loss(model(x), y).item()
+            torch.tensor(value, requires_grad=True).backward()
+    report = w.report()
+    assert report.failed
+    (f,) = report.by_check("not_observed")
+    assert f.details["reason"] == "no_step"
+
+
 # -- double_update ---------------------------------------------------------------------------
 
 

@@ -33,9 +33,12 @@ class LossDisconnected(Check):
     Fix: compute the loss from the model's output tensor, in grad mode.
 
     Not this bug: an optimizer left idle while another one trains (phases, GANs), gradients
-    assigned by hand (``p.grad = torch.autograd.grad(...)``), a Lightning ``training_step`` that returns ``None`` to skip a batch, a window in which the
-    model did not run at all. Needs an optimizer: with ``watch(model)`` alone there is no
-    step at which "nothing arrived" could be judged.
+    assigned by hand (``p.grad = torch.autograd.grad(...)``), a Lightning ``training_step``
+    that returns ``None`` to skip a batch, a window in which the model did not run at all.
+    Needs an optimizer: with ``watch(model)`` alone a backward that
+    reaches no parameter is invisible (no hook fires), so there is no step at which "nothing
+    arrived" could be judged; such a run ends with ``not_observed`` (``reason: no_step``)
+    instead, which fails the report too.
     """
 
     id = "loss_disconnected"
