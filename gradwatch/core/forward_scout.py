@@ -168,6 +168,9 @@ class ForwardScout:
         self.arm_limit = 0
         self._probe: list[RemovableHandle] = []
         self._records: list[tuple[str, Flag, Flag, Flag]] = []
+        self._out_flags: dict[int, tuple[weakref.ref[torch.Tensor], Flag]] = {}
+        self._param_flags: dict[str, Flag] = {}
+        self._flag_pos: dict[int, int] = {}  # id(flag) -> its place in pending_flags()
         self._out_grad: list[torch.Tensor] = []
 
     # -- installing ------------------------------------------------------------------------
@@ -211,6 +214,7 @@ class ForwardScout:
     def _enter(self) -> None:
         try:
             if self._depth == 0:
+                self._out_flags.clear()  # output identities are per forward
                 seq = self.tracker.now()
                 if torch.is_grad_enabled():
                     self.ran_grad = seq
@@ -320,6 +324,8 @@ class ForwardScout:
         self.armed, self.armed_steps, self.arm_limit = True, 0, limit
         self._records.clear()
         self._out_grad.clear()
+        self._out_flags.clear()
+        self._param_flags.clear()
         wself = weakref.ref(self)
         for name, mod in model.named_modules():
 
@@ -328,18 +334,36 @@ class ForwardScout:
                 if me is None or len(me._records) >= _MAX_RECORDS or _compiling():
                     return
                 try:
-                    me._records.append(
-                        (
-                            name,
-                            _all_finite(_tensors(args)),
-                            _all_finite(_tensors(output)),
-                            _all_finite([p for p in m._parameters.values() if p is not None]),
-                        )
-                    )
+                    me._record(m, name, args, output)
                 except Exception as exc:
                     me._on_error("NaN probe", exc)
 
             self._probe.append(mod.register_forward_hook(_Owned(flag, mod)))
+
+    def _record(self, m: nn.Module, name: str, args: Any, output: Any) -> None:
+        """One module call's (inputs, output, own weights) finiteness, as device flags.
+
+        An input that is an earlier module's output reuses that output's flag (no kernel:
+        in a chain every input is one), and a module's weights are checked once per window.
+        """
+        seen = self._out_flags
+        ins = _tensors(args)
+        reused = [seen.get(id(t)) for t in ins]
+        if ins and all(r is not None and r[0]() is t for r, t in zip(reused, ins)):
+            flags = [r[1] for r in reused]  # type: ignore[index]
+            in_ok: Flag = flags[0] if len(flags) == 1 else torch.stack(flags).all()
+        else:
+            in_ok = _all_finite(ins)
+        outs = _tensors(output)
+        out_ok = _all_finite(outs)
+        if len(outs) == 1 and isinstance(out_ok, torch.Tensor):
+            seen[id(outs[0])] = (weakref.ref(outs[0]), out_ok)
+        p_ok = self._param_flags.get(name)
+        if p_ok is None:
+            p_ok = self._param_flags[name] = _all_finite(
+                [p for p in m._parameters.values() if p is not None]
+            )
+        self._records.append((name, in_ok, out_ok, p_ok))
 
     def disarm(self) -> None:
         for h in self._probe:
@@ -347,6 +371,8 @@ class ForwardScout:
         self._probe.clear()
         self._records.clear()
         self._out_grad.clear()
+        self._out_flags.clear()
+        self._param_flags.clear()
         self.armed = False
 
     def _watch_output_grad(self, output: Any) -> None:
@@ -368,7 +394,16 @@ class ForwardScout:
         """The armed window's device flags, in a fixed order (read with the step's transfer)."""
         if not self.armed:
             return []
-        flags = [f for rec in self._records for f in rec[1:] if isinstance(f, torch.Tensor)]
+        # A reused flag (an input that was an earlier output, weights checked once) is one
+        # tensor: sent once.
+        pos: dict[int, int] = {}
+        flags: list[torch.Tensor] = []
+        for rec in self._records:
+            for f in rec[1:]:
+                if isinstance(f, torch.Tensor) and id(f) not in pos:
+                    pos[id(f)] = len(flags)
+                    flags.append(f)
+        self._flag_pos = pos
         return flags + self._out_grad
 
     def interpret(self, values: list[float]) -> Optional[dict[str, Any]]:
@@ -382,15 +417,20 @@ class ForwardScout:
         """
         if not self.armed or (not self._records and not self._out_grad):
             return None
-        it = iter(values)
+        pos = self._flag_pos
+        if len(values) < len(pos) + len(self._out_grad):
+            return None  # flags recorded after they were sent: judged with the next window
 
         def ok(f: Flag) -> bool:
-            return bool(next(it)) if isinstance(f, torch.Tensor) else True
+            k = pos.get(id(f)) if isinstance(f, torch.Tensor) else None
+            return True if k is None else bool(values[k])
 
         decoded = [(name, ok(i), ok(o), ok(p)) for name, i, o, p in self._records]
-        out_grad_ok = all(bool(v) for v in it)
+        out_grad_ok = all(bool(v) for v in values[len(pos) : len(pos) + len(self._out_grad)])
         self._records.clear()
         self._out_grad.clear()
+        self._out_flags.clear()
+        self._param_flags.clear()
         # Hooks fire in completion order: an inner module (the normaliser) finishes before the
         # block that calls it, so the first candidate is the innermost.
         for name, in_ok, out_ok, p_ok in decoded:
