@@ -30,6 +30,7 @@ from torch.utils.hooks import RemovableHandle
 
 from gradwatch.core.evidence import Tracker
 from gradwatch.core.hooks import _INERT_REDUCE
+from gradwatch.core.stats import foreach_norms
 
 __all__ = ["ForwardScout", "container_paths"]
 
@@ -167,9 +168,12 @@ class ForwardScout:
         self.armed_steps = 0
         self.arm_limit = 0
         self._probe: list[RemovableHandle] = []
-        self._records: list[tuple[str, Flag, Flag, Flag]] = []
+        self._records: list[tuple[str, Flag, Flag, str]] = []
         self._out_flags: dict[int, tuple[weakref.ref[torch.Tensor], Flag]] = {}
-        self._param_flags: dict[str, Flag] = {}
+        self._plist: list[torch.Tensor] = []  # every module's own weights, in module order
+        self._prange: dict[str, tuple[int, int]] = {}  # module -> its slice of _plist
+        self._pvec: Optional[torch.Tensor] = None  # this window's per-weight finiteness
+        self._n_flags = 0
         self._flag_pos: dict[int, int] = {}  # id(flag) -> its place in pending_flags()
         self._out_grad: list[torch.Tensor] = []
 
@@ -325,7 +329,19 @@ class ForwardScout:
         self._records.clear()
         self._out_grad.clear()
         self._out_flags.clear()
-        self._param_flags.clear()
+        self._pvec = None
+        self._plist, self._prange = [], {}
+        for name, mod in model.named_modules():
+            own = [
+                p
+                for p in mod._parameters.values()
+                if p is not None
+                and p.is_floating_point()
+                and not isinstance(p, nn.parameter.UninitializedParameter)
+            ]
+            start = len(self._plist)
+            self._plist.extend(own)
+            self._prange[name or "(root)"] = (start, len(self._plist))
         wself = weakref.ref(self)
         for name, mod in model.named_modules():
 
@@ -358,21 +374,24 @@ class ForwardScout:
         out_ok = _all_finite(outs)
         if len(outs) == 1 and isinstance(out_ok, torch.Tensor):
             seen[id(outs[0])] = (weakref.ref(outs[0]), out_ok)
-        p_ok = self._param_flags.get(name)
-        if p_ok is None:
-            p_ok = self._param_flags[name] = _all_finite(
-                [p for p in m._parameters.values() if p is not None]
-            )
-        self._records.append((name, in_ok, out_ok, p_ok))
+        if self._pvec is None and self._plist:
+            # Every module's weights at once, at the window's first forward: one batched norm
+            # (NaN/Inf norm <=> a NaN/Inf weight) instead of a check per module call.
+            try:
+                self._pvec = torch.isfinite(torch.stack(foreach_norms(self._plist)))
+            except RuntimeError:  # weights on several devices: judged without them
+                self._plist = []
+        self._records.append((name, in_ok, out_ok, name))
 
     def disarm(self) -> None:
         for h in self._probe:
             h.remove()
         self._probe.clear()
+        self._plist, self._prange = [], {}
         self._records.clear()
         self._out_grad.clear()
         self._out_flags.clear()
-        self._param_flags.clear()
+        self._pvec = None
         self.armed = False
 
     def _watch_output_grad(self, output: Any) -> None:
@@ -404,7 +423,13 @@ class ForwardScout:
                     pos[id(f)] = len(flags)
                     flags.append(f)
         self._flag_pos = pos
-        return flags + self._out_grad
+        flags += self._out_grad
+        self._n_flags = len(flags)
+        # One vector: converting hundreds of 0-dim flags one by one costs more than them.
+        parts = [torch.stack(flags).to(torch.float32)] if flags else []
+        if self._pvec is not None:
+            parts.append(self._pvec.to(torch.float32))
+        return [torch.cat(parts)] if parts else []
 
     def interpret(self, values: list[float]) -> Optional[dict[str, Any]]:
         """Where the window's NaN/Inf was born, from the values of :meth:`pending_flags`.
@@ -418,19 +443,25 @@ class ForwardScout:
         if not self.armed or (not self._records and not self._out_grad):
             return None
         pos = self._flag_pos
-        if len(values) < len(pos) + len(self._out_grad):
+        n_p = self._pvec.numel() if self._pvec is not None else 0
+        if len(values) < self._n_flags + n_p:
             return None  # flags recorded after they were sent: judged with the next window
+        pvals = values[self._n_flags : self._n_flags + n_p]
+
+        def weights_ok(name: str) -> bool:
+            a, b = self._prange.get(name, (0, 0))
+            return all(bool(v) for v in pvals[a:b]) if b <= len(pvals) else True
 
         def ok(f: Flag) -> bool:
             k = pos.get(id(f)) if isinstance(f, torch.Tensor) else None
             return True if k is None else bool(values[k])
 
-        decoded = [(name, ok(i), ok(o), ok(p)) for name, i, o, p in self._records]
+        decoded = [(name, ok(i), ok(o), weights_ok(p)) for name, i, o, p in self._records]
         out_grad_ok = all(bool(v) for v in values[len(pos) : len(pos) + len(self._out_grad)])
         self._records.clear()
         self._out_grad.clear()
         self._out_flags.clear()
-        self._param_flags.clear()
+        self._pvec = None
         # Hooks fire in completion order: an inner module (the normaliser) finishes before the
         # block that calls it, so the first candidate is the innermost.
         for name, in_ok, out_ok, p_ok in decoded:

@@ -147,7 +147,7 @@ def gather(
     if scaler_scale is not None:
         chunks.append([scaler_scale])
     if extra:
-        chunks.append(extra)  # device flags of other evidence (the NaN probe): same transfer
+        chunks.extend(extra)  # device flags of other evidence (the NaN probe): same transfer
     host = to_host(chunks)
     pos = 0
 
@@ -167,7 +167,7 @@ def gather(
         stats["param_norm"] = _spread(pnorm_ks, take(len(pnorm_ks)), n)
         stats["delta"] = _spread(pnorm_ks, take(len(pnorm_ks)), n) if has_delta else [None] * n
     scale = take(1)[0] if scaler_scale is not None else None
-    extra_values = take(len(extra)) if extra else []
+    extra_values = take(sum(t.numel() for t in extra)) if extra else []
 
     # missing_zero_grad: a value check said the gradient held pre-step contributions.
     dirty = [False] * n

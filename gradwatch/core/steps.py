@@ -291,7 +291,7 @@ class StepPipeline:
         trace = None
         if skipped and self.scout.armed:  # at exit a host read is fine: no step waits on it
             flags = self.scout.pending_flags()
-            trace = self.scout.interpret(to_host([flags]) if flags else [])
+            trace = self.scout.interpret(to_host(flags) if flags else [])
         self._note_skips(skipped, self.steps, trace)
 
     def finish(self, faults: list[str]) -> None:
