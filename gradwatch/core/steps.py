@@ -32,6 +32,8 @@ from gradwatch.core.unwatched import StepNesting, UnwatchedUpdates
 
 __all__ = ["StepPipeline"]
 
+FIRST_TRACE_STEPS = 3  # steps the NaN probe is on from the start (then only after a NaN)
+
 
 class StepPipeline:
     """Turns each step's evidence into a :class:`StepView` and has the checks judge it."""
@@ -339,10 +341,11 @@ class StepPipeline:
             self.scout.install(self.model, lambda p: index.lookup(p) is not None)
             self.hooks.removers.append(self.scout.remove_all)
             if checks.nonfinite_grad.enabled and checks.nonfinite_grad.trace_steps > 0:
-                # On for the first steps (a NaN from the first batch is traced at once, before
-                # the update spreads it into the weights), like every other hook.
+                # On for the first steps (a NaN from the first batches is traced at once,
+                # before the update spreads it into the weights); a flag per module call is
+                # the costliest hook, so at most FIRST_TRACE_STEPS steps.
                 limit = self.config.trim_hooks_after
-                self.scout.arm(10**9 if limit is None else limit)
+                self.scout.arm(10**9 if limit is None else min(limit, FIRST_TRACE_STEPS))
         if self.scaler.scaler is not None and checks.clipped_while_scaled.enabled:
             guard = self.faults.guard
             self._unscale = UnscaleWatch(
