@@ -29,6 +29,7 @@ from gradwatch.core.evidence import Tracker, make_forward_hook, make_param_hooks
 from gradwatch.core.findings import FindingLog
 from gradwatch.core.index import ParamIndex
 from gradwatch.core.layers import LayerTrack
+from gradwatch.core.locations import Locations
 from gradwatch.core.pipeline import Gathered, Track, gather, layer_samples
 from gradwatch.core.stats import flatten_cpu
 from gradwatch.errors import ConfigError, GradWatchError, GradWatchWarning
@@ -125,6 +126,7 @@ class Watcher:
         self._index = ParamIndex()
         self._tracker = Tracker()
         self._log = FindingLog(self.config)
+        self._log.locations = Locations(self._model, self._tracker)
         self._checks: list[Check] = [
             cls(self.config.check(cls.id), self.config)
             for cls in ALL_CHECKS
