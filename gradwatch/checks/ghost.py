@@ -93,7 +93,7 @@ class GhostParam(Check):
                 self.id,
                 severity=self.severity,
                 step=view.step,
-                message=f"{len(names)} parameter(s) of '{layer}' got no gradient {when}{where} "
+                message=f"{len(names)} parameter{'' if len(names) == 1 else 's'} of '{layer}' got no gradient {when}{where} "
                 f"(cause: {cause}).",
                 hint=HINTS.get(cause, HINTS["unknown"]) + (INTERMITTENT if intermittent else ""),
                 params=names,

@@ -126,11 +126,13 @@ class FindingLog:
             and finding.check not in self.quiet_checks
         ):
             level = _user_stacklevel()
+            where = finding.details.get("defined_at")
             for name in fresh:
                 warnings.warn(
                     safe(
                         f"gradwatch {finding.check} [{name}]: {finding.message}"
                         + (f" Hint: {finding.hint}" if finding.hint else "")
+                        + (f" (defined at {where})" if where else "")
                     ),
                     GradWatchWarning,
                     stacklevel=level,

@@ -1,6 +1,6 @@
 """Compiler-style console output: one block per finding, then a one-line summary.
 
-Each block has a headline (``error[ghost_param]: 2 parameter(s) of 'aux_head' got no
+Each block has a headline (``error[ghost_param]: 2 parameters of 'aux_head' got no
 gradient at step 19 ...``), then the parameters, the cause, the source locations (with the
 source line when the file is at hand), the steps and the full hint, wrapped to the width
 without splitting or dropping a word. Colour is ANSI on a terminal, nothing in plain mode.
@@ -8,7 +8,7 @@ Every name and text from the report is printed literally, control bytes escaped.
 
 Example:
     >>> print(render_diagnostics(report, width=80))  # doctest: +SKIP
-    error[ghost_param]: 2 parameter(s) of 'aux_head' got no gradient at step 0 (cause: ...
+    error[ghost_param]: 2 parameters of 'aux_head' got no gradient at step 0 (cause: ...
        params: aux_head.weight, aux_head.bias
     ...
     gradwatch: FAILED  1 error in 3 steps (3 backward passes), fail_on=error
@@ -152,19 +152,18 @@ def _coverage(report: Report) -> str:
     return line
 
 
-def summary_line(report: Report, *, color: bool = False) -> str:
+def summary_line(report: Report) -> str:
     """``gradwatch: FAILED  1 error, 2 warnings in 20 steps (20 backward passes), fail_on=error``."""
-    failed = report.failed
-    status = _paint("FAILED" if failed else "passed", "1;31" if failed else "1;32", color)
     shown = [f for f in report.findings if not f.baselined()]
     counts = [
-        _paint(_count(n, sev), _COLOR[sev], color)
+        _count(n, sev)
         for sev in ("error", "warning", "info")
         if (n := sum(1 for f in shown if f.severity == sev))
     ]
     what = ", ".join(counts) if counts else "no findings"
     line = (
-        f"gradwatch: {status}  {what} in {_count(report.steps, 'step')} "
+        f"gradwatch: {'FAILED' if report.failed else 'passed'}  {what} in "
+        f"{_count(report.steps, 'step')} "
         f"({_count(report.backward_passes, 'backward pass', 'backward passes')})"
     )
     if report.skipped_steps:
@@ -173,6 +172,18 @@ def summary_line(report: Report, *, color: bool = False) -> str:
     if baselined:
         line += f", {baselined} in the baseline"
     return line + f", fail_on={report.fail_on}"
+
+
+def _summary(report: Report, width: int, color: bool) -> list[str]:
+    lines = _wrap(summary_line(report), width, "", "  ")
+    if color:  # "gradwatch: " is 11 characters; the status word follows
+        status = lines[0][11:17]
+        lines[0] = (
+            lines[0][:11]
+            + _paint(status, "1;31" if report.failed else "1;32", True)
+            + (lines[0][17:])
+        )
+    return lines
 
 
 def render_diagnostics(
@@ -208,6 +219,6 @@ def render_diagnostics(
             )
         )
         out.append("")
-    out.append(_paint(_coverage(report), "2", color))
-    out.append(summary_line(report, color=color))
+    out.extend(_paint(line, "2", color) for line in _wrap(_coverage(report), width, "", "  "))
+    out.extend(_summary(report, width, color))
     return "\n".join(out) + "\n"
