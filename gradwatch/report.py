@@ -173,10 +173,11 @@ class Report(BaseModel):
         known = {f.key() for f in baseline.findings}
         out = self.model_copy(deep=True)
         for f in out.findings:
+            # A fresh dict each: findings copied from one another may share theirs.
+            details = {k: v for k, v in f.details.items() if k != "baselined"}
             if f.key() in known:
-                f.details["baselined"] = True
-            else:
-                f.details.pop("baselined", None)
+                details["baselined"] = True
+            f.details = details
         out.failed = bool(out.failing())
         return out
 
