@@ -174,3 +174,25 @@ def test_report_of_an_untrusted_file(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert main(["report", str(path)]) == 1
     out = capsys.readouterr().out
     assert "/proc/self/environ:1" in out and "\n           | " not in out
+
+
+def test_lightning_fit_completes_and_prints_hostile_names_literally(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from _lightning_helpers import Regressor, loader, trainer
+
+    from gradwatch.lightning import GradWatchCallback
+
+    class HostileRegressor(Regressor):
+        def __init__(self) -> None:
+            super().__init__()
+            self.heads = nn.ModuleDict({name: nn.Linear(8, 1) for name in MARKUP + ESCAPES})
+
+    cb = GradWatchCallback(config={"warn": False})
+    trainer(tmp_path, cb).fit(HostileRegressor(), loader())  # no crash after the fit
+    assert cb.report is not None
+    assert {f.module for f in cb.report.by_check("ghost_param")} == {
+        f"heads.{n}" for n in MARKUP + ESCAPES
+    }
+    out = capsys.readouterr().out
+    assert "heads.[/INST]" in out and "[bold]loud" in out and not raw_controls(out)
