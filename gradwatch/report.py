@@ -64,7 +64,8 @@ class Finding(BaseModel):
             return (self.check, "module", self.module)
         if self.params:
             return (self.check, "params", *sorted(self.params))
-        return (self.check, "other", str(self.details.get("where") or self.cause()))
+        other = self.details.get("where") or self.details.get("reason") or self.cause()
+        return (self.check, "other", str(other))
 
     def baselined(self) -> bool:
         """Whether a baseline accepted this finding (``details.baselined``): it fails nothing."""

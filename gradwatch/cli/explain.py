@@ -25,7 +25,6 @@ def _width() -> int:
 
 def cmd_explain(args: argparse.Namespace) -> int:
     """Print the explanation of ``args.check`` (or the list); 2 for an unknown id."""
-    import gradwatch.core  # noqa: F401  (the checks registry needs the core importable first)
     from gradwatch.checks.docs import all_docs, explain_text
     from gradwatch.cli.main import CliError
 

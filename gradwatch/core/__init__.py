@@ -6,21 +6,5 @@ mode) → ``pipeline`` (one step's gradients gathered, one host transfer) → a
 ``build_report`` → :class:`~gradwatch.Report`. :class:`Watcher` is the lifecycle facade.
 """
 
-from __future__ import annotations
-
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from gradwatch.core.watcher import Watcher, watch
-
-__all__ = ["Watcher", "watch"]
-
-
-def __getattr__(name: str) -> Any:
-    # Imported on first use: the checks import core helpers (core.stats), and an eager import
-    # of the watcher here would import the checks back while they are half initialised.
-    if name in __all__:
-        from gradwatch.core import watcher
-
-        return getattr(watcher, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# Nothing is imported here: checks import the core's maths (``core.stats``) and the core
+# imports the checks, so this package's __init__ must not pull in the watcher.
