@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from gradwatch.checks.base import Check, StepView
+from gradwatch.checks.docs import DOCS
 
 if TYPE_CHECKING:
     from gradwatch.core.findings import FindingLog
@@ -29,6 +30,7 @@ class ClippedWhileScaled(Check):
     """
 
     id = "clipped_while_scaled"
+    doc = DOCS["clipped_while_scaled"]
 
     def on_step(self, view: StepView, log: FindingLog) -> None:
         if not view.scaled_edits:

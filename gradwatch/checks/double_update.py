@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Optional
 
 from gradwatch.checks.base import Check, StepView, StructureView
+from gradwatch.checks.docs import DOCS
 
 if TYPE_CHECKING:
     from gradwatch.core.findings import FindingLog
@@ -30,6 +31,7 @@ class DoubleUpdate(Check):
     """
 
     id = "double_update"
+    doc = DOCS["double_update"]
 
     def __init__(self, config, watch_config) -> None:  # type: ignore[no-untyped-def]
         super().__init__(config, watch_config)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from gradwatch.checks.base import Check, StepView
+from gradwatch.checks.docs import DOCS
 
 if TYPE_CHECKING:
     from gradwatch.core.findings import FindingLog
@@ -42,6 +43,7 @@ class LossDisconnected(Check):
     """
 
     id = "loss_disconnected"
+    doc = DOCS["loss_disconnected"]
 
     def on_step(self, view: StepView, log: FindingLog) -> None:
         if view.optimizer is None or not view.ids or view.model_ran is None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Optional
 
 from gradwatch.checks.base import Check, StepView
+from gradwatch.checks.docs import CheckDoc
 from gradwatch.config import NonfiniteGradConfig
 
 if TYPE_CHECKING:
@@ -61,6 +62,24 @@ class NonfiniteGrad(Check):
 
     id = "nonfinite_grad"
     config: NonfiniteGradConfig
+
+    doc = CheckDoc(
+        summary="A gradient holds NaN or Inf; details.phase says where it was born (forward: "
+        "details.origin_module is the first module whose finite inputs gave a non-finite "
+        "output; loss; backward: details.origin is the first parameter in backward order).",
+        why="One NaN step poisons the weights (and Adam's state) for good: the loss turns NaN "
+        "and the run is lost, often long after the cause.",
+        causes=(
+            "sqrt/log/division at 0, also inside torch.where, whose untaken branch still "
+            "back-propagates.",
+            "A normaliser dividing by a zero norm, log(0) in a hand-written loss.",
+            "fp16 overflow (logits, attention scores), with or without a GradScaler.",
+            "A learning rate so high that activations overflow.",
+        ),
+        fix="Look at the operation that consumes details.origin; guard the input (clamp, eps), "
+        "use a GradScaler or bf16, or lower the learning rate. Steps a GradScaler skips are "
+        "expected and reported as info.",
+    )
 
     def __init__(self, config, watch_config) -> None:  # type: ignore[no-untyped-def]
         super().__init__(config, watch_config)

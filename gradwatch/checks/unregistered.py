@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from gradwatch.checks.base import Check, StepView
+from gradwatch.checks.docs import DOCS
 
 if TYPE_CHECKING:
     from gradwatch.core.findings import FindingLog
@@ -31,6 +32,7 @@ class UnregisteredParam(Check):
     """
 
     id = "unregistered_param"
+    doc = DOCS["unregistered_param"]
 
     def on_step(self, view: StepView, log: FindingLog) -> None:
         if not view.unregistered:
