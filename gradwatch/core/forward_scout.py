@@ -350,7 +350,10 @@ class ForwardScout:
                 if me is None or len(me._records) >= _MAX_RECORDS or _compiling():
                     return
                 try:
-                    me._record(m, name, args, output)
+                    # no_grad: a flag must not enter the autograd graph (a weight norm would be
+                    # saved for backward, and non-reentrant checkpointing counts saved tensors).
+                    with torch.no_grad():
+                        me._record(m, name, args, output)
                 except Exception as exc:
                     me._on_error("NaN probe", exc)
 
