@@ -12,7 +12,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    ValidationError,
+    field_validator,
+)
 
 from gradwatch._severity import FailOn, Severity
 from gradwatch.config._errors import format_validation_error
@@ -29,7 +38,10 @@ __all__ = [
     "VanishingGradConfig",
 ]
 
-_STRICT = ConfigDict(extra="forbid", validate_assignment=True)
+# Thresholds must be finite (``.inf`` would silently switch a check off); ints and bools are
+# strict (``every_n_steps: true`` is a mistake, not 1; ``warn: 1`` is not a boolean). Floats
+# accept ints, and the YAML loader reads ``1e-7`` as a number (see ``_files``).
+_STRICT = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 class CheckConfig(BaseModel):
@@ -37,7 +49,7 @@ class CheckConfig(BaseModel):
 
     model_config = _STRICT
 
-    enabled: bool = Field(True, description="Run this check.")
+    enabled: StrictBool = Field(True, description="Run this check.")
     severity: Severity = Field("warning", description="Severity of its findings.")
 
 
@@ -52,15 +64,15 @@ class _InfoCheck(CheckConfig):
 class ExplodingGradConfig(CheckConfig):
     """``exploding_grad``: absolute and relative limits on a layer's gradient L2 norm."""
 
-    max_norm: Optional[float] = Field(
+    max_norm: Optional[StrictFloat] = Field(
         1e4, gt=0, description="A layer gradient norm above this fires (null: no absolute limit)."
     )
-    spike_factor: float = Field(
+    spike_factor: StrictFloat = Field(
         100.0,
         gt=1,
         description="A layer norm above spike_factor x its running median (of the kept history) fires.",
     )
-    warmup: int = Field(
+    warmup: StrictInt = Field(
         10, ge=1, description="Observed steps of a layer before the spike rule applies."
     )
 
@@ -68,25 +80,25 @@ class ExplodingGradConfig(CheckConfig):
 class VanishingGradConfig(CheckConfig):
     """``vanishing_grad``: a layer's mean |grad| stays tiny but non-zero."""
 
-    min_mean_abs: float = Field(
+    min_mean_abs: StrictFloat = Field(
         1e-7,
         gt=0,
         description="Mean absolute gradient over a layer below this counts as vanishing "
         "(1e-7, as SageMaker Debugger's rule).",
     )
-    patience: int = Field(3, ge=1, description="Consecutive observed steps before it fires.")
+    patience: StrictInt = Field(3, ge=1, description="Consecutive observed steps before it fires.")
 
 
 class DeadParamConfig(CheckConfig):
     """``dead_param``: every gradient of a layer is exactly zero."""
 
-    patience: int = Field(3, ge=1, description="Consecutive observed steps before it fires.")
+    patience: StrictInt = Field(3, ge=1, description="Consecutive observed steps before it fires.")
 
 
 class StaleParamConfig(CheckConfig):
     """``stale_param``: finite non-zero gradients, yet the layer's values did not change."""
 
-    patience: int = Field(3, ge=1, description="Consecutive observed steps before it fires.")
+    patience: StrictInt = Field(3, ge=1, description="Consecutive observed steps before it fires.")
 
 
 class ChecksConfig(BaseModel):
@@ -121,19 +133,19 @@ class GradWatchConfig(BaseModel):
         "error",
         description="A finding at or above this severity fails the report ('never': never).",
     )
-    fail_fast: bool = Field(
+    fail_fast: StrictBool = Field(
         False,
         description="Raise GradWatchError at the optimizer step where the first error-level "
         "finding is seen, instead of warning.",
     )
-    every_n_steps: int = Field(
+    every_n_steps: StrictInt = Field(
         10,
         ge=1,
         description="Statistics cadence in optimizer steps (norms, update ratios, exploding/"
         "vanishing/dead/stale). Ghost, zero_grad and NaN/Inf checks run every step whatever "
         "it is. 10 keeps the default overhead near one clip_grad_norm_ pass.",
     )
-    trim_hooks_after: Optional[int] = Field(
+    trim_hooks_after: Optional[StrictInt] = Field(
         8,
         ge=0,
         description="Every hook stays on for the first N optimizer steps. After that, forward "
@@ -146,14 +158,14 @@ class GradWatchConfig(BaseModel):
         default_factory=list,
         description="fnmatch patterns over parameter names whose findings are silenced.",
     )
-    history: int = Field(
+    history: StrictInt = Field(
         256, ge=1, le=100_000, description="Norm samples kept per layer for plots."
     )
     report_path: Optional[Path] = Field(
         None, description="Write the JSON report here when the watcher exits."
     )
-    console: bool = Field(False, description="Print the console summary when the watcher exits.")
-    warn: bool = Field(
+    console: StrictBool = Field(False, description="Print the console summary when the watcher exits.")
+    warn: StrictBool = Field(
         True, description="Emit one GradWatchWarning per (check, parameter) as findings appear."
     )
     on_internal_error: Literal["warn", "raise"] = Field(
@@ -162,6 +174,14 @@ class GradWatchConfig(BaseModel):
         "goes on; 'raise' re-raises (for tests).",
     )
     checks: ChecksConfig = Field(default_factory=ChecksConfig)
+
+    @field_validator("report_path")
+    @classmethod
+    def _no_nul(cls, value: Optional[Path]) -> Optional[Path]:
+        # A NUL byte cannot be in a file name: it would fail only when the report is written.
+        if value is not None and "\x00" in str(value):
+            raise ValueError("a path cannot contain a NUL byte")
+        return value
 
     @classmethod
     def from_file(cls, path: Union[str, Path]) -> GradWatchConfig:

@@ -32,6 +32,7 @@ from gradwatch.core.layers import LayerTrack
 from gradwatch.core.pipeline import Gathered, Track, gather, layer_samples
 from gradwatch.core.stats import flatten_cpu
 from gradwatch.errors import ConfigError, GradWatchError, GradWatchWarning
+from gradwatch.report_io import check_report_path
 
 __all__ = ["Watcher", "watch"]
 
@@ -203,6 +204,7 @@ class Watcher:
             raise ConfigError(
                 f"{type(model).__name__} has no trainable parameters (none with requires_grad=True)"
             )
+        check_report_path(self.config.report_path)  # now, not after the whole run
         _ACTIVE[model] = self
         self._attached = True
         try:
