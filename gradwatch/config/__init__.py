@@ -164,7 +164,9 @@ class GradWatchConfig(BaseModel):
     report_path: Optional[Path] = Field(
         None, description="Write the JSON report here when the watcher exits."
     )
-    console: StrictBool = Field(False, description="Print the console summary when the watcher exits.")
+    console: StrictBool = Field(
+        False, description="Print the console summary when the watcher exits."
+    )
     warn: StrictBool = Field(
         True, description="Emit one GradWatchWarning per (check, parameter) as findings appear."
     )

@@ -31,7 +31,7 @@ _YAML_FLOAT = re.compile(
 )
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _yaml_loader() -> Any:
     import yaml
 
