@@ -16,15 +16,19 @@ Example:
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 import tempfile
 from pathlib import Path
-from typing import Optional, Union
+from typing import TYPE_CHECKING, Optional, Union
 
 from gradwatch.errors import ConfigError
 
-__all__ = ["check_report_path", "resolve_output", "write_text_atomic"]
+if TYPE_CHECKING:
+    from gradwatch.report import Report
+
+__all__ = ["check_report_path", "resolve_output", "write_final_report", "write_text_atomic"]
 
 _KINDS = {
     stat.S_IFDIR: "a directory",
@@ -127,3 +131,12 @@ def check_report_path(path: Optional[Union[str, Path]]) -> None:
         raise ConfigError(
             f"report_path {os.fspath(path)!r} cannot be written: {exc.strerror or exc}"
         ) from None
+
+
+def write_final_report(report: Report, path: Union[str, Path]) -> Path:
+    """``report.write(path)`` for the watcher's exit, where a path that went bad during the run
+    is a contained fault (``OSError``), not a ``ConfigError`` raised into the user's code."""
+    try:
+        return report.write(path)
+    except ConfigError as exc:
+        raise OSError(errno.EINVAL, str(exc)) from None

@@ -70,6 +70,8 @@ def _wait(proc: subprocess.Popen[bytes], deadline: Optional[float]) -> bool:
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:
     """SIGKILL the child's process group (it leads it: ``start_new_session``), then reap it."""
+    if proc.returncode is not None:  # reaped: its group id may belong to others now
+        return
     killpg = getattr(os, "killpg", None)
     try:
         if killpg is not None:
@@ -79,6 +81,13 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
     except (ProcessLookupError, PermissionError):
         pass  # already gone
     proc.wait()
+
+
+def _fileno(stream: Any, default: int) -> int:
+    try:
+        return int(stream.fileno())
+    except (AttributeError, OSError, ValueError):  # a replaced sys.stderr (io.StringIO)
+        return default
 
 
 def _death(returncode: int) -> str:
@@ -114,20 +123,21 @@ def run_isolated(
     import gradwatch
 
     root = str(Path(gradwatch.__file__).resolve().parent.parent)
+    posix = os.name == "posix"
     with tempfile.TemporaryDirectory(prefix="gradwatch-check-") as tmp:
         req, res = Path(tmp, "request.json"), Path(tmp, "result.json")
-        req.write_text(json.dumps({**request, "sys_path": sys.path}), encoding="utf-8")
+        sys_path = [str(p) for p in sys.path]
+        req.write_text(json.dumps({**request, "sys_path": sys_path}), encoding="utf-8")
         life_r, life_w = os.pipe()
         try:
-            if stdout_to_stderr:
-                sys.stderr.flush()
             sys.stdout.flush()  # keep the parent's and the child's output in order
+            sys.stderr.flush()
             proc = subprocess.Popen(
                 [sys.executable, "-c", _BOOT, root, str(req), str(res), str(life_r)],
                 stdin=subprocess.DEVNULL,
-                stdout=sys.stderr.fileno() if stdout_to_stderr else None,
-                pass_fds=(life_r,),
-                start_new_session=True,  # its own process group: a timeout kills all of it
+                stdout=_fileno(sys.stderr, 2) if stdout_to_stderr else None,
+                pass_fds=(life_r,) if posix else (),
+                start_new_session=posix,  # its own process group: a timeout kills all of it
             )
         except BaseException:
             os.close(life_w)
@@ -225,7 +235,8 @@ def _outcome(request: dict[str, Any]) -> dict[str, Any]:
 def child_main(argv: list[str]) -> None:
     """Entry point of the child: ``REQUEST RESULT LIFELINE_FD``; never returns."""
     req, res, fd = argv
-    _lifeline(int(fd))
+    if os.name == "posix":  # elsewhere the fd was not passed
+        _lifeline(int(fd))
     request = json.loads(Path(req).read_text(encoding="utf-8"))
     sys.path[:] = request["sys_path"]
     result = _outcome(request)

@@ -39,7 +39,7 @@ from gradwatch.core.steps import StepPipeline
 from gradwatch.core.structure import Structure
 from gradwatch.errors import ConfigError, GradWatchError, GradWatchWarning
 from gradwatch.report import Report
-from gradwatch.report_io import check_report_path
+from gradwatch.report_io import check_report_path, write_final_report
 
 __all__ = ["Watcher", "watch"]
 
@@ -254,7 +254,7 @@ class Watcher:
         if self._final is None:
             return
         if self.config.report_path is not None:
-            self._final.write(self.config.report_path)
+            write_final_report(self._final, self.config.report_path)
         if self.config.console and self._rank0:
             self._final.print()
 
