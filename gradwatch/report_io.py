@@ -28,7 +28,7 @@ from gradwatch.errors import ConfigError
 if TYPE_CHECKING:
     from gradwatch.report import Report
 
-__all__ = ["check_report_path", "resolve_output", "write_final_report", "write_text_atomic"]
+__all__ = ["check_report_path", "resolve_output", "write_text_atomic", "write_watched_report"]
 
 _KINDS = {
     stat.S_IFDIR: "a directory",
@@ -133,9 +133,9 @@ def check_report_path(path: Optional[Union[str, Path]]) -> None:
         ) from None
 
 
-def write_final_report(report: Report, path: Union[str, Path]) -> Path:
-    """``report.write(path)`` for the watcher's exit, where a path that went bad during the run
-    is a contained fault (``OSError``), not a ``ConfigError`` raised into the user's code."""
+def write_watched_report(report: Report, path: Union[str, Path]) -> Path:
+    """``report.write(path)`` for the watcher (refreshes and exit): a path that went bad during
+    the run is a contained fault (``OSError``), not a ``ConfigError`` raised into training."""
     try:
         return report.write(path)
     except ConfigError as exc:

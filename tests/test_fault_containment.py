@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -304,7 +305,7 @@ def test_fault_in_forward_hook_under_no_grad_is_contained(monkeypatch: pytest.Mo
 def _block(folder: Path) -> None:
     """Make ``folder`` unusable after watching started (a report_path unwritable at attach
     is refused then: see tests/test_report_io.py)."""
-    folder.rmdir()
+    shutil.rmtree(folder)  # it may hold a refreshed report already
     folder.write_text("a file where a folder should be")
 
 
