@@ -8,6 +8,8 @@ a run past ``--timeout`` is exit 2, never a pass.
 Example:
     $ gradwatch check examples/ci_ghost.py:build --junit gradwatch.xml
     $ gradwatch report gradwatch-report.json --html report.html
+    $ gradwatch check ci/probe.py:build --sarif gradwatch.sarif --baseline baseline.json
+    $ gradwatch explain ghost_param
     $ gradwatch schema config > gradwatch-config.schema.json
 """
 
@@ -144,6 +146,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
     from gradwatch.render.junit import write_junit
     from gradwatch.report import Report
 
+    baseline = _load_baseline(args.baseline)  # before any training: a bad path fails fast
     to_stdout = args.json == "-"
     out = sys.stderr if to_stdout else sys.stdout  # stdout carries the JSON then
     request = {k: getattr(args, k) for k in ("target", "steps", "config", "ignore", "fail_on")}
@@ -168,7 +171,8 @@ def _cmd_check(args: argparse.Namespace) -> int:
             "on one batch",
             file=out,
         )
-    report.print(file=out)
+    report = _with_baseline(report, baseline)
+    report.print(file=out, style=args.style)
     if to_stdout:
         print(report.model_dump_json(indent=2), flush=True)
     elif args.json is not None:
@@ -182,6 +186,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
             extra_checks=extra,
             time=result["elapsed"],
         )
+    _write_sarif(report, args.sarif, extra)
     return 1 if report.failed else 0
 
 
@@ -203,15 +208,52 @@ def _read_report(path: str) -> Any:
         ) from exc
 
 
+def _load_baseline(path: Optional[str]) -> Any:
+    """The saved report of ``--baseline`` (read before any training: a bad path fails fast)."""
+    return None if path is None else _read_report(path)
+
+
+def _with_baseline(report: Any, baseline: Any) -> Any:
+    """``report`` with the findings of ``baseline`` accepted: only new ones fail."""
+    return report if baseline is None else report.with_baseline(baseline)
+
+
+def _write_sarif(report: Any, path: Optional[str], extra: list[str]) -> None:
+    if path is not None:
+        from gradwatch.render.sarif import write_sarif
+
+        _write(f"SARIF {path}", write_sarif, report, path, extra_checks=extra)
+
+
+def _add_output_options(parser: argparse.ArgumentParser) -> None:
+    """``--sarif``, ``--baseline`` and ``--style``, shared by ``check`` and ``report``."""
+    parser.add_argument(
+        "--sarif", metavar="OUT", help="also write SARIF 2.1.0 here (GitHub code scanning)"
+    )
+    parser.add_argument(
+        "--baseline",
+        metavar="FILE",
+        help="a saved JSON report: its findings do not fail the run, new ones do (matched by "
+        "check and layer/parameters, not by step)",
+    )
+    parser.add_argument(
+        "--style",
+        choices=["diagnostic", "table"],
+        default="diagnostic",
+        help="console output: a block per finding (default) or a compact table",
+    )
+
+
 def _cmd_report(args: argparse.Namespace) -> int:
     from gradwatch.render.junit import write_junit
 
-    report = _read_report(args.file)
-    report.print()
+    report = _with_baseline(_read_report(args.file), _load_baseline(args.baseline))
+    report.print(style=args.style)
     if args.html is not None:
         _write(f"HTML report {args.html}", report.to_html, args.html)
     if args.junit is not None:
         _write(f"JUnit XML {args.junit}", write_junit, report, args.junit)
+    _write_sarif(report, args.sarif, [])
     return 1 if report.failed else 0
 
 
@@ -315,6 +357,7 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument(
         "--overfit-steps", type=_positive, default=30, help="steps of --overfit (default: 30)"
     )
+    _add_output_options(check)
     check.set_defaults(func=_cmd_check)
 
     report = sub.add_parser(
@@ -326,6 +369,7 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("file", metavar="FILE", help="a JSON report (Report.write, --json)")
     report.add_argument("--html", metavar="OUT", help="also write a self-contained HTML report")
     report.add_argument("--junit", metavar="OUT", help="also write JUnit XML")
+    _add_output_options(report)
     report.set_defaults(func=_cmd_report)
 
     schema = sub.add_parser(
@@ -333,6 +377,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     schema.add_argument("which", nargs="?", choices=["config", "report"], default="config")
     schema.set_defaults(func=_cmd_schema)
+
+    from gradwatch.cli.explain import add_parser as add_explain
+
+    add_explain(sub, common)
     return parser
 
 
