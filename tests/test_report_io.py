@@ -18,6 +18,7 @@ import gradwatch
 from gradwatch.cli.main import main
 from gradwatch.errors import ConfigError
 from gradwatch.render.junit import write_junit
+from gradwatch.render.sarif import write_sarif
 from gradwatch.report_io import write_text_atomic
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -38,6 +39,7 @@ def small_report() -> gradwatch.Report:
 WRITERS = {
     "json": lambda report, path: report.write(path),
     "junit": lambda report, path: write_junit(report, path),
+    "sarif": lambda report, path: write_sarif(report, path),
 }
 
 
@@ -153,6 +155,7 @@ _DISK_SCRIPT = textwrap.dedent(
     import gradwatch
     from gradwatch.errors import ConfigError
     from gradwatch.render.junit import write_junit
+from gradwatch.render.sarif import write_sarif
 
     full, ro = Path(sys.argv[1]), Path(sys.argv[2])
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(full)], check=True)
