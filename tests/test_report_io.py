@@ -155,7 +155,6 @@ _DISK_SCRIPT = textwrap.dedent(
     import gradwatch
     from gradwatch.errors import ConfigError
     from gradwatch.render.junit import write_junit
-from gradwatch.render.sarif import write_sarif
 
     full, ro = Path(sys.argv[1]), Path(sys.argv[2])
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(full)], check=True)
