@@ -22,12 +22,15 @@ if TYPE_CHECKING:
     from gradwatch.cli.probe import Probe
     from gradwatch.config import GradWatchConfig
     from gradwatch.core.watcher import Watcher, watch
-    from gradwatch.report import Coverage, Finding, LayerStats, Report
+    from gradwatch.report import Coverage, Curvature, Finding, LayerCurvature, LayerStats, Report
     from gradwatch.vectors.parammap import ParamEntry, ParamMap, ParamMapError
+    from gradwatch.vectors.sensitivity import SensitivityError, sensitivity
 
 _LAZY = {
     "GradWatchConfig": "gradwatch.config",
     "Coverage": "gradwatch.report",
+    "Curvature": "gradwatch.report",
+    "LayerCurvature": "gradwatch.report",
     "Finding": "gradwatch.report",
     "LayerStats": "gradwatch.report",
     "Report": "gradwatch.report",
@@ -37,24 +40,30 @@ _LAZY = {
     "ParamMap": "gradwatch.vectors.parammap",
     "ParamEntry": "gradwatch.vectors.parammap",
     "ParamMapError": "gradwatch.vectors.parammap",
+    "sensitivity": "gradwatch.vectors.sensitivity",
+    "SensitivityError": "gradwatch.vectors.sensitivity",
 }
 
 __all__ = [
     "ConfigError",
     "Coverage",
+    "Curvature",
     "Finding",
     "GhostLayerError",
     "GradWatchConfig",
     "GradWatchError",
     "GradWatchWarning",
+    "LayerCurvature",
     "LayerStats",
     "ParamEntry",
     "ParamMap",
     "ParamMapError",
     "Probe",
     "Report",
+    "SensitivityError",
     "Watcher",
     "__version__",
+    "sensitivity",
     "watch",
 ]
 
