@@ -103,6 +103,26 @@ class _Block:
         return [o if h is None else h.detach() for o, h in zip(out, hv)]
 
 
+def _reaches_error(roots: Sequence[Optional[Tensor]]) -> bool:
+    """Whether the graph behind ``roots`` holds a node that raises when differentiated.
+
+    A ``@once_differentiable`` backward returns values computed without a graph, wrapped
+    in an ``Error`` node: differentiating them again either raises or, when no parameter
+    lies behind that node, silently gives zero. The walk catches the silent case.
+    """
+    stack: list[Any] = [t.grad_fn for t in roots if t is not None and t.grad_fn is not None]
+    seen: set[int] = set()
+    while stack:
+        node = stack.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        if type(node).__name__ in ("Error", "DelayedError"):
+            return True
+        stack.extend(fn for fn, _ in node.next_functions)
+    return False
+
+
 def _dot(a: list[Tensor], b: list[Tensor]) -> Tensor:
     return sum(
         ((x.double() * y.double()).sum() for x, y in zip(a, b)),
@@ -220,10 +240,20 @@ def sensitivity(
             f"sensitivity needs double backward, but the gradient with create_graph=True "
             f"failed: {_first_line(exc)}"
         ) from None
-    rows, hvps, at = [], 0, 0
-    for name, names, params in groups:
-        block = _Block(name, params, grads[at : at + len(params)])
-        at += len(params)
+    starts = [0]
+    for _, _, params in groups:
+        starts.append(starts[-1] + len(params))
+    if _reaches_error(grads):  # then name the first layer behind it
+        culprit = next(
+            g[0] for g, lo, hi in zip(groups, starts, starts[1:]) if _reaches_error(grads[lo:hi])
+        )
+        raise SensitivityError(
+            f"sensitivity needs double backward (Hessian-vector products), but the gradient "
+            f"of layer {culprit!r} passes through a backward marked @once_differentiable"
+        )
+    rows, hvps = [], 0
+    for (name, names, params), lo, hi in zip(groups, starts, starts[1:]):
+        block = _Block(name, params, grads[lo:hi])
         gen = torch.Generator().manual_seed((seed * 0x9E3779B1 + zlib.crc32(name.encode())) % 2**63)
         trace, stderr = _hutchinson(block, samples, gen)
         top, used = _power(block, power_iters, tol, gen)
