@@ -325,7 +325,7 @@ def curvature_bars(report: Report) -> Optional[Figure]:
     ax.set_ylim(floor, ceiling)
     _layer_ticks(ax, names, {})
     ax.set_ylabel("curvature (log)")
-    ax.set_title("Loss curvature per layer (Hessian diagonal blocks; orange: negative)")
+    ax.set_title("Curvature per layer (Hessian blocks; orange: negative)")
     ax.grid(axis="y", alpha=0.3)
     _legend(ax)
     return fig
