@@ -262,3 +262,18 @@ def test_check_curvature_refuses_a_model_without_double_backward(
     assert len(err) == 1 and err[0].startswith(
         "gradwatch: error: sensitivity needs double backward"
     )
+
+
+@pytest.mark.slow  # a subprocess importing torch, two models: ~20 s
+def test_benchmark_quick_reports_both_models(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    out = tmp_path / "sens.json"
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "sensitivity.py"), "--quick", "--rounds", "1"]
+    proc = subprocess.run([*cmd, "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    data = json.loads(out.read_text())
+    for row in data["models"].values():
+        assert row["hvp_per_s"] > 0 and row["backward_per_s"] > 0
+        assert row["ratio"] == pytest.approx(row["hvp_per_s"] / row["backward_per_s"])
