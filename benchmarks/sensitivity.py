@@ -26,6 +26,7 @@ from typing import Any, Callable
 
 import torch
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _models import TinyLM, hook_bound
@@ -49,7 +50,11 @@ def _cases(quick: bool) -> dict[str, tuple[str, nn.Module, Any, LossFn]]:
         return nn.functional.mse_loss(m(b[0]), b[1])
 
     def next_token(m: nn.Module, b: Any) -> torch.Tensor:
-        return nn.functional.cross_entropy(m(b[:, :-1]).reshape(-1, 1000), b[:, 1:].reshape(-1))
+        # PyTorch's fused CPU attention has no double backward ("derivative for
+        # aten::_scaled_dot_product_flash_attention_for_cpu_backward is not implemented"):
+        # the math kernel computes the same attention and differentiates twice.
+        with sdpa_kernel(SDPBackend.MATH):
+            return nn.functional.cross_entropy(m(b[:, :-1]).reshape(-1, 1000), b[:, 1:].reshape(-1))
 
     return {
         "a": (f"{len(mlp) // 2} x Linear(16,16)+Tanh, batch 32", mlp, (x, y), mse),

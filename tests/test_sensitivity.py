@@ -185,6 +185,31 @@ def test_double_backward_unsupported_is_one_line_naming_the_layer() -> None:
     assert "'fc'" in message and "once_differentiable" in message
 
 
+class Attention(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.qkv = nn.Linear(8, 24)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv(x).unflatten(-1, (3, 2, 4)).permute(2, 0, 3, 1, 4)
+        return F.scaled_dot_product_attention(q, k, v).sum(1)
+
+
+def test_fused_cpu_attention_is_refused_and_the_math_kernel_works() -> None:
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    model = Attention()
+    batch = (torch.randn(2, 5, 8), torch.randn(2, 5, 4))
+    with pytest.raises(SensitivityError, match=r"layer 'qkv' failed: .*not implemented"):
+        sensitivity(model, batch, mse, samples=2)
+
+    def math_mse(m: nn.Module, b: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        with sdpa_kernel(SDPBackend.MATH):
+            return mse(m, b)
+
+    assert sensitivity(model, batch, math_mse, samples=2).layers[0].name == "qkv"
+
+
 def test_bad_inputs_are_one_line_errors() -> None:
     model = nn.Linear(3, 1)
     batch = (torch.randn(4, 3), torch.randn(4, 1))

@@ -10,7 +10,7 @@ import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
-from typing import Literal, Optional, Union
+from typing import Any, Literal, Optional, Union
 
 import torch
 from torch import Tensor, nn
@@ -180,3 +180,54 @@ def _check_include(
                 f"include pattern {pattern!r} matches only frozen parameters (e.g. "
                 f"{hits[0][0][0]!r}); pass trainable_only=False to map them"
             )
+
+
+def entry_to_dict(e: ParamEntry) -> dict[str, Any]:
+    """One entry of the JSON map."""
+    return {
+        "names": list(e.names),
+        "offset": e.offset,
+        "numel": e.numel,
+        "shape": list(e.shape),
+        "dtype": _dtype_name(e.dtype),
+        "device": str(e.device),
+        "kind": e.kind,
+        "requires_grad": e.requires_grad,
+    }
+
+
+def entry_from_dict(d: dict[str, Any]) -> ParamEntry:
+    """Invert :func:`entry_to_dict` (``KeyError``/``TypeError`` on a malformed entry)."""
+    return ParamEntry(
+        tuple(str(n) for n in d["names"]),
+        int(d["offset"]),
+        int(d["numel"]),
+        tuple(int(s) for s in d["shape"]),
+        _parse_dtype(d["dtype"]),
+        torch.device(d["device"]),
+        d["kind"],
+        bool(d["requires_grad"]),
+    )
+
+
+def layout_diffs(
+    map_entries: Sequence[ParamEntry], model_entries: Sequence[ParamEntry]
+) -> list[str]:
+    """How a model's entries differ from a map's: missing, extra, then per-field, then order."""
+    mine = {e.name: e for e in map_entries}
+    theirs = {e.name: e for e in model_entries}
+    diffs = [f"{n!r} is missing from the model" for n in mine if n not in theirs]
+    diffs += [f"the model has an extra {theirs[n].kind} {n!r}" for n in theirs if n not in mine]
+    for name, a in mine.items():
+        b = theirs.get(name)
+        if b is None:
+            continue
+        for field in ("names", "shape", "dtype", "kind"):
+            va, vb = getattr(a, field), getattr(b, field)
+            if va != vb:
+                fmt = _dtype_name if field == "dtype" else list
+                diffs.append(f"{name!r}: {field} {fmt(va)} in the map, {fmt(vb)} in the model")
+    common = [n for n in mine if n in theirs]
+    if common != [n for n in theirs if n in mine]:
+        diffs.append("the entries are in a different order")
+    return diffs

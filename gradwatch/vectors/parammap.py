@@ -36,9 +36,11 @@ from gradwatch.vectors._layout import (
     _dtype_name,
     _fingerprint,
     _listed,
-    _parse_dtype,
     _patterns,
     _unravel,
+    entry_from_dict,
+    entry_to_dict,
+    layout_diffs,
 )
 from gradwatch.vectors.quant import Scheme, dequantize_flat, quantize_flat
 from gradwatch.vectors.shard import Shard, shard_spans
@@ -420,19 +422,6 @@ class ParamMap:
     # --- documents ----------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         """The memory map as a JSON-serialisable dict (see :meth:`to_json`)."""
-        entries = [
-            {
-                "names": list(e.names),
-                "offset": e.offset,
-                "numel": e.numel,
-                "shape": list(e.shape),
-                "dtype": _dtype_name(e.dtype),
-                "device": str(e.device),
-                "kind": e.kind,
-                "requires_grad": e.requires_grad,
-            }
-            for e in self._entries
-        ]
         return {
             "format": _FORMAT,
             "version": _FORMAT_VERSION,
@@ -443,7 +432,7 @@ class ParamMap:
             "trainable_only": self._trainable_only,
             "include_buffers": self._include_buffers,
             **self.selection,
-            "entries": entries,
+            "entries": [entry_to_dict(e) for e in self._entries],
         }
 
     def to_json(self, indent: Optional[int] = 2) -> str:
@@ -466,21 +455,8 @@ class ParamMap:
                 raise ParamMapError(
                     f"not a gradwatch parameter map v{_FORMAT_VERSION} (format {doc.get('format')!r}, version {doc.get('version')!r})"
                 )
-            entries = [
-                ParamEntry(
-                    tuple(str(n) for n in d["names"]),
-                    int(d["offset"]),
-                    int(d["numel"]),
-                    tuple(int(s) for s in d["shape"]),
-                    _parse_dtype(d["dtype"]),
-                    torch.device(d["device"]),
-                    d["kind"],
-                    bool(d["requires_grad"]),
-                )
-                for d in doc["entries"]
-            ]
             pmap = cls(
-                entries,
+                [entry_from_dict(d) for d in doc["entries"]],
                 trainable_only=bool(doc["trainable_only"]),
                 include_buffers=bool(doc["include_buffers"]),
                 include=doc.get("include"),
@@ -530,23 +506,7 @@ class ParamMap:
         )
         if other.fingerprint == self._fingerprint:
             return []
-        mine = {e.name: e for e in self._entries}
-        theirs = {e.name: e for e in other._entries}
-        diffs = [f"{n!r} is missing from the model" for n in mine if n not in theirs]
-        diffs += [f"the model has an extra {theirs[n].kind} {n!r}" for n in theirs if n not in mine]
-        for name, a in mine.items():
-            b = theirs.get(name)
-            if b is None:
-                continue
-            for field in ("names", "shape", "dtype", "kind"):
-                va, vb = getattr(a, field), getattr(b, field)
-                if va != vb:
-                    fmt = _dtype_name if field == "dtype" else list
-                    diffs.append(f"{name!r}: {field} {fmt(va)} in the map, {fmt(vb)} in the model")
-        common = [n for n in mine if n in theirs]
-        if common != [n for n in theirs if n in mine]:
-            diffs.append("the entries are in a different order")
-        return diffs
+        return layout_diffs(self._entries, other._entries)
 
     def bind(self, model: nn.Module) -> ParamMap:
         """Attach ``model``'s tensors (after checking the layout); returns ``self``.
