@@ -9,9 +9,9 @@ Construction (the block sparse Johnson-Lindenstrauss transform of Kane and Nelso
 "Sparser Johnson-Lindenstrauss Transforms", J. ACM 2014): the ``k`` outputs are split
 into ``s = gcd(k, density)`` blocks of ``w = k / s`` rows; in every block each input
 element ``i`` is added, with a random sign, to one random row, and the result is scaled
-by ``1 / sqrt(s)``. Signs and rows come from a hash of ``(seed, block, i)`` computed in
-integer arithmetic on the tensor's device: no ``n x k`` matrix, no random-number
-generator state, the same sketch on every device and for any split of the vector into
+by ``1 / sqrt(s)``. Signs and rows come from a hash of ``(seed, i)`` and one
+multiply-shift per block, computed in integer arithmetic on the tensor's device: no ``n x k`` matrix, no random-number
+generator state, the same projection on every device and for any split of the vector into
 tensors or chunks. Memory is ``O(k + chunk)``, time ``O(n s)``.
 
 Error bound (for ideal random signs and rows; the hash is tested against it):
