@@ -123,11 +123,13 @@ def _reaches_error(roots: Sequence[Optional[Tensor]]) -> bool:
     return False
 
 
+def _wide(x: Tensor) -> Tensor:
+    # float32 at least (bf16 sums lose the estimate); float64 is kept, never forced (MPS has none).
+    return x if x.dtype == torch.float64 else x.float()
+
+
 def _dot(a: list[Tensor], b: list[Tensor]) -> Tensor:
-    return sum(
-        ((x.double() * y.double()).sum() for x, y in zip(a, b)),
-        torch.zeros((), dtype=torch.float64),
-    )
+    return torch.stack([(_wide(x) * _wide(y)).sum() for x, y in zip(a, b)]).sum()
 
 
 def _rademacher(params: list[Tensor], gen: torch.Generator) -> list[Tensor]:
