@@ -16,7 +16,7 @@ import traceback
 import weakref
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import TYPE_CHECKING, Any, Optional, Union
 
 import torch
 from torch import nn
@@ -32,6 +32,9 @@ from gradwatch.core.layers import LayerTrack
 from gradwatch.core.pipeline import Gathered, Track, gather, layer_samples
 from gradwatch.core.stats import flatten_cpu
 from gradwatch.errors import ConfigError, GradWatchError, GradWatchWarning
+
+if TYPE_CHECKING:
+    from gradwatch.report import Report
 
 __all__ = ["Watcher", "watch"]
 
@@ -710,7 +713,7 @@ class Watcher:
 
     # -- report ----------------------------------------------------------------------------
 
-    def report(self) -> Any:
+    def report(self) -> Report:
         """The :class:`~gradwatch.Report` so far (callable during or after the loop)."""
         if self._closed and self._final is not None:
             return self._final
