@@ -202,6 +202,8 @@ def probe_result(request: dict[str, Any]) -> dict[str, Any]:
     )
     start = time.perf_counter()
     report = probe.run(request["steps"], config=cfg)
+    if request["curvature"]:
+        report.curvature = probe.curvature(samples=request["curvature_samples"])
     losses = probe.overfit(request["overfit_steps"]) if request["overfit"] else None
     return {
         "report": report.model_dump_json(),

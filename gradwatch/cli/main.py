@@ -150,13 +150,19 @@ def _cmd_check(args: argparse.Namespace) -> int:
     to_stdout = args.json == "-"
     out = sys.stderr if to_stdout else sys.stdout  # stdout carries the JSON then
     request = {k: getattr(args, k) for k in ("target", "steps", "config", "ignore", "fail_on")}
-    request.update(verbose=args.verbose, overfit=args.overfit, overfit_steps=args.overfit_steps)
+    for key in ("verbose", "overfit", "overfit_steps", "curvature", "curvature_samples"):
+        request[key] = getattr(args, key)
     try:
         result = run_isolated(request, timeout=args.timeout or None, stdout_to_stderr=to_stdout)
     except IsolationError as exc:
         raise CliError(str(exc), detail=exc.detail) from None
     report = Report.model_validate_json(result["report"])
     extra: list[str] = []
+    if report.curvature is not None:
+        print(report.curvature.table(), file=out)
+        path = report.config.report_path
+        if path is not None:  # the watcher wrote it without the curvature
+            _write(f"JSON report {path}", report.write, path)
     losses: Optional[list[float]] = result["losses"]
     if losses is not None:
         extra.append(LOSS_NOT_DECREASING)
@@ -356,6 +362,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     check.add_argument(
         "--overfit-steps", type=_positive, default=30, help="steps of --overfit (default: 30)"
+    )
+    check.add_argument(
+        "--curvature",
+        action="store_true",
+        help="after the steps, estimate each layer's Hessian trace and top eigenvalue on the "
+        "first batch (Hessian-vector products) and add them to the report",
+    )
+    check.add_argument(
+        "--curvature-samples",
+        type=_positive,
+        default=16,
+        help="Hutchinson probes per layer for --curvature (default: 16)",
     )
     _add_output_options(check)
     check.set_defaults(func=_cmd_check)
