@@ -29,6 +29,7 @@ from gradwatch.core.evidence import Tracker, make_forward_hook, make_param_hooks
 from gradwatch.core.findings import FindingLog
 from gradwatch.core.index import ParamIndex
 from gradwatch.core.layers import LayerTrack
+from gradwatch.core.optimizers import unwrap_optimizer
 from gradwatch.core.pipeline import Gathered, Track, gather, layer_samples
 from gradwatch.core.stats import flatten_cpu
 from gradwatch.errors import ConfigError, GradWatchError, GradWatchWarning
@@ -57,21 +58,17 @@ def unwrap(model: nn.Module) -> nn.Module:
 def _optimizers(optimizer: OptimizerArg) -> list[torch.optim.Optimizer]:
     if optimizer is None:
         return []
-    if isinstance(optimizer, torch.optim.Optimizer):
-        opts = [optimizer]
-    elif isinstance(optimizer, Sequence) and not isinstance(optimizer, (str, bytes)):
+    if isinstance(optimizer, torch.optim.Optimizer) or hasattr(optimizer, "optimizer"):
+        return [unwrap_optimizer(optimizer)]
+    if isinstance(optimizer, Sequence) and not isinstance(optimizer, (str, bytes)):
         opts = list(optimizer)
     else:
         raise ConfigError(
             f"optimizer must be a torch.optim.Optimizer, a sequence of them or None, "
             f"not {type(optimizer).__name__}"
         )
-    for k, o in enumerate(opts):
-        if not isinstance(o, torch.optim.Optimizer):
-            raise ConfigError(
-                f"optimizer[{k}] is a {type(o).__name__}, not a torch.optim.Optimizer"
-            )
-    return opts
+    # Wrappers (accelerate, Lightning, ...) are followed to the optimizer that really steps.
+    return [unwrap_optimizer(o, f"optimizer[{k}]") for k, o in enumerate(opts)]
 
 
 def watch(
