@@ -97,5 +97,5 @@ def test_accelerated_optimizer_without_inner_is_a_config_error(accelerator: obje
     model = Net(ghost=False)
     opt = AcceleratedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1))
     opt.optimizer = None  # type: ignore[assignment]  # a broken wrapper: nothing inside
-    with pytest.raises(gradwatch.ConfigError, match="wraps no initialised torch.optim"):
+    with pytest.raises(gradwatch.ConfigError, match=r"wraps no initialised torch\.optim"):
         gradwatch.watch(model, opt)

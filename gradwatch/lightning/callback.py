@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import importlib
 import logging
-import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional, Union
 
@@ -29,6 +28,7 @@ from gradwatch.core.watcher import Watcher, watch
 from gradwatch.lightning._artifacts import upload_report
 from gradwatch.lightning._state import restore_state, watcher_state
 from gradwatch.report import Report
+from gradwatch.sinks.pending import PendingMetrics
 
 if TYPE_CHECKING:
     import torch
@@ -73,32 +73,6 @@ LIGHTNING_VERSION: str = getattr(pl, "__version__", "unknown")
 _CALLBACK_BASES: tuple[type, ...] = tuple(m.Callback for m in LIGHTNING_MODULES)
 
 
-class _PendingMetrics:
-    """A gradwatch sink that holds the metrics of observed steps until Lightning can log them.
-
-    The core feeds sinks from inside ``optimizer.step()``, where ``LightningModule.log`` is
-    not allowed; the callback flushes at ``on_train_batch_end``. With several optimizers one
-    batch may bring several observed steps: their layers merge and the total is recomputed
-    over all of them.
-    """
-
-    def __init__(self) -> None:
-        self.metrics: dict[str, float] = {}
-
-    def log_metrics(self, step: int, metrics: dict[str, float]) -> None:
-        self.metrics.update(metrics)
-        layers = [v for k, v in self.metrics.items() if k.startswith("grad_norm/")]
-        if layers:
-            self.metrics["grad_norm_total"] = math.sqrt(sum(v * v for v in layers))
-
-    def take(self) -> dict[str, float]:
-        out, self.metrics = self.metrics, {}
-        return out
-
-    def close(self) -> None:
-        self.metrics = {}
-
-
 def _report_dir(trainer: Any) -> Path:
     """Where this fit's report goes: the first logger's versioned folder when it has one.
 
@@ -116,15 +90,6 @@ def _report_dir(trainer: Any) -> Path:
         if isinstance(version, (str, int)) and str(version):
             return root / "gradwatch" / str(version)
     return root
-
-
-def _ghost_layers(watcher: Watcher) -> list[str]:
-    """The layers flagged ``ghost_param`` so far (their norm series show 0, not a gap)."""
-    return [
-        f.module
-        for (check, _), f in watcher._log._findings.items()
-        if check == "ghost_param" and f.module
-    ]
 
 
 def _send(trainer: Any, values: dict[str, float]) -> None:
@@ -181,7 +146,7 @@ class GradWatchCallback(*_CALLBACK_BASES):  # type: ignore[misc]
         self.report: Optional[Report] = None
         self.report_path: Optional[Path] = None
         self.watcher: Optional[Watcher] = None
-        self._sink = _PendingMetrics()
+        self._sink = PendingMetrics()
         self._restored: Optional[dict[str, Any]] = None
         self._saved: Optional[dict[str, Any]] = None
 
@@ -197,7 +162,7 @@ class GradWatchCallback(*_CALLBACK_BASES):  # type: ignore[misc]
         """Attach the watcher to the module, the Trainer's optimizers and its GradScaler."""
         self._close(trainer)  # a previous fit that never reached its end
         scaler = getattr(trainer.strategy.precision_plugin, "scaler", None)
-        self._sink = _PendingMetrics()
+        self._sink = PendingMetrics()
         watcher = watch(
             pl_module,
             list(trainer.optimizers),
@@ -275,12 +240,9 @@ class GradWatchCallback(*_CALLBACK_BASES):  # type: ignore[misc]
         self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         """Send the metrics of this batch's observed steps to the Trainer's loggers."""
-        metrics = self._sink.take()
+        metrics = self._sink.take(self.watcher)
         if not metrics or self.watcher is None or not trainer.loggers:
             return
-        for layer in _ghost_layers(self.watcher):
-            # A ghost has no gradient, hence no norm: log a flat 0 where people read curves.
-            metrics.setdefault(f"grad_norm/{layer}", 0.0)
         values = {f"gradwatch/{k}": float(v) for k, v in metrics.items()}
         self._guarded(self.watcher, "metric logging", _send, trainer, values)
 
