@@ -25,6 +25,7 @@ from torch.utils.hooks import RemovableHandle
 from gradwatch.checks import ALL_CHECKS, Check, StepView, StructureView
 from gradwatch.checks.nonfinite import NonfiniteGrad
 from gradwatch.config import GradWatchConfig
+from gradwatch.core.compiled import is_compiled
 from gradwatch.core.evidence import Tracker, make_forward_hook, make_param_hooks
 from gradwatch.core.findings import FindingLog
 from gradwatch.core.index import ParamIndex
@@ -116,6 +117,8 @@ class Watcher:
             raise ConfigError(f"watch() needs a torch.nn.Module, got {type(model).__name__}")
         self.config = GradWatchConfig.coerce(config)
         self._model: Optional[nn.Module] = unwrap(model)
+        # Under torch.compile, hooks stay put: adding/removing one costs a recompile.
+        self._keep_hooks = is_compiled(model)
         self._optimizers: list[torch.optim.Optimizer] = _optimizers(optimizer)
         self._scaler = scaler
         self._sinks = list(sinks)
@@ -411,7 +414,8 @@ class Watcher:
             return
         hook = make_forward_hook(self._tracker, layer, self._internal_error_cb())
         self._fwd_handles[layer] = module.register_forward_hook(hook)
-        self._tracker.fwd_since[layer] = self._tracker.now()
+        if not self._keep_hooks:  # compiled: the hook stamps nothing, causes read "unknown"
+            self._tracker.fwd_since[layer] = self._tracker.now()
 
     def _trim_forward_hooks(self) -> None:
         """After ``trim_hooks_after`` steps keep hooks only where they found something to watch.
@@ -576,6 +580,7 @@ class Watcher:
         limit = self.config.trim_hooks_after
         if (
             not self._fwd_trimmed
+            and not self._keep_hooks
             and limit is not None
             and not self.config.fail_fast
             and self.steps >= limit
