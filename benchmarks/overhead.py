@@ -222,7 +222,9 @@ def run_memory(steps: int, warmup: int = 200) -> dict[str, Any]:
                         "gradwatch_bytes": _gradwatch_bytes(snap),
                         "traced_bytes": tracemalloc.get_traced_memory()[0],
                         "rss_kib": _rss_kib(),
-                        "param_copies_held": sum(t.snapshot is not None for t in w._tracks),
+                        "param_copies_held": sum(
+                            t.snapshot is not None for t in w._pipe.structure.tracks
+                        ),
                     }
                 )
             if s == steps:
@@ -233,8 +235,8 @@ def run_memory(steps: int, warmup: int = 200) -> dict[str, Any]:
             opt.step()
         elapsed = time.perf_counter() - t0
         tracemalloc.stop()
-        history = sum(len(lt.history) for lt in w._layer_tracks.values())
-        layers = len(w._layer_tracks)
+        history = sum(len(lt.history) for lt in w._pipe.recorder.tracks.values())
+        layers = len(w._pipe.recorder.tracks)
     first, last = checkpoints[0], checkpoints[-1]
     return {
         "model": case.title,

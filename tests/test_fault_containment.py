@@ -21,7 +21,7 @@ from torch import nn
 
 import gradwatch
 import gradwatch.core.pipeline
-import gradwatch.core.watcher
+import gradwatch.core.steps
 import gradwatch.report
 from gradwatch.checks.ghost import GhostParam
 from gradwatch.checks.vanishing import VanishingGrad
@@ -159,11 +159,11 @@ FAULTS = {
     # the autograd-engine callback at the end of backward (decides steps without optimizer)
     "backward_end": Fault(
         "backward end",
-        lambda mp, w: mp.setattr(gradwatch.core.watcher, "gather", _boom),
+        lambda mp, w: mp.setattr(gradwatch.core.steps, "gather", _boom),
         optimizer=False,
     ),
     "optimizer_pre_step": Fault(
-        "optimizer pre-step hook", lambda mp, w: mp.setattr(w, "_before_step", _boom)
+        "optimizer pre-step hook", lambda mp, w: mp.setattr(w._pipe, "before_step", _boom)
     ),
     # the step decision: gradient norms fail inside gather()
     "optimizer_post_step": Fault(
@@ -181,7 +181,7 @@ FAULTS = {
         _nothing,
         before_attach=lambda mp: mp.setattr(VanishingGrad, "on_structure", _boom),
     ),
-    "exit": Fault("exit", lambda mp, w: mp.setattr(w, "_check_scaler", _boom)),
+    "exit": Fault("exit", lambda mp, w: mp.setattr(w._pipe, "check_scaler", _boom)),
 }
 
 

@@ -300,11 +300,11 @@ def test_a_ghost_after_trim_hooks_after_gets_its_cause_from_its_next_missing_ste
             nn.functional.mse_loss(model(x), y).backward()
             opt.step()
             if step == 3:
-                assert set(w._fwd_handles) == set()  # clean so far: no forward hook left
+                assert set(w._hooks.forward) == set()  # clean so far: no forward hook left
     (finding,) = w.report().by_check("ghost_param")
     assert finding.first_step == 4 and finding.details["cause"] == "not_called"
     assert finding.details["steps_missing"] == 4 and finding.details["steps_seen"] == 4
-    assert set(w._fwd_handles) == set()  # removed on exit
+    assert set(w._hooks.forward) == set()  # removed on exit
 
 
 def test_forward_hooks_stay_on_ghost_layers_only() -> None:
@@ -315,7 +315,7 @@ def test_forward_hooks_stay_on_ghost_layers_only() -> None:
             opt.zero_grad()
             nn.functional.mse_loss(model(x), y).backward()
             opt.step()
-        assert set(w._fwd_handles) == {"extra"}
+        assert set(w._hooks.forward) == {"extra"}
         assert not model.body[0]._forward_hooks and model.extra._forward_hooks
 
 

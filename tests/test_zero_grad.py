@@ -184,7 +184,7 @@ def test_forgetting_zero_grad_after_the_hooks_are_trimmed_is_still_caught() -> N
             nn.functional.mse_loss(model(x), y).backward()
             opt.step()
             if k == 4:
-                assert not w._pre_handles  # a clean loop keeps no value-check hook
+                assert not w._hooks.pre  # a clean loop keeps no value-check hook
     (finding,) = w.report().by_check("missing_zero_grad")
     # Step 5 is the first without a reset: the version counter cannot tell, so the value
     # check goes on, and from step 6 on the stale contributions are seen.
@@ -201,7 +201,7 @@ def test_long_correct_loops_stay_silent_after_the_trim(name: str) -> None:
                 CORRECT_RESETS[name](model, opt)
             nn.functional.mse_loss(model(x), y).backward()
             opt.step()
-        kept = len(w._pre_handles)
+        kept = len(w._hooks.pre)
     assert fired(w.report(), "info") == set()
     # .data.zero_() cannot be told from a forgotten reset by the version counter: its
     # parameters keep the value check; zero_() bumps the counter and needs none.

@@ -31,8 +31,8 @@ def watcher_state(watcher: Watcher) -> dict[str, Any]:
         "warned": sorted([check, name] for check, name in log._warned),
         "steps": watcher.steps,
         "backward_passes": watcher.backward_passes,
-        "skipped_steps": watcher._skipped,
-        "optimizer_steps": {str(t.index): t.steps for t in watcher._tracks},
+        "skipped_steps": watcher._pipe.scaler.skipped,
+        "optimizer_steps": {str(t.index): t.steps for t in watcher._pipe.structure.tracks},
     }
 
 
@@ -56,8 +56,8 @@ def restore_state(watcher: Watcher, state: dict[str, Any]) -> None:
     watcher.steps += int(state.get("steps", 0))
     backward = int(state.get("backward_passes", 0))
     watcher.backward_passes += backward
-    watcher._skipped += int(state.get("skipped_steps", 0))
+    watcher._pipe.scaler.skipped += int(state.get("skipped_steps", 0))
     done = state.get("optimizer_steps", {})
-    for track in watcher._tracks:
+    for track in watcher._pipe.structure.tracks:
         track.steps += int(done.get(str(track.index), 0))
         track.backward_at_start += backward  # the restored passes belong to finished steps

@@ -1,0 +1,73 @@
+"""Fault containment: a failure inside gradwatch becomes a finding, never a crashed run."""
+
+from __future__ import annotations
+
+import logging
+import traceback
+import weakref
+from typing import Any, Callable
+
+from gradwatch.config import GradWatchConfig
+from gradwatch.core.findings import FindingLog
+from gradwatch.errors import GradWatchError, GradWatchWarning
+
+__all__ = ["Faults"]
+
+log = logging.getLogger("gradwatch")
+
+
+class Faults:
+    """Runs gradwatch's own steps guarded and records each failing place once.
+
+    ``GradWatchError`` (``fail_fast``) and ``GradWatchWarning`` (``warnings`` as errors) are
+    the user's to see and pass through; anything else is an ``internal_error`` finding and
+    training goes on (unless ``on_internal_error: raise``).
+    """
+
+    def __init__(self, config: GradWatchConfig, findings: FindingLog) -> None:
+        self.config = config
+        self.findings = findings
+        self.where: set[str] = set()
+        self.step = 0  # the step an internal error is reported at (the owner keeps it current)
+
+    def guard(self, where: str, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)``, or ``None`` after recording its failure."""
+        try:
+            return fn(*args)
+        except (GradWatchError, GradWatchWarning):
+            raise
+        except Exception as exc:
+            self.error(where, exc)
+            return None
+
+    def error(self, where: str, exc: BaseException) -> None:
+        """Record a failure of gradwatch's ``where`` (one finding per place)."""
+        if self.config.on_internal_error == "raise":
+            raise exc
+        if where in self.where:
+            return
+        self.where.add(where)
+        summary = traceback.format_exception(type(exc), exc, exc.__traceback__)[-3:]
+        log.warning("gradwatch internal error in %s: %r (training continues)", where, exc)
+        self.findings.emit(
+            "internal_error",
+            severity="warning",
+            step=self.step,
+            message=f"gradwatch's {where} failed with {type(exc).__name__}: {exc}; "
+            "training went on without it.",
+            hint="This is a gradwatch bug or a faulty sink/check: please report it with the "
+            "traceback in details.",
+            key=where,
+            details={"where": where, "error": repr(exc), "traceback": "".join(summary)},
+        )
+
+    def callback(self) -> Callable[[str, BaseException], None]:
+        """An ``on_error(where, exc)`` for hooks, holding this object weakly."""
+        wself = weakref.ref(self)
+
+        def on_error(where: str, exc: BaseException) -> None:
+            me = wself()
+            if me is not None:
+                me.error(where, exc)
+
+        return on_error

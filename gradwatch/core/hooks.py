@@ -1,0 +1,132 @@
+"""Installing, trimming and removing every hook gradwatch adds (and nothing else).
+
+The hooks themselves only record evidence (:mod:`gradwatch.core.evidence`); this module
+owns their handles so that leaving a watcher removes each one, also on error.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any, Callable
+
+import torch
+from torch import nn
+from torch.utils.hooks import RemovableHandle
+
+from gradwatch.core.evidence import Tracker, make_forward_hook, make_param_hooks
+from gradwatch.core.index import ParamIndex
+
+__all__ = ["HookSet"]
+
+OnError = Callable[[str, BaseException], None]
+
+
+class HookSet:
+    """Every handle of one watcher: parameter, forward and optimizer hooks.
+
+    Per parameter: a post-accumulate hook (always) and a pre-accumulation value-check hook
+    (every parameter until :meth:`trim`, afterwards only where the tracker asks for it).
+    Per layer (a module that owns parameters): a forward hook that stamps its grad mode,
+    trimmed to the layers with a ghost finding after ``trim_hooks_after`` steps.
+    """
+
+    def __init__(self, tracker: Tracker, on_arrival: Callable[[], None], on_error: OnError):
+        self.tracker = tracker
+        self._on_arrival = on_arrival
+        self._on_error = on_error
+        self.other: list[RemovableHandle] = []  # optimizer step hooks
+        self.param: dict[int, RemovableHandle] = {}
+        self.pre: dict[int, RemovableHandle] = {}
+        self._pre_fns: dict[int, Any] = {}
+        self.forward: dict[str, RemovableHandle] = {}
+        self._modules: dict[str, weakref.ref[nn.Module]] = {}
+        self._hooked_modules: set[int] = set()
+        self.hooked_at: dict[int, int] = {}  # parameter -> event number it was hooked at
+        self.last_hooked = 0
+        self.trimmed = False
+        # A compiled model: never trimmed, forward hooks stamp nothing (compiled.py).
+        self.keep_all = False
+        self.wanted: set[str] = set()  # layers whose forward hook should come back
+
+    def add(self, handle: RemovableHandle) -> None:
+        """Keep ``handle`` (e.g. an optimizer step hook) for removal."""
+        self.other.append(handle)
+
+    def hook_param(self, i: int, p: torch.Tensor) -> None:
+        """The evidence hooks of parameter ``i`` (once)."""
+        if i in self.param:
+            return
+        pre, post = make_param_hooks(
+            self.tracker, i, weakref.ref(p), self._on_arrival, self._on_error
+        )
+        self.param[i] = p.register_post_accumulate_grad_hook(post)
+        self._pre_fns[i] = pre
+        if not self.trimmed:  # every hook on until trim_hooks_after
+            self.pre[i] = p.register_hook(pre)
+            self.tracker.has_pre[i] = True
+        self.hooked_at[i] = self.last_hooked = self.tracker.now()
+
+    def restore_pre_hooks(self, index: ParamIndex) -> None:
+        """Value checks back on for the parameters whose resets the version cannot tell."""
+        tracker = self.tracker
+        for i in tracker.want_pre:
+            p = index.params[i].ref()
+            if p is None or i in self.pre or i not in self._pre_fns:
+                continue
+            self.pre[i] = p.register_hook(self._pre_fns[i])
+            tracker.has_pre[i] = True
+        tracker.want_pre.clear()
+
+    def hook_modules(self, model: nn.Module) -> None:
+        """A forward hook on each layer not seen before (until trimmed)."""
+        for name, mod in model.named_modules():
+            if id(mod) in self._hooked_modules or not mod._parameters:
+                continue
+            self._hooked_modules.add(id(mod))
+            self._modules[name or "(root)"] = weakref.ref(mod)
+            if not self.trimmed:
+                self.hook_forward(name or "(root)")
+
+    def hook_forward(self, layer: str) -> None:
+        """Stamp when ``layer`` runs (and in which grad mode): a ghost's cause comes from it."""
+        mod = self._modules.get(layer)
+        module = mod() if mod is not None else None
+        if module is None or layer in self.forward:
+            return
+        hook = make_forward_hook(self.tracker, layer, self._on_error)
+        self.forward[layer] = module.register_forward_hook(hook)
+        if not self.keep_all:  # compiled: no stamps, so a ghost's cause reads "unknown"
+            self.tracker.fwd_since[layer] = self.tracker.now()
+
+    def restore_wanted(self) -> None:
+        """Forward hooks back on the layers a step asked for (a ghost seen while trimmed)."""
+        for layer in self.wanted:
+            self.hook_forward(layer)
+        self.wanted.clear()
+
+    def trim(self, keep_layers: set[str]) -> None:
+        """After ``trim_hooks_after`` steps keep hooks only where they found something to watch.
+
+        A forward hook on every layer puts every module call on nn.Module's slow path; a
+        ghost that appears later gets its hook back and its cause from its next missing step.
+        Value-check hooks stay where the version counter could not tell a reset apart.
+        """
+        tracker = self.tracker
+        for layer in [name for name in self.forward if name not in keep_layers]:
+            self.forward.pop(layer).remove()
+            tracker.fwd_since.pop(layer, None)
+        for i in [i for i in self.pre if i not in tracker.want_pre]:
+            self.pre.pop(i).remove()
+            tracker.has_pre[i] = False
+        tracker.want_pre.clear()
+        self.trimmed = True
+
+    def remove_all(self) -> None:
+        """Remove every handle (idempotent)."""
+        for h in [*self.other, *self.forward.values(), *self.param.values(), *self.pre.values()]:
+            h.remove()
+        self.other.clear()
+        self.forward.clear()
+        self.param.clear()
+        self.pre.clear()
+        self._pre_fns.clear()

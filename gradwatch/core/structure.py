@@ -1,0 +1,168 @@
+"""The parameter/optimizer layout: which parameters are watched, by which optimizer.
+
+:meth:`Structure.sync` scans the model and the optimizers' groups, hooks what is new and
+regroups the per-optimizer :class:`Track` s only when the layout really changed; checks get
+a :class:`~gradwatch.checks.StructureView` then.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any, Optional
+
+import torch
+from torch import nn
+
+from gradwatch.checks.base import StructureView
+from gradwatch.core.evidence import Tracker
+from gradwatch.core.hooks import HookSet
+from gradwatch.core.index import ParamIndex
+from gradwatch.core.pipeline import Track
+
+__all__ = ["Structure"]
+
+
+class Structure:
+    """The watched layout of one model and its optimizers."""
+
+    def __init__(self, optimizers: list[torch.optim.Optimizer], tracker: Tracker) -> None:
+        self.index = ParamIndex()
+        self.optimizers = optimizers
+        self.tracker = tracker
+        self.tracks: list[Track] = []
+        self.coverage: dict[str, int] = {}
+        self.outside: list[int] = []  # optimizer tensors that are not the model's parameters
+        self._key: Any = None
+        self._model_signature: tuple[int, ...] = ()
+        self._lazy: list[weakref.ref[torch.Tensor]] = []
+
+    def track_of(self, k: Optional[int]) -> Optional[Track]:
+        """The track of optimizer ``k`` (``None``: the backward-pass track)."""
+        return next((t for t in self.tracks if t.index == k), None)
+
+    def sync(self, model: nn.Module, hooks: HookSet, step: int) -> Optional[StructureView]:
+        """Scan ``model``, hook new parameters and layers; a view when the layout changed."""
+        index = self.index
+        index.scan_model(model)
+        self._model_signature = tuple(map(id, model.parameters()))
+        optimizer_of: dict[int, list[int]] = {}
+        for k, opt in enumerate(self.optimizers):
+            for g, group in enumerate(opt.param_groups):
+                for j, p in enumerate(group["params"]):
+                    i = index.lookup(p)
+                    if i is None:
+                        i = index.register_foreign(p, f"optimizer[{k}].group[{g}][{j}]")
+                    optimizer_of.setdefault(i, []).append(k)
+        self.tracker.grow(len(index.params))
+        trainable, frozen = [], []
+        self._lazy = []
+        for info, p in index.live():
+            if index.uninitialized(p):
+                # No hook fits an uninitialised parameter: it is judged (it cannot have a
+                # gradient) and hooked at the first backward end after it materialises.
+                self._lazy.append(info.ref)
+                if p.requires_grad:
+                    trainable.append(info.idx)
+                continue
+            if p.requires_grad:
+                trainable.append(info.idx)
+                hooks.hook_param(info.idx, p)
+            else:
+                frozen.append(info.idx)
+        hooks.hook_modules(model)
+        key = (tuple(trainable), tuple(sorted(optimizer_of)), len(index.params))
+        if self.tracks and key == self._key:
+            return None
+        self._key = key
+        self._rebuild_tracks(trainable, optimizer_of)
+        self.outside = [i for i in optimizer_of if index.params[i].outside_model]
+        self.coverage = _coverage(index, trainable, frozen, optimizer_of, self.optimizers)
+        return StructureView(
+            index,
+            trainable,
+            frozen,
+            set(optimizer_of),
+            optimizer_of,
+            bool(self.optimizers),
+            extra={"step": step},
+        )
+
+    def _rebuild_tracks(self, trainable: list[int], optimizer_of: dict[int, list[int]]) -> None:
+        index = self.index
+        old = {t.index: t for t in self.tracks}
+        groups: list[tuple[Optional[int], list[int]]]
+        if self.optimizers:
+            groups = [
+                (k, [i for i in trainable if k in optimizer_of.get(i, ())])
+                for k in range(len(self.optimizers))
+            ]
+        else:
+            groups = [(None, trainable)]
+        tracks = []
+        for k, ids in groups:
+            track = old.get(k) or Track(index=k, start=self.tracker.now())
+            if k is not None:
+                opt = self.optimizers[k]
+                track.ref = weakref.ref(opt)
+                track.signature = group_signature(opt)
+            params = [index.params[i].ref() for i in ids]
+            live = [(i, p) for i, p in zip(ids, params) if p is not None]
+            track.set_params(
+                [i for i, _ in live], [p for _, p in live], [index.params[i].layer for i, _ in live]
+            )
+            track.snapshot = None
+            tracks.append(track)
+        self.tracks = tracks
+
+    def lazy_materialised(self) -> bool:
+        """Whether a lazy parameter got its values since the last sync."""
+        live = (r() for r in self._lazy)
+        return any(not ParamIndex.uninitialized(p) for p in live if p is not None)
+
+    def may_have_changed(self, model: nn.Module) -> bool:
+        """Parameters added to / replaced in the model, or one unfrozen (a cheap look)."""
+        if tuple(map(id, model.parameters())) != self._model_signature:
+            return True
+        tracked = {i for t in self.tracks for i in t.ids}
+        return any(
+            p.requires_grad and info.idx not in tracked
+            for info, p in self.index.live()
+            if not info.outside_model
+        )
+
+    def release(self) -> None:
+        """Drop every reference to parameters and their copies (the watcher closed)."""
+        self.optimizers = []
+        for track in self.tracks:
+            track.params, track.snapshot, track.ref = [], None, None
+            track.snapshot_flat = None
+
+
+def group_signature(opt: torch.optim.Optimizer) -> tuple[int, ...]:
+    """The sizes of ``opt``'s parameter groups: a change means a new layout."""
+    return tuple(len(g["params"]) for g in opt.param_groups)
+
+
+def _coverage(
+    index: ParamIndex,
+    trainable: list[int],
+    frozen: list[int],
+    optimizer_of: dict[int, list[int]],
+    optimizers: list[torch.optim.Optimizer],
+) -> dict[str, int]:
+    params = index.params
+    return {
+        "trainable": len(trainable),
+        "frozen": len(frozen),
+        "trainable_numel": sum(params[i].numel for i in trainable),
+        "frozen_numel": sum(params[i].numel for i in frozen),
+        "in_optimizer": sum(1 for i in trainable if i in optimizer_of),
+        "not_in_optimizer": sum(
+            1 for i in trainable if i not in optimizer_of and not params[i].outside_model
+        )
+        if optimizers
+        else 0,
+        "frozen_in_optimizer": sum(1 for i in frozen if i in optimizer_of),
+        "outside_model": sum(1 for i in optimizer_of if params[i].outside_model),
+        "optimizers": len(optimizers),
+    }
