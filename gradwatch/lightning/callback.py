@@ -112,11 +112,14 @@ class GradWatchCallback(*_CALLBACK_BASES):  # type: ignore[misc]
         config: a :class:`~gradwatch.GradWatchConfig`, a dict of its fields, or a path to a
             YAML/TOML/JSON file (a bad one raises :class:`~gradwatch.ConfigError` here).
         print_summary: print the one-screen summary on rank 0 when fit ends.
-        report_name: file name of the JSON report written to the Trainer's log dir when fit
-            ends (or raises), on rank 0; ``None`` writes none.
+        report_name: file name of the JSON report written when fit ends (or raises), on
+            rank 0, to the run's own folder (the logger's ``version_N/``, or
+            ``<default_root_dir>/gradwatch/<run id>/``) and logged as an artifact by loggers
+            that store files (MLflow, W&B); ``None`` writes none.
         log_metrics: send ``gradwatch/...`` metrics (per-layer gradient norms, total norm,
-            findings count) to the Trainer's loggers on observed steps (every
-            ``config.every_n_steps`` optimizer steps), at Lightning's own logging step.
+            findings count; a ghost layer's norm as 0) to the Trainer's loggers on observed
+            steps (every ``config.every_n_steps`` optimizer steps), at Lightning's own
+            logging step.
 
     Attributes:
         report: the :class:`~gradwatch.Report` of the last fit (also set when fit raised);
