@@ -134,3 +134,16 @@ def test_inductor_graphs_are_the_same_watched_or_not() -> None:
         )
 
     assert graphs(watched=True) == graphs(watched=False)
+
+
+def test_compiled_model_that_never_steps_is_not_a_pass() -> None:
+    """The wrapper's own (eager) hook tells that the model ran: not_observed still fires."""
+    dynamo.reset()
+    model = Net(ghosts=False)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    compiled = torch.compile(model, backend=CompileCounter())
+    with gradwatch.watch(compiled, opt) as watcher:
+        for _ in range(3):
+            compiled(torch.randn(4, 8))  # forward only: nothing is trained nor judged
+    report = watcher.report()
+    assert report.by_check("not_observed") and report.failed

@@ -18,7 +18,9 @@ from torch.utils.hooks import RemovableHandle
 from gradwatch.core.evidence import Tracker, make_forward_hook, make_param_hooks
 from gradwatch.core.index import ParamIndex
 
-__all__ = ["HookSet"]
+__all__ = ["COMPILED_WRAPPER", "HookSet"]
+
+COMPILED_WRAPPER = "<torch.compile wrapper>"  # never a module name (named_modules has no "<")
 
 OnError = Callable[[str, BaseException], None]
 
@@ -101,6 +103,15 @@ class HookSet:
         self.forward[layer] = module.register_forward_hook(hook)
         if not self.keep_all:  # compiled: no stamps, so a ghost's cause reads "unknown"
             self.tracker.fwd_since[layer] = self.tracker.now()
+
+    def hook_compiled_wrapper(self, wrapper: nn.Module) -> None:
+        """Stamp, outside dynamo, that a ``torch.compile`` wrapper ran (and in which grad mode).
+
+        Its layers' hooks stamp nothing while compiled; the wrapper's own hook runs eagerly,
+        so "the model ran" (``not_observed``) still holds. Keyed by a name no layer has.
+        """
+        hook = make_forward_hook(self.tracker, COMPILED_WRAPPER, self._on_error)
+        self.other.append(wrapper.register_forward_hook(hook))
 
     def restore_wanted(self) -> None:
         """Forward hooks back on the layers a step asked for (a ghost seen while trimmed)."""

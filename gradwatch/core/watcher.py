@@ -129,6 +129,7 @@ class Watcher:
         self._hooks = HookSet(self._tracker, self._arrival_callback(), self._faults.callback())
         # Under torch.compile, hooks stay put: adding/removing one costs a recompile.
         self._hooks.keep_all = is_compiled(model)
+        self._wrapper = weakref.ref(model) if hasattr(model, "_orig_mod") else None
         checks: list[Check] = [
             cls(self.config.check(cls.id), self.config)
             for cls in ALL_CHECKS
@@ -216,6 +217,9 @@ class Watcher:
         self._attached = True
         try:
             self._pipe.sync(step=0)
+            wrapper = self._wrapper() if self._wrapper is not None else None
+            if wrapper is not None:
+                self._hooks.hook_compiled_wrapper(wrapper)
             for k, opt in enumerate(self._pipe.structure.optimizers):
                 self._hooks.add(opt.register_step_pre_hook(self._opt_hook(k, pre=True)))
                 self._hooks.add(opt.register_step_post_hook(self._opt_hook(k, pre=False)))
