@@ -34,6 +34,7 @@ from gradwatch.core.evidence import Tracker
 from gradwatch.core.faults import Faults
 from gradwatch.core.findings import FindingLog
 from gradwatch.core.hooks import HookSet
+from gradwatch.core.locations import Locations
 from gradwatch.core.optimizers import unwrap_optimizer
 from gradwatch.core.persist import ReportRefresher
 from gradwatch.core.recorder import LayerRecorder
@@ -126,6 +127,7 @@ class Watcher:
         self._log = FindingLog(self.config)
         self._faults = Faults(self.config, self._log)
         self._tracker = Tracker()
+        self._log.locations = Locations(self._model, self._tracker)  # source lines of findings
         self._hooks = HookSet(self._tracker, self._arrival_callback(), self._faults.callback())
         # Under torch.compile, hooks stay put: adding/removing one costs a recompile.
         self._hooks.keep_all = is_compiled(model)
