@@ -127,7 +127,9 @@ class Watcher:
         self._log = FindingLog(self.config)
         self._faults = Faults(self.config, self._log)
         self._tracker = Tracker()
-        self._log.locations = Locations(self._model, self._tracker)  # source lines of findings
+        self._log.locations = Locations(
+            self._model, self._tracker.called_at, self._tracker.want_call
+        )  # source lines of findings
         self._hooks = HookSet(self._tracker, self._arrival_callback(), self._faults.callback())
         # Under torch.compile, hooks stay put: adding/removing one costs a recompile.
         self._hooks.keep_all = is_compiled(model)
