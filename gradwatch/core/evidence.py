@@ -31,6 +31,9 @@ def _dead() -> None:
 
 Ref = Callable[[], Optional[torch.Tensor]]
 
+# The autograd graph task running now (-1 outside backward): one end callback per task.
+task_id: Callable[[], int] = torch._C._current_graph_task_id
+
 
 class Tracker:
     """Per-parameter hot state, grown as parameters are registered."""
@@ -56,6 +59,7 @@ class Tracker:
         self.pending: set[int] = set()  # parameters whose dirty flag is an unresolved tensor
         self.want_pre: set[int] = set()  # parameters whose resets only values can tell
         self.backward_queued = False  # the end-of-backward callback is queued
+        self.task = -2  # the graph task whose end callback is queued (see core/backward.py)
 
     def now(self) -> int:
         """A fresh event number (later than every event so far)."""
@@ -167,7 +171,7 @@ def make_param_hooks(
             t.last_seq[i] = next(t.counter)
             t.acc_ref[i], t.acc_ver[i] = weakref.ref(g), ver
             t.fresh[i] = False
-            if not t.backward_queued:
+            if t.task != task_id():  # first arrival in this graph task (nested ones too)
                 on_arrival()
         except Exception as exc:
             on_error("post-accumulate hook", exc)

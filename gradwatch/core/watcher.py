@@ -27,6 +27,7 @@ from torch import nn
 
 from gradwatch.checks import ALL_CHECKS, Check
 from gradwatch.config import GradWatchConfig
+from gradwatch.core.backward import BackwardEnds
 from gradwatch.core.build_report import build_report
 from gradwatch.core.distributed import DistSync
 from gradwatch.core.evidence import Tracker
@@ -127,6 +128,7 @@ class Watcher:
         self._log = FindingLog(self.config)
         self._faults = Faults(self.config, self._log)
         self._tracker = Tracker()
+        self._ends = BackwardEnds(self._tracker, self._end_callback(), self._faults.callback())
         self._hooks = HookSet(self._tracker, self._arrival_callback(), self._faults.callback())
         checks: list[Check] = [
             cls(self.config.check(cls.id), self.config)
@@ -229,6 +231,7 @@ class Watcher:
             faults.guard("exit", self._pipe.check_scaler)
         finally:
             self._hooks.remove_all()
+            self._ends.remove()
             if self._model is not None and _ACTIVE.get(self._model) is self:
                 del _ACTIVE[self._model]
             try:
@@ -263,12 +266,20 @@ class Watcher:
 
         def on_arrival() -> None:
             me = wself()
-            if me is None or me._tracker.backward_queued:
-                return
-            me._tracker.backward_queued = True
-            torch.autograd.Variable._execution_engine.queue_callback(me._on_backward_end)
+            if me is not None:
+                me._ends.arrived()
 
         return on_arrival
+
+    def _end_callback(self) -> Callable[[], None]:
+        wself = weakref.ref(self)
+
+        def on_end() -> None:
+            me = wself()
+            if me is not None and not me._closed:
+                me._on_backward_end()
+
+        return on_end
 
     def _on_backward_end(self) -> None:
         try:
