@@ -24,6 +24,7 @@ __all__ = [
     "ChecksConfig",
     "DeadParamConfig",
     "ExplodingGradConfig",
+    "GhostParamConfig",
     "GradWatchConfig",
     "StaleParamConfig",
     "VanishingGradConfig",
@@ -47,6 +48,18 @@ class _ErrorCheck(CheckConfig):
 
 class _InfoCheck(CheckConfig):
     severity: Severity = Field("info", description="Severity of its findings.")
+
+
+class GhostParamConfig(_ErrorCheck):
+    """``ghost_param``: a trainable parameter got no gradient in a step while others did."""
+
+    intermittent_severity: Severity = Field(
+        "info",
+        description="Severity of an intermittent ghost (missing in some steps, present in "
+        "others: MoE routing, LayerDrop) in a single process or under DDP with "
+        "find_unused_parameters=True. Under DDP without it (the job crashes) and for a "
+        "permanent ghost: `severity`.",
+    )
 
 
 class ExplodingGradConfig(CheckConfig):
@@ -94,7 +107,7 @@ class ChecksConfig(BaseModel):
 
     model_config = _STRICT
 
-    ghost_param: _ErrorCheck = Field(default_factory=_ErrorCheck)
+    ghost_param: GhostParamConfig = Field(default_factory=GhostParamConfig)
     missing_zero_grad: _ErrorCheck = Field(default_factory=_ErrorCheck)
     step_without_grad: _ErrorCheck = Field(default_factory=_ErrorCheck)
     nonfinite_grad: _ErrorCheck = Field(default_factory=_ErrorCheck)

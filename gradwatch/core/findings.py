@@ -101,6 +101,8 @@ class FindingLog:
             fields["count"] = finding.count + 1
             fields["message"] = message
             fields["severity"] = severity
+            if hint:
+                fields["hint"] = hint  # the latest state's advice (an intermittent ghost's)
             if names != finding.params:
                 finding.params.extend(n for n in names if n not in finding.params)
             if details:
@@ -108,7 +110,39 @@ class FindingLog:
         self._surface(finding, names or [ident[1] or finding.check])
         return finding
 
+    def get(self, check: str, key: str) -> Optional[Finding]:
+        """The live finding of ``(check, key)`` (its layer, or the key it was emitted with)."""
+        return self._findings.get((check, key))
+
+    def revise(
+        self,
+        check: str,
+        key: str,
+        *,
+        severity: str,
+        message: str,
+        hint: str,
+        details: dict[str, Any],
+    ) -> Optional[Finding]:
+        """Rewrite a finding to the latest state without counting an occurrence.
+
+        A ghost that later receives a gradient is intermittent: its severity, message, hint
+        and details change, its count and steps do not. A warning already emitted stays.
+        """
+        finding = self._findings.get((check, key))
+        if finding is None:
+            return None
+        fields = finding.__dict__
+        fields["severity"] = severity
+        fields["message"] = message
+        fields["hint"] = hint
+        finding.details.update(details)
+        self._surface(finding, finding.params or [key])
+        return finding
+
     def _surface(self, finding: Finding, names: list[str]) -> None:
+        if finding.severity == "info":
+            return  # marked only once it warns: an info finding raised later still warns
         fresh = [n for n in names if (finding.check, n) not in self._warned]
         if not fresh:
             return
@@ -117,7 +151,6 @@ class FindingLog:
             self._fail_fast.append(finding)
         if (
             self.emit_warnings
-            and finding.severity != "info"
             and finding.check not in self.quiet_checks
         ):
             level = _user_stacklevel()

@@ -60,6 +60,23 @@ def unwrap(model: nn.Module) -> nn.Module:
             return model
 
 
+def ddp_find_unused(model: nn.Module) -> Optional[bool]:
+    """``find_unused_parameters`` of the DDP wrapper in ``model`` (``None``: no DDP wrapper).
+
+    Read before unwrapping: an intermittent ghost is harmless with it and crashes DDP
+    without it.
+    """
+    while True:
+        if isinstance(model, nn.parallel.DistributedDataParallel):
+            return bool(model.find_unused_parameters)
+        if isinstance(model, nn.DataParallel):
+            model = model.module
+        elif hasattr(model, "_orig_mod") and isinstance(model._orig_mod, nn.Module):
+            model = model._orig_mod
+        else:
+            return None
+
+
 def _optimizers(optimizer: OptimizerArg) -> list[torch.optim.Optimizer]:
     if optimizer is None:
         return []
@@ -124,6 +141,7 @@ class Watcher:
         if not isinstance(model, nn.Module):
             raise ConfigError(f"watch() needs a torch.nn.Module, got {type(model).__name__}")
         self.config = GradWatchConfig.coerce(config)
+        find_unused = ddp_find_unused(model)
         self._model: Optional[nn.Module] = unwrap(model)
         self._log = FindingLog(self.config)
         self._faults = Faults(self.config, self._log)
@@ -142,7 +160,7 @@ class Watcher:
         self._pipe = StepPipeline(
             self._model,
             self.config,
-            Structure(_optimizers(optimizer), self._tracker),
+            Structure(_optimizers(optimizer), self._tracker, ddp_find_unused=find_unused),
             self._hooks,
             checks,
             self._log,
