@@ -60,6 +60,7 @@ class Tracker:
         self.want_pre: set[int] = set()  # parameters whose resets only values can tell
         self.backward_queued = False  # the end-of-backward callback is queued
         self.task = -2  # the graph task whose end callback is queued (see core/backward.py)
+        self.leader = -1  # the parameter that arrived first in the latest graph task
 
     def now(self) -> int:
         """A fresh event number (later than every event so far)."""
@@ -168,10 +169,22 @@ def make_param_hooks(
                 and (g._base is not None or ver < t.snap_ver[i] + 2)
             ):
                 t.want_pre.add(i)  # accumulated into the step's gradient: reset or not?
+            elif t.pending and i in t.pending:
+                # No value check here (trimmed): a flag core/resets.py raised at an earlier
+                # backward's start is void when the gradient was reset since (a GAN's G).
+                # Fresh and reaching here: replaced or zero_()'d since the step.
+                if (
+                    t.fresh[i]
+                    or t.acc_ref[i]() is not g
+                    or (g._base is None and ver != t.acc_ver[i] + 1)
+                ):
+                    t.dirty[i] = False
+                    t.pending.discard(i)
             t.last_seq[i] = next(t.counter)
             t.acc_ref[i], t.acc_ver[i] = weakref.ref(g), ver
             t.fresh[i] = False
             if t.task != task_id():  # first arrival in this graph task (nested ones too)
+                t.leader = i
                 on_arrival()
         except Exception as exc:
             on_error("post-accumulate hook", exc)

@@ -35,6 +35,7 @@ from gradwatch.core.faults import Faults
 from gradwatch.core.findings import FindingLog
 from gradwatch.core.hooks import HookSet
 from gradwatch.core.recorder import LayerRecorder
+from gradwatch.core.resets import sweep_resets
 from gradwatch.core.scaler import ScalerWatch
 from gradwatch.core.steps import StepPipeline
 from gradwatch.core.structure import Structure
@@ -286,6 +287,8 @@ class Watcher:
             me = wself()
             if me is not None:
                 me._ends.arrived()
+                if me._hooks.trimmed and me._pipe.structure.optimizers:
+                    sweep_resets(me._tracker, me._pipe.structure.tracks)
 
         return on_arrival
 
