@@ -79,13 +79,31 @@ class ExplodingGradConfig(CheckConfig):
 
 
 class VanishingGradConfig(CheckConfig):
-    """``vanishing_grad``: a layer's mean |grad| stays tiny but non-zero."""
+    """``vanishing_grad``: a layer's gradient is tiny in absolute terms *and* for its own scale.
+
+    A layer vanishes on an observed step when its mean |grad| is below ``min_mean_abs`` (not
+    zero) and its update ratio ``|Δθ|/|θ|`` (with an optimizer; without one, its gradient
+    norm over its parameter norm) is below ``relative`` × the smallest such ratio among the
+    model's layers whose gradients are not tiny (the slowest healthy layer).
+    Adam-family optimizers rescale small gradients, so a layer with tiny gradients that
+    still moves like the others (attention query/key projections at initialisation,
+    LayerScale blocks) is healthy; under SGD, or with gradients so small that Adam's ``eps``
+    swamps them (a deep saturated sigmoid chain), its update falls behind and it fires.
+    Without such a layer to compare with, the absolute rule alone decides.
+    """
 
     min_mean_abs: float = Field(
         1e-7,
         gt=0,
-        description="Mean absolute gradient over a layer below this counts as vanishing "
+        description="A layer whose mean absolute gradient is at or above this never vanishes "
         "(1e-7, as SageMaker Debugger's rule).",
+    )
+    relative: float = Field(
+        0.01,
+        gt=0,
+        description="...and it vanishes only when its update ratio (without an optimizer: "
+        "gradient norm / parameter norm) is below this fraction of the smallest such ratio "
+        "among the model's layers whose mean |grad| is at least min_mean_abs, on that step.",
     )
     patience: int = Field(3, ge=1, description="Consecutive observed steps before it fires.")
 
