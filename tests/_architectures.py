@@ -35,7 +35,9 @@ def _seq2seq(g: torch.Generator) -> dict[str, torch.Tensor]:
     return {"input_ids": _ids(g), "labels": _ids(g, 6)}
 
 
-def _image(size: int = 32, channels: int = 3) -> Callable[[torch.Generator], dict[str, torch.Tensor]]:
+def _image(
+    size: int = 32, channels: int = 3
+) -> Callable[[torch.Generator], dict[str, torch.Tensor]]:
     def batch(g: torch.Generator) -> dict[str, torch.Tensor]:
         return {
             "pixel_values": torch.randn(B, channels, size, size, generator=g),
@@ -157,31 +159,152 @@ def _clip() -> tuple[nn.Module, Callable[[torch.Generator], dict[str, torch.Tens
 MOE = {"num_local_experts": 4, "num_experts_per_tok": 2}
 
 ARCHITECTURES: dict[str, Build] = {
-    "bert": _with("BertForSequenceClassification", "BertConfig", _classify, **TEXT, intermediate_size=64),
-    "roberta": _with("RobertaForMaskedLM", "RobertaConfig", _lm, **TEXT, intermediate_size=64, pad_token_id=1),
-    "distilbert": _with("DistilBertForSequenceClassification", "DistilBertConfig", _classify, vocab_size=V, dim=32, n_layers=2, n_heads=4, hidden_dim=64),
-    "albert": _with("AlbertForMaskedLM", "AlbertConfig", _lm, **TEXT, intermediate_size=64, embedding_size=16),
-    "electra": _with("ElectraForSequenceClassification", "ElectraConfig", _classify, **TEXT, intermediate_size=64, embedding_size=16),
-    "gpt2": _with("GPT2LMHeadModel", "GPT2Config", _lm, vocab_size=V, bos_token_id=1, eos_token_id=2, n_embd=32, n_layer=2, n_head=4, n_positions=32),
-    "gpt_neo": _with("GPTNeoForCausalLM", "GPTNeoConfig", _lm, vocab_size=V, hidden_size=32, num_layers=2, num_heads=4, attention_types=[[["global", "local"], 1]], max_position_embeddings=32),
-    "opt": _with("OPTForCausalLM", "OPTConfig", _lm, **TEXT, ffn_dim=64, word_embed_proj_dim=32, max_position_embeddings=32),
+    "bert": _with(
+        "BertForSequenceClassification", "BertConfig", _classify, **TEXT, intermediate_size=64
+    ),
+    "roberta": _with(
+        "RobertaForMaskedLM", "RobertaConfig", _lm, **TEXT, intermediate_size=64, pad_token_id=1
+    ),
+    "distilbert": _with(
+        "DistilBertForSequenceClassification",
+        "DistilBertConfig",
+        _classify,
+        vocab_size=V,
+        dim=32,
+        n_layers=2,
+        n_heads=4,
+        hidden_dim=64,
+    ),
+    "albert": _with(
+        "AlbertForMaskedLM", "AlbertConfig", _lm, **TEXT, intermediate_size=64, embedding_size=16
+    ),
+    "electra": _with(
+        "ElectraForSequenceClassification",
+        "ElectraConfig",
+        _classify,
+        **TEXT,
+        intermediate_size=64,
+        embedding_size=16,
+    ),
+    "gpt2": _with(
+        "GPT2LMHeadModel",
+        "GPT2Config",
+        _lm,
+        vocab_size=V,
+        bos_token_id=1,
+        eos_token_id=2,
+        n_embd=32,
+        n_layer=2,
+        n_head=4,
+        n_positions=32,
+    ),
+    "gpt_neo": _with(
+        "GPTNeoForCausalLM",
+        "GPTNeoConfig",
+        _lm,
+        vocab_size=V,
+        hidden_size=32,
+        num_layers=2,
+        num_heads=4,
+        attention_types=[[["global", "local"], 1]],
+        max_position_embeddings=32,
+    ),
+    "opt": _with(
+        "OPTForCausalLM",
+        "OPTConfig",
+        _lm,
+        **TEXT,
+        ffn_dim=64,
+        word_embed_proj_dim=32,
+        max_position_embeddings=32,
+    ),
     "llama": _decoder("LlamaForCausalLM", "LlamaConfig", **LLAMA_LIKE),
     "mistral": _decoder("MistralForCausalLM", "MistralConfig", **LLAMA_LIKE),
     "qwen2": _decoder("Qwen2ForCausalLM", "Qwen2Config", **LLAMA_LIKE),
     "gemma": _decoder("GemmaForCausalLM", "GemmaConfig", **LLAMA_LIKE, head_dim=8),
-    "phi": _decoder("PhiForCausalLM", "PhiConfig", intermediate_size=64, max_position_embeddings=64),
+    "phi": _decoder(
+        "PhiForCausalLM", "PhiConfig", intermediate_size=64, max_position_embeddings=64
+    ),
     "falcon": _decoder("FalconForCausalLM", "FalconConfig"),
-    "bloom": _with("BloomForCausalLM", "BloomConfig", _lm, vocab_size=V, hidden_size=32, n_layer=2, n_head=4),
-    "t5": _with("T5ForConditionalGeneration", "T5Config", _seq2seq, vocab_size=V, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4, decoder_start_token_id=0),
-    "bart": _with("BartForConditionalGeneration", "BartConfig", _seq2seq, vocab_size=V, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=32),
+    "bloom": _with(
+        "BloomForCausalLM", "BloomConfig", _lm, vocab_size=V, hidden_size=32, n_layer=2, n_head=4
+    ),
+    "t5": _with(
+        "T5ForConditionalGeneration",
+        "T5Config",
+        _seq2seq,
+        vocab_size=V,
+        d_model=32,
+        d_kv=8,
+        d_ff=64,
+        num_layers=2,
+        num_heads=4,
+        decoder_start_token_id=0,
+    ),
+    "bart": _with(
+        "BartForConditionalGeneration",
+        "BartConfig",
+        _seq2seq,
+        vocab_size=V,
+        d_model=32,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=64,
+        decoder_ffn_dim=64,
+        max_position_embeddings=32,
+    ),
     "vit": _with("ViTForImageClassification", "ViTConfig", _image(), **VISION),
     "deit": _with("DeiTForImageClassification", "DeiTConfig", _image(), **VISION),
-    "swin": _with("SwinForImageClassification", "SwinConfig", _image(), image_size=32, patch_size=4, embed_dim=16, depths=[1, 1], num_heads=[2, 4], window_size=4, num_labels=3),
-    "convnext": _with("ConvNextForImageClassification", "ConvNextConfig", _image(), num_stages=2, hidden_sizes=[16, 32], depths=[1, 1], num_labels=3),
-    "resnet": _with("ResNetForImageClassification", "ResNetConfig", _image(), embedding_size=16, hidden_sizes=[16, 32], depths=[1, 1], num_labels=3),
+    "swin": _with(
+        "SwinForImageClassification",
+        "SwinConfig",
+        _image(),
+        image_size=32,
+        patch_size=4,
+        embed_dim=16,
+        depths=[1, 1],
+        num_heads=[2, 4],
+        window_size=4,
+        num_labels=3,
+    ),
+    "convnext": _with(
+        "ConvNextForImageClassification",
+        "ConvNextConfig",
+        _image(),
+        num_stages=2,
+        hidden_sizes=[16, 32],
+        depths=[1, 1],
+        num_labels=3,
+    ),
+    "resnet": _with(
+        "ResNetForImageClassification",
+        "ResNetConfig",
+        _image(),
+        embedding_size=16,
+        hidden_sizes=[16, 32],
+        depths=[1, 1],
+        num_labels=3,
+    ),
     "wav2vec2": _wav2vec2,
     "whisper": _whisper,
     "clip": _clip,
-    "switch_transformers": _with("SwitchTransformersForConditionalGeneration", "SwitchTransformersConfig", _seq2seq, vocab_size=V, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_decoder_layers=2, num_heads=4, num_experts=4, encoder_sparse_step=1, decoder_sparse_step=1, decoder_start_token_id=0),
+    "switch_transformers": _with(
+        "SwitchTransformersForConditionalGeneration",
+        "SwitchTransformersConfig",
+        _seq2seq,
+        vocab_size=V,
+        d_model=32,
+        d_kv=8,
+        d_ff=64,
+        num_layers=2,
+        num_decoder_layers=2,
+        num_heads=4,
+        num_experts=4,
+        encoder_sparse_step=1,
+        decoder_sparse_step=1,
+        decoder_start_token_id=0,
+    ),
     "mixtral": _decoder("MixtralForCausalLM", "MixtralConfig", **LLAMA_LIKE, **MOE),
 }

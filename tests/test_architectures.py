@@ -8,12 +8,9 @@ nothing else at ``warning`` or above, with every layer check on every step.
 
 from __future__ import annotations
 
-from typing import Callable
-
 import pytest
 import torch
 from _architectures import ARCHITECTURES
-from torch import nn
 
 import gradwatch
 

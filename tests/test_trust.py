@@ -125,7 +125,9 @@ def test_layerdrop_layers_are_intermittent_info_with_exact_counts() -> None:
         missing = sum(d[k] for d in model.dropped)
         if missing:
             expected[f"layers.{k}"] = (missing, len(model.dropped) - missing)
-    assert {m: (f.details["steps_missing"], f.details["steps_seen"]) for m, f in ghosts.items()} == expected
+    assert {
+        m: (f.details["steps_missing"], f.details["steps_seen"]) for m, f in ghosts.items()
+    } == expected
     for f in ghosts.values():
         never_seen = f.details["steps_seen"] == 0
         assert f.severity == ("error" if never_seen else "info")

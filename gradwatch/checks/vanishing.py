@@ -1,7 +1,7 @@
 """``vanishing_grad``: a layer's gradient is tiny, in absolute terms and for its own scale.
 
 Rule (see :class:`~gradwatch.config.VanishingGradConfig`): mean |grad| below
-``min_mean_abs`` (not zero) *and* a relative scale below ``relative`` × the smallest one
+``min_mean_abs`` (not zero) *and* a relative scale below ``relative`` x the smallest one
 among the layers whose gradients are not tiny, on that step. The relative scale is the layer's update
 ratio ``|Δθ|/|θ|`` when the step's update was measured, else its gradient norm over its
 parameter norm (no optimizer). Without a healthy layer to compare, the absolute rule decides.
@@ -10,7 +10,7 @@ parameter norm (no optimizer). Without a healthy layer to compare, the absolute 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING
 
 from gradwatch.checks._patience import Streaks
 from gradwatch.checks.base import Check, LayerSample, StepView

@@ -83,7 +83,7 @@ class VanishingGradConfig(CheckConfig):
 
     A layer vanishes on an observed step when its mean |grad| is below ``min_mean_abs`` (not
     zero) and its update ratio ``|Δθ|/|θ|`` (with an optimizer; without one, its gradient
-    norm over its parameter norm) is below ``relative`` × the smallest such ratio among the
+    norm over its parameter norm) is below ``relative`` x the smallest such ratio among the
     model's layers whose gradients are not tiny (the slowest healthy layer).
     Adam-family optimizers rescale small gradients, so a layer with tiny gradients that
     still moves like the others (attention query/key projections at initialisation,

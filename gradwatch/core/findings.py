@@ -149,10 +149,7 @@ class FindingLog:
         self._warned.update((finding.check, n) for n in fresh)
         if finding.severity == "error" and self.config.fail_fast:
             self._fail_fast.append(finding)
-        if (
-            self.emit_warnings
-            and finding.check not in self.quiet_checks
-        ):
+        if self.emit_warnings and finding.check not in self.quiet_checks:
             level = _user_stacklevel()
             for name in fresh:
                 warnings.warn(
