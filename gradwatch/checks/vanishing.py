@@ -10,7 +10,7 @@ parameter norm (no optimizer). Without a healthy layer to compare, the absolute 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Optional
 
 from gradwatch.checks._patience import Streaks
 from gradwatch.checks.base import Check, LayerSample, StepView
@@ -54,7 +54,9 @@ class VanishingGrad(Check):
         tiny = {
             layer: s for layer, s in view.layers.items() if s.finite and 0.0 < s.mean_abs < limit
         }
-        kind, scales, ref = "", {}, None  # type: tuple[str, dict[str, float], Optional[float]]
+        kind = ""
+        scales: dict[str, float] = {}
+        ref: Optional[float] = None
         if tiny:
             kind, scales = relative_scales(view.layers)
             # The reference: the slowest layer whose gradients are not tiny. Not a median over
