@@ -17,6 +17,7 @@ from typing import Any, Optional, Union
 from pydantic import BaseModel, ConfigDict, Field
 
 from gradwatch._severity import FailOn, Severity, at_least
+from gradwatch._text import safe
 from gradwatch.config import GradWatchConfig
 from gradwatch.errors import GhostLayerError, GradWatchError
 
@@ -53,9 +54,22 @@ class Finding(BaseModel):
         return ""
 
     def line(self) -> str:
-        """A one-line rendering: ``[severity] check module: message``."""
+        """A one-line rendering: ``[severity] check module: message`` (control bytes escaped)."""
         where = f" {self.module}" if self.module else ""
-        return f"[{self.severity}] {self.check}{where}: {self.message}"
+        return safe(f"[{self.severity}] {self.check}{where}: {self.message}")
+
+    def key(self) -> tuple[str, ...]:
+        """What identifies this finding across runs: check and layer (or parameters), no steps."""
+        if self.module:
+            return (self.check, "module", self.module)
+        if self.params:
+            return (self.check, "params", *sorted(self.params))
+        other = self.details.get("where") or self.details.get("reason") or self.cause()
+        return (self.check, "other", str(other))
+
+    def baselined(self) -> bool:
+        """Whether a baseline accepted this finding (``details.baselined``): it fails nothing."""
+        return self.details.get("baselined") is True
 
 
 class LayerStats(BaseModel):
@@ -136,12 +150,37 @@ class Report(BaseModel):
     param_map: Optional[dict[str, Any]] = None
 
     def failing(self) -> list[Finding]:
-        """The findings at or above ``fail_on``."""
-        return [f for f in self.findings if at_least(f.severity, self.fail_on)]
+        """The findings at or above ``fail_on`` (except those a baseline accepted)."""
+        return [
+            f for f in self.findings if at_least(f.severity, self.fail_on) and not f.baselined()
+        ]
 
     def by_check(self, check: str) -> list[Finding]:
         """The findings of one check id."""
         return [f for f in self.findings if f.check == check]
+
+    def with_baseline(self, baseline: Report) -> Report:
+        """A copy where the findings already in ``baseline`` are accepted: they fail nothing.
+
+        Findings match on :meth:`Finding.key` (check and layer or parameters), never on step
+        numbers. Accepted ones get ``details.baselined = True``; ``failed`` is recomputed
+        from the others, so only new findings fail the run.
+
+        Example:
+            >>> old = Report.read("gradwatch-baseline.json")  # doctest: +SKIP
+            >>> watcher.report().with_baseline(old).failed  # doctest: +SKIP
+            False
+        """
+        known = {f.key() for f in baseline.findings}
+        out = self.model_copy(deep=True)
+        for f in out.findings:
+            # A fresh dict each: findings copied from one another may share theirs.
+            details = {k: v for k, v in f.details.items() if k != "baselined"}
+            if f.key() in known:
+                details["baselined"] = True
+            f.details = details
+        out.failed = bool(out.failing())
+        return out
 
     def raise_for_findings(self) -> None:
         """Raise when the report failed.
@@ -153,7 +192,7 @@ class Report(BaseModel):
         failing = self.failing()
         if not failing:
             return
-        lines = "; ".join(f.line() + f" [{', '.join(f.params[:8])}]" for f in failing)
+        lines = "; ".join(f.line() + f" [{safe(', '.join(f.params[:8]))}]" for f in failing)
         cls = GhostLayerError if any(f.check == "ghost_param" for f in failing) else GradWatchError
         raise cls(f"gradwatch found {len(failing)} problem(s): {lines}")
 
@@ -181,17 +220,24 @@ class Report(BaseModel):
         """Load a report written by :meth:`write`."""
         return cls.model_validate_json(Path(path).read_text(encoding="utf-8"))
 
-    def summary(self, *, color: bool = False, width: int = 110) -> str:
-        """The console summary as text (a findings table and the totals)."""
+    def summary(self, *, color: bool = False, width: int = 110, style: str = "diagnostic") -> str:
+        """The console rendering as text: one block per finding, or ``style="table"``."""
         from gradwatch.render.console import render_text
 
-        return render_text(self, color=color, width=width)
+        return render_text(self, color=color, width=width, style=style)
 
-    def print(self, file: Any = None) -> None:
-        """Print the summary to ``file`` (stdout by default), in colour on a terminal."""
+    def print(self, file: Any = None, *, style: str = "diagnostic") -> None:
+        """Print the findings to ``file`` (stdout by default), in colour on a terminal.
+
+        ``style="diagnostic"`` (default) prints one compiler-style block per finding;
+        ``style="table"`` a compact table.
+
+        Example:
+            >>> report.print(style="table")  # doctest: +SKIP
+        """
         from gradwatch.render.console import print_report
 
-        print_report(self, file=file)
+        print_report(self, file=file, style=style)
 
     def to_html(self, path: Union[str, Path]) -> Path:
         """Write a self-contained HTML report with plots (needs ``matplotlib``)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from gradwatch.checks.base import Check, StepView, StructureView
+from gradwatch.checks.docs import CheckDoc
 from gradwatch.config import GhostParamConfig
 
 if TYPE_CHECKING:
@@ -39,6 +40,28 @@ class GhostParam(Check):
     """
 
     id = "ghost_param"
+    doc = CheckDoc(
+        summary="A trainable parameter got no gradient between two optimizer steps while "
+        "others did.",
+        why="The optimizer holds it but it never learns: it keeps its initial values, wastes "
+        "memory, and under DDP without find_unused_parameters=True the job crashes with "
+        "'Expected to have finished reduction'. A permanent ghost is an error; an intermittent one "
+        "(MoE routing, LayerDrop: a branch taken sometimes) is info in one process or under "
+        "DDP with find_unused_parameters=True, and an error under DDP without it.",
+        causes=(
+            "not_called: a layer built in __init__ that forward() never calls (a forgotten "
+            "auxiliary head, a renamed attribute).",
+            "no_grad: its module ran under torch.no_grad()/inference_mode, or inside a "
+            "reentrant torch.utils.checkpoint whose inputs do not require grad.",
+            "disconnected: it ran with gradients on, but its output never reached the loss "
+            "(.detach(), .data, a .item()/.numpy() round trip, an ignored pooler output).",
+            "unknown: a functional call or a parameter used outside its module.",
+        ),
+        fix="Follow details.cause and the source lines in the finding (defined_at: where the "
+        "layer is created; called_at: the line that called it). Call the layer, remove it, "
+        "freeze it (requires_grad_(False)) if it is not meant to train, or use "
+        "checkpoint(..., use_reentrant=False).",
+    )
     config: GhostParamConfig
 
     def __init__(self, config, watch_config) -> None:  # type: ignore[no-untyped-def]
@@ -138,4 +161,5 @@ class GhostParam(Check):
 
 def _message(n: int, layer: str, lost: int, seen: int, step: int, where: str, cause: str) -> str:
     when = f"in {lost} of {lost + seen} steps" if seen else f"at step {step}"
-    return f"{n} parameter(s) of '{layer}' got no gradient {when}{where} (cause: {cause})."
+    noun = "parameter" if n == 1 else "parameters"
+    return f"{n} {noun} of '{layer}' got no gradient {when}{where} (cause: {cause})."

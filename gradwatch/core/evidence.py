@@ -22,6 +22,8 @@ from typing import Any, Callable, Optional
 
 import torch
 
+from gradwatch.core.locations import call_site
+
 DirtyFlag = Any  # bool | torch.Tensor
 
 
@@ -61,6 +63,8 @@ class Tracker:
         self.backward_queued = False  # the end-of-backward callback is queued
         self.task = -2  # the graph task whose end callback is queued (see core/backward.py)
         self.leader = -1  # the parameter that arrived first in the latest graph task
+        self.want_call: set[str] = set()  # flagged layers whose caller's line is wanted
+        self.called_at: dict[str, str] = {}  # layer -> "file:line" that called it
 
     def now(self) -> int:
         """A fresh event number (later than every event so far)."""
@@ -213,6 +217,11 @@ def make_forward_hook(
                 t.fwd_nograd[layer] = seq
             if layer not in t.fwd_first:
                 t.fwd_first[layer] = seq
+            if t.want_call and layer in t.want_call:  # once, for a flagged layer only
+                t.want_call.discard(layer)
+                site = call_site()
+                if site is not None:
+                    t.called_at[layer] = site
         except Exception as exc:
             if on_error is None:
                 raise

@@ -34,6 +34,7 @@ from gradwatch.core.evidence import Tracker
 from gradwatch.core.faults import Faults
 from gradwatch.core.findings import FindingLog
 from gradwatch.core.hooks import HookSet
+from gradwatch.core.locations import Locations
 from gradwatch.core.persist import ReportRefresher
 from gradwatch.core.recorder import LayerRecorder
 from gradwatch.core.resets import sweep_resets
@@ -149,6 +150,7 @@ class Watcher:
         self._faults = Faults(self.config, self._log)
         self._tracker = Tracker()
         self._ends = BackwardEnds(self._tracker, self._end_callback(), self._faults.callback())
+        self._log.locations = Locations(self._model, self._tracker)  # source lines of findings
         self._hooks = HookSet(self._tracker, self._arrival_callback(), self._faults.callback())
         checks: list[Check] = [
             cls(self.config.check(cls.id), self.config)

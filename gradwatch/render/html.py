@@ -111,6 +111,16 @@ def _header(report: Report) -> str:
     )
 
 
+def _locations_html(f: Finding) -> str:
+    """The finding's source lines (``defined_at``/``called_at``) under its message."""
+    parts = [
+        f"{label} <code>{_e(f.details[key])}</code>"
+        for key, label in (("defined_at", "defined at"), ("called_at", "called at"))
+        if f.details.get(key)
+    ]
+    return f'<br><small class="loc">{"; ".join(parts)}</small>' if parts else ""
+
+
 def _findings(report: Report) -> str:
     if not report.findings:
         return '<h2>Findings</h2><p class="empty">No findings.</p>'
@@ -122,7 +132,7 @@ def _findings(report: Report) -> str:
         steps = f"{f.first_step}&ndash;{f.last_step} (&times;{f.count})"
         rows.append(
             f'<tr><td class="sev-{_e(f.severity)}">{_e(f.severity)}</td><td><code>{_e(f.check)}'
-            f"</code></td><td>{_params_cell(f)}</td><td>{_e(f.message)}</td>"
+            f"</code></td><td>{_params_cell(f)}</td><td>{_e(f.message)}{_locations_html(f)}</td>"
             f"<td>{_e(f.cause())}</td><td>{_e(f.hint)}</td><td>{steps}</td></tr>"
         )
     head = "".join(
