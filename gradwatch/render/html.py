@@ -219,7 +219,12 @@ def render_html(report: Report) -> str:
         MissingExtraError: when matplotlib is not installed (``pip install gradwatch[html]``).
     """
     _require_matplotlib()
-    from gradwatch.render.html_plots import gradient_flow, norm_timelines, update_ratios
+    from gradwatch.render.html_plots import (
+        curvature_bars,
+        gradient_flow,
+        norm_timelines,
+        update_ratios,
+    )
 
     title = f"gradwatch report: {'FAILED' if report.failed else 'passed'}"
     parts = [
@@ -228,6 +233,7 @@ def render_html(report: Report) -> str:
         _chart("Gradient flow", gradient_flow, report, "No layer statistics were recorded."),
         _chart("Gradient norm history", norm_timelines, report, "No norm history was recorded."),
         _chart("Update ratio", update_ratios, report, "No layer statistics were recorded."),
+        *([_chart("Curvature", curvature_bars, report, "")] if report.curvature else []),
         _coverage(report),
         _layers_table(report),
     ]

@@ -19,136 +19,46 @@ from __future__ import annotations
 
 import bisect
 import functools
-import hashlib
 import json
 import math
 import operator
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any, Literal, Optional, SupportsIndex
 
 import torch
 from torch import Tensor, nn
 
+from gradwatch.vectors._layout import (
+    ParamEntry,
+    ParamMapError,
+    Patterns,
+    _collect,
+    _dtype_name,
+    _fingerprint,
+    _listed,
+    _patterns,
+    _unravel,
+    entry_from_dict,
+    entry_to_dict,
+    layout_diffs,
+)
 from gradwatch.vectors.quant import Scheme, dequantize_flat, quantize_flat
+from gradwatch.vectors.shard import Shard, shard_spans
+from gradwatch.vectors.sketch import (
+    DEFAULT_CHUNK,
+    DEFAULT_DENSITY,
+    sketch,
+    sketch_tensors,
+    unsketch,
+)
 
-__all__ = ["ParamEntry", "ParamMap", "ParamMapError"]
+__all__ = ["ParamEntry", "ParamMap", "ParamMapError", "Shard"]
 
-Kind = Literal["param", "buffer"]
 Source = Literal["data", "grad"]
 Missing = Literal["error", "zeros"]
 
 _FORMAT = "gradwatch.vectors.parammap"
 _FORMAT_VERSION = 1
-_MAX_LISTED = 10
-
-
-class ParamMapError(ValueError):
-    """A vector, module or document does not match a :class:`ParamMap`."""
-
-
-@dataclass(frozen=True)
-class ParamEntry:
-    """One distinct tensor of a :class:`ParamMap`.
-
-    Attributes:
-        names: every name the module exposes the tensor under; tied parameters have
-            several, the first (in ``named_parameters()`` order) is canonical.
-        offset: index of the tensor's first element in the flat vector.
-        numel: number of elements.
-        shape: the tensor's shape; elements are laid out in row-major order of it,
-            whatever the tensor's strides.
-        dtype: the tensor's dtype.
-        device: the tensor's device when the map was built or bound.
-        kind: ``"param"`` or ``"buffer"``.
-        requires_grad: whether the tensor required grad when the map was built.
-
-    Example:
-        >>> ParamMap.from_module(torch.nn.Linear(3, 2))["bias"].offset
-        6
-    """
-
-    names: tuple[str, ...]
-    offset: int
-    numel: int
-    shape: tuple[int, ...]
-    dtype: torch.dtype
-    device: torch.device
-    kind: Kind
-    requires_grad: bool
-
-    @property
-    def name(self) -> str:
-        """The canonical (first) name."""
-        return self.names[0]
-
-    @property
-    def end(self) -> int:
-        """One past the index of the tensor's last element in the flat vector."""
-        return self.offset + self.numel
-
-
-def _dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
-def _parse_dtype(name: object) -> torch.dtype:
-    dtype = getattr(torch, name, None) if isinstance(name, str) else None
-    if not isinstance(dtype, torch.dtype):
-        raise ParamMapError(f"unknown dtype {name!r} in parameter map document")
-    return dtype
-
-
-def _listed(names: Sequence[str]) -> str:
-    shown = ", ".join(repr(n) for n in names[:_MAX_LISTED])
-    more = len(names) - _MAX_LISTED
-    return shown + (f" and {more} more" if more > 0 else "")
-
-
-def _unravel(index: int, shape: Sequence[int]) -> tuple[int, ...]:
-    coords = []
-    for size in reversed(shape):
-        index, rem = divmod(index, size)
-        coords.append(rem)
-    return tuple(reversed(coords))
-
-
-def _fingerprint(entries: Sequence[ParamEntry]) -> str:
-    # Devices and requires_grad are left out: moving or freezing a model keeps its layout.
-    doc = [[list(e.names), list(e.shape), _dtype_name(e.dtype), e.kind] for e in entries]
-    digest = hashlib.sha256(json.dumps(doc, separators=(",", ":")).encode()).hexdigest()
-    return f"sha256:{digest}"
-
-
-def _collect(
-    module: nn.Module, trainable_only: bool, include_buffers: bool
-) -> tuple[list[ParamEntry], list[Tensor]]:
-    groups: dict[int, tuple[list[str], Tensor, Kind]] = {}
-    named: list[tuple[str, Tensor, Kind]] = [
-        (n, p, "param")
-        for n, p in module.named_parameters(remove_duplicate=False)
-        if p.requires_grad or not trainable_only
-    ]
-    if include_buffers:
-        named += [(n, b, "buffer") for n, b in module.named_buffers(remove_duplicate=False)]
-    for name, tensor, kind in named:
-        if nn.parameter.is_lazy(tensor):
-            raise ParamMapError(
-                f"{kind} {name!r} is uninitialized (lazy module); run a forward first"
-            )
-        # Tied tensors are the same object under several names: one entry, all names.
-        groups.setdefault(id(tensor), ([], tensor, kind))[0].append(name)
-    entries, tensors, offset = [], [], 0
-    for names, t, kind in groups.values():
-        shape = tuple(t.shape)
-        entries.append(
-            ParamEntry(
-                tuple(names), offset, t.numel(), shape, t.dtype, t.device, kind, t.requires_grad
-            )
-        )
-        tensors.append(t)
-        offset += t.numel()
-    return entries, tensors
 
 
 class ParamMap:
@@ -173,6 +83,8 @@ class ParamMap:
         *,
         trainable_only: bool = True,
         include_buffers: bool = False,
+        include: Patterns = None,
+        exclude: Patterns = None,
     ) -> None:
         """Create an unbound map from entries (normally use :meth:`from_module`).
 
@@ -180,6 +92,8 @@ class ParamMap:
             entries: contiguous entries in flat order, starting at offset 0.
             trainable_only: the option the entries were collected with.
             include_buffers: the option the entries were collected with.
+            include: the selection the entries were collected with.
+            exclude: the selection the entries were collected with.
 
         Raises:
             ParamMapError: if offsets, sizes, kinds or names are inconsistent.
@@ -204,28 +118,57 @@ class ParamMap:
         self._fingerprint = _fingerprint(self._entries)
         self._trainable_only = trainable_only
         self._include_buffers = include_buffers
+        self._include = _patterns("include", include)
+        self._exclude = _patterns("exclude", exclude)
         self._tensors: Optional[tuple[Tensor, ...]] = None
 
     @classmethod
     def from_module(
-        cls, model: nn.Module, *, trainable_only: bool = True, include_buffers: bool = False
+        cls,
+        model: nn.Module,
+        *,
+        include: Patterns = None,
+        exclude: Patterns = None,
+        trainable_only: bool = True,
+        include_buffers: bool = False,
     ) -> ParamMap:
-        """Map ``model``'s parameters, bound to its tensors.
+        """Map ``model``'s parameters (or the subset the patterns select), bound to its tensors.
+
+        ``include``/``exclude`` are ``fnmatch`` patterns (case-sensitive, ``*`` crosses
+        dots) over parameter names; a tied tensor is selected when any of its names
+        matches and dropped when any matches ``exclude``. The selection is recorded in
+        the JSON map, so :meth:`bind` maps the same subset of another instance: that is
+        how an adapter (LoRA weights, a head) travels between copies of a base model.
 
         Args:
             model: the module to map.
+            include: keep only tensors with a name matching one of these patterns.
+            exclude: drop tensors with a name matching one of these patterns.
             trainable_only: skip parameters with ``requires_grad=False``.
             include_buffers: append ``named_buffers()`` after the parameters.
 
         Returns:
             A bound map.
 
+        Raises:
+            ParamMapError: an ``include`` pattern that matches nothing (or only frozen
+                parameters while ``trainable_only``), or a malformed pattern.
+
         Example:
             >>> ParamMap.from_module(torch.nn.BatchNorm1d(3), include_buffers=True).names
             ['weight', 'bias', 'running_mean', 'running_var', 'num_batches_tracked']
+            >>> ParamMap.from_module(torch.nn.Linear(3, 2), exclude="bias").names
+            ['weight']
         """
-        entries, tensors = _collect(model, trainable_only, include_buffers)
-        pmap = cls(entries, trainable_only=trainable_only, include_buffers=include_buffers)
+        inc, exc = _patterns("include", include), _patterns("exclude", exclude)
+        entries, tensors = _collect(model, trainable_only, include_buffers, inc, exc)
+        pmap = cls(
+            entries,
+            trainable_only=trainable_only,
+            include_buffers=include_buffers,
+            include=inc,
+            exclude=exc,
+        )
         pmap._tensors = tuple(tensors)
         return pmap
 
@@ -248,7 +191,12 @@ class ParamMap:
 
     def __repr__(self) -> str:
         state = "bound" if self.is_bound else "unbound"
-        return f"ParamMap({len(self)} entries, {self._numel} elements, {state}, {self._fingerprint[:19]})"
+        sel = "".join(
+            f", {k}={list(v)}"
+            for k, v in (("include", self._include), ("exclude", self._exclude))
+            if v
+        )
+        return f"ParamMap({len(self)} entries, {self._numel} elements, {state}{sel}, {self._fingerprint[:19]})"
 
     @property
     def entries(self) -> tuple[ParamEntry, ...]:
@@ -275,6 +223,14 @@ class ParamMap:
     def fingerprint(self) -> str:
         """``sha256:`` digest of the names, shapes, dtypes and kinds, in order."""
         return self._fingerprint
+
+    @property
+    def selection(self) -> dict[str, Optional[list[str]]]:
+        """The ``include``/``exclude`` patterns the map was built with (``None``: no filter)."""
+        return {
+            "include": None if self._include is None else list(self._include),
+            "exclude": None if self._exclude is None else list(self._exclude),
+        }
 
     @property
     def is_bound(self) -> bool:
@@ -466,19 +422,6 @@ class ParamMap:
     # --- documents ----------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         """The memory map as a JSON-serialisable dict (see :meth:`to_json`)."""
-        entries = [
-            {
-                "names": list(e.names),
-                "offset": e.offset,
-                "numel": e.numel,
-                "shape": list(e.shape),
-                "dtype": _dtype_name(e.dtype),
-                "device": str(e.device),
-                "kind": e.kind,
-                "requires_grad": e.requires_grad,
-            }
-            for e in self._entries
-        ]
         return {
             "format": _FORMAT,
             "version": _FORMAT_VERSION,
@@ -488,7 +431,8 @@ class ParamMap:
             "offsets_in": "elements",
             "trainable_only": self._trainable_only,
             "include_buffers": self._include_buffers,
-            "entries": entries,
+            **self.selection,
+            "entries": [entry_to_dict(e) for e in self._entries],
         }
 
     def to_json(self, indent: Optional[int] = 2) -> str:
@@ -511,23 +455,12 @@ class ParamMap:
                 raise ParamMapError(
                     f"not a gradwatch parameter map v{_FORMAT_VERSION} (format {doc.get('format')!r}, version {doc.get('version')!r})"
                 )
-            entries = [
-                ParamEntry(
-                    tuple(str(n) for n in d["names"]),
-                    int(d["offset"]),
-                    int(d["numel"]),
-                    tuple(int(s) for s in d["shape"]),
-                    _parse_dtype(d["dtype"]),
-                    torch.device(d["device"]),
-                    d["kind"],
-                    bool(d["requires_grad"]),
-                )
-                for d in doc["entries"]
-            ]
             pmap = cls(
-                entries,
+                [entry_from_dict(d) for d in doc["entries"]],
                 trainable_only=bool(doc["trainable_only"]),
                 include_buffers=bool(doc["include_buffers"]),
+                include=doc.get("include"),
+                exclude=doc.get("exclude"),
             )
         except (KeyError, TypeError, RuntimeError, AttributeError) as exc:
             raise ParamMapError(f"malformed parameter map document: {exc!r}") from exc
@@ -557,7 +490,8 @@ class ParamMap:
     def check_compatible(self, model: nn.Module) -> list[str]:
         """List how ``model``'s layout differs from this map (empty when compatible).
 
-        The model is mapped with this map's ``trainable_only``/``include_buffers``;
+        The model is mapped with this map's ``trainable_only``/``include_buffers`` and
+        ``include``/``exclude`` selection;
         devices do not count.
 
         Example:
@@ -565,34 +499,21 @@ class ParamMap:
             >>> pmap.check_compatible(torch.nn.Linear(3, 4))
             ["'weight': shape [2, 3] in the map, [4, 3] in the model", "'bias': shape [2] in the map, [4] in the model"]
         """
-        other = ParamMap.from_module(
-            model, trainable_only=self._trainable_only, include_buffers=self._include_buffers
+        other = ParamMap(
+            _collect(model, *self._options(), check_patterns=False)[0],
+            trainable_only=self._trainable_only,
+            include_buffers=self._include_buffers,
         )
         if other.fingerprint == self._fingerprint:
             return []
-        mine = {e.name: e for e in self._entries}
-        theirs = {e.name: e for e in other._entries}
-        diffs = [f"{n!r} is missing from the model" for n in mine if n not in theirs]
-        diffs += [f"the model has an extra {theirs[n].kind} {n!r}" for n in theirs if n not in mine]
-        for name, a in mine.items():
-            b = theirs.get(name)
-            if b is None:
-                continue
-            for field in ("names", "shape", "dtype", "kind"):
-                va, vb = getattr(a, field), getattr(b, field)
-                if va != vb:
-                    fmt = _dtype_name if field == "dtype" else list
-                    diffs.append(f"{name!r}: {field} {fmt(va)} in the map, {fmt(vb)} in the model")
-        common = [n for n in mine if n in theirs]
-        if common != [n for n in theirs if n in mine]:
-            diffs.append("the entries are in a different order")
-        return diffs
+        return layout_diffs(self._entries, other._entries)
 
     def bind(self, model: nn.Module) -> ParamMap:
         """Attach ``model``'s tensors (after checking the layout); returns ``self``.
 
         Raises:
-            ParamMapError: listing the differences when the model does not match.
+            ParamMapError: one line naming the first difference (and how many more) when
+                the model does not match; :meth:`check_compatible` lists them all.
 
         Example:
             >>> doc = ParamMap.from_module(torch.nn.Linear(3, 2)).to_json()
@@ -601,11 +522,15 @@ class ParamMap:
         """
         diffs = self.check_compatible(model)
         if diffs:
-            raise ParamMapError(f"model does not match the map: {'; '.join(diffs[:_MAX_LISTED])}")
-        entries, tensors = _collect(model, self._trainable_only, self._include_buffers)
+            more = f" (and {len(diffs) - 1} more differences)" if len(diffs) > 1 else ""
+            raise ParamMapError(f"model does not match the map: {diffs[0]}{more}")
+        entries, tensors = _collect(model, *self._options(), check_patterns=False)
         self._entries = tuple(entries)  # same layout; devices and requires_grad refreshed
         self._tensors = tuple(tensors)
         return self
+
+    def _options(self) -> tuple[bool, bool, Optional[tuple[str, ...]], Optional[tuple[str, ...]]]:
+        return self._trainable_only, self._include_buffers, self._include, self._exclude
 
     # --- quantization -------------------------------------------------------------------
     def _spans(self) -> list[tuple[str, int, int]]:
@@ -656,6 +581,115 @@ class ParamMap:
             return dequantize_flat(qvec, metadata, self._spans(), self._fingerprint)
         except ValueError as exc:
             raise ParamMapError(str(exc)) from exc
+
+    # --- shards and sketches -------------------------------------------------------
+    def shard(self, rank: int, world_size: int) -> Shard:
+        """The contiguous slice of the flat vector that ``rank`` of ``world_size`` owns.
+
+        Rank ``r`` owns ``[r * numel // world_size, (r + 1) * numel // world_size)``;
+        together the shards cover the vector exactly once. The shard lists the entries
+        it covers (``pieces``, the first and last possibly partial), so optimizer state
+        or a checkpoint can be split by rank. Works on unbound maps.
+
+        Raises:
+            ParamMapError: on a rank or world size out of range.
+
+        Example:
+            >>> shard = ParamMap.from_module(torch.nn.Linear(3, 2)).shard(1, 2)
+            >>> shard.start, shard.end, [(p.name, p.start, p.numel) for p in shard.pieces]
+            (4, 8, [('weight', 4, 2), ('bias', 0, 2)])
+        """
+        try:
+            return shard_spans(
+                [(e.name, e.offset, e.numel, e.shape) for e in self._entries],
+                self._numel,
+                rank,
+                world_size,
+            )
+        except ValueError as exc:
+            raise ParamMapError(str(exc)) from exc
+
+    def sketch(
+        self,
+        vec: Optional[Tensor],
+        k: int,
+        seed: int = 0,
+        *,
+        source: Source = "data",
+        density: int = DEFAULT_DENSITY,
+    ) -> Tensor:
+        """A seeded random projection of a flat vector (or of the mapped tensors) to ``k`` numbers.
+
+        Norms and inner products survive within the bound documented in
+        :mod:`gradwatch.vectors.sketch`: the relative error of a norm or an inner
+        product exceeds ``eps`` with probability at most ``2 / (k eps^2)``. Sketches are
+        linear, so the sketch of an update is the difference of the sketches before and
+        after it. Memory is ``O(k + chunk)``: no ``numel x k`` matrix is built.
+
+        Args:
+            vec: a flat vector of :attr:`numel` elements, or ``None`` to sketch the bound
+                tensors (``source``) in place, without flattening them.
+            k: sketch size.
+            seed: selects the projection (the same seed gives the same projection on
+                every device).
+            source: with ``vec=None``, ``"data"`` or ``"grad"``.
+            density: non-zeros per element of the projection (see the sketch module).
+
+        Returns:
+            A float32 (float64 for float64 data) vector of ``k`` numbers.
+
+        Raises:
+            ParamMapError: a vector of the wrong length, or missing gradients.
+
+        Example:
+            >>> pmap = ParamMap.from_module(torch.nn.Linear(300, 100))
+            >>> s = pmap.sketch(None, 256)
+            >>> 0.5 < (s.norm() / pmap.flatten().norm()).item() < 1.5
+            True
+        """
+        try:
+            if vec is not None:
+                if not isinstance(vec, Tensor) or vec.dim() != 1 or vec.numel() != self._numel:
+                    what = tuple(vec.shape) if isinstance(vec, Tensor) else type(vec).__name__
+                    raise ParamMapError(
+                        f"sketch needs a 1-D vector of the map's {self._numel} elements, got {what}"
+                    )
+                return sketch(vec, k, seed, density=density)
+            tensors = self._bound("sketch")
+            if source == "grad":
+                self._no_buffers("sketch(source='grad')")
+                absent = [e.name for e, t in zip(self._entries, tensors) if t.grad is None]
+                if absent:
+                    raise ParamMapError(
+                        f"missing gradients for {_listed(absent)}; run backward() first"
+                    )
+                return sketch_tensors(
+                    [t.grad for t in tensors if t.grad is not None], k, seed, density=density
+                )
+            if source != "data":
+                raise ParamMapError(f"source must be 'data' or 'grad', not {source!r}")
+            return sketch_tensors(tensors, k, seed, density=density)
+        except (ValueError, TypeError) as exc:
+            if isinstance(exc, ParamMapError):
+                raise
+            raise ParamMapError(f"cannot sketch: {exc}") from exc
+
+    def unsketch(self, sk: Tensor, seed: int = 0, *, density: int = DEFAULT_DENSITY) -> Tensor:
+        """The approximate reconstruction ``S^T sk`` of a :meth:`sketch`, a flat vector.
+
+        Unbiased (``E[S^T S x] = x``) with per-element noise of about ``||x|| / sqrt(k)``:
+        it shows where a vector's large elements are (pass it to :meth:`locate` or
+        :meth:`unflatten`), not the small ones.
+
+        Example:
+            >>> pmap = ParamMap.from_module(torch.nn.Linear(300, 100))
+            >>> pmap.unsketch(pmap.sketch(None, 64)).shape
+            torch.Size([30100])
+        """
+        try:
+            return unsketch(sk, self._numel, seed, density=density, chunk=DEFAULT_CHUNK)
+        except (ValueError, TypeError) as exc:
+            raise ParamMapError(f"cannot unsketch: {exc}") from exc
 
     # --- distributed --------------------------------------------------------------------
     def all_reduce_grads(
