@@ -27,6 +27,7 @@ from torch import nn
 
 from gradwatch.checks import ALL_CHECKS, Check
 from gradwatch.config import GradWatchConfig
+from gradwatch.core.backward import BackwardEnds
 from gradwatch.core.build_report import build_report
 from gradwatch.core.compiled import is_compiled
 from gradwatch.core.distributed import DistSync
@@ -38,6 +39,7 @@ from gradwatch.core.locations import Locations
 from gradwatch.core.optimizers import unwrap_optimizer
 from gradwatch.core.persist import ReportRefresher
 from gradwatch.core.recorder import LayerRecorder
+from gradwatch.core.resets import sweep_resets
 from gradwatch.core.scaler import ScalerWatch
 from gradwatch.core.steps import StepPipeline
 from gradwatch.core.structure import Structure
@@ -61,6 +63,23 @@ def unwrap(model: nn.Module) -> nn.Module:
             model = model._orig_mod
         else:
             return model
+
+
+def ddp_find_unused(model: nn.Module) -> Optional[bool]:
+    """``find_unused_parameters`` of the DDP wrapper in ``model`` (``None``: no DDP wrapper).
+
+    Read before unwrapping: an intermittent ghost is harmless with it and crashes DDP
+    without it.
+    """
+    while True:
+        if isinstance(model, nn.parallel.DistributedDataParallel):
+            return bool(model.find_unused_parameters)
+        if isinstance(model, nn.DataParallel):
+            model = model.module
+        elif hasattr(model, "_orig_mod") and isinstance(model._orig_mod, nn.Module):
+            model = model._orig_mod
+        else:
+            return None
 
 
 def _optimizers(optimizer: OptimizerArg) -> list[torch.optim.Optimizer]:
@@ -123,10 +142,12 @@ class Watcher:
         if not isinstance(model, nn.Module):
             raise ConfigError(f"watch() needs a torch.nn.Module, got {type(model).__name__}")
         self.config = GradWatchConfig.coerce(config)
+        find_unused = ddp_find_unused(model)
         self._model: Optional[nn.Module] = unwrap(model)
         self._log = FindingLog(self.config)
         self._faults = Faults(self.config, self._log)
         self._tracker = Tracker()
+        self._ends = BackwardEnds(self._tracker, self._end_callback(), self._faults.callback())
         self._log.locations = Locations(
             self._model, self._tracker.called_at, self._tracker.want_call
         )  # source lines of findings
@@ -146,7 +167,7 @@ class Watcher:
         self._pipe = StepPipeline(
             self._model,
             self.config,
-            Structure(_optimizers(optimizer), self._tracker),
+            Structure(_optimizers(optimizer), self._tracker, ddp_find_unused=find_unused),
             self._hooks,
             checks,
             self._log,
@@ -248,6 +269,7 @@ class Watcher:
         finally:
             self._refresher.uninstall()
             self._hooks.remove_all()
+            self._ends.remove()
             if self._model is not None and _ACTIVE.get(self._model) is self:
                 del _ACTIVE[self._model]
             try:
@@ -292,12 +314,22 @@ class Watcher:
 
         def on_arrival() -> None:
             me = wself()
-            if me is None or me._tracker.backward_queued:
-                return
-            me._tracker.backward_queued = True
-            torch.autograd.Variable._execution_engine.queue_callback(me._on_backward_end)
+            if me is not None:
+                me._ends.arrived()
+                if me._hooks.trimmed and me._pipe.structure.optimizers:
+                    sweep_resets(me._tracker, me._pipe.structure.tracks)
 
         return on_arrival
+
+    def _end_callback(self) -> Callable[[], None]:
+        wself = weakref.ref(self)
+
+        def on_end() -> None:
+            me = wself()
+            if me is not None and not me._closed:
+                me._on_backward_end()
+
+        return on_end
 
     def _on_backward_end(self) -> None:
         try:
