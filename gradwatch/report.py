@@ -302,5 +302,11 @@ class Report(BaseModel):
 
         return write_html(self, Path(path))
 
+    def _repr_html_(self) -> str:
+        """Jupyter's rich display: status, findings table and coverage (no charts)."""
+        from gradwatch.render.html import notebook_html
+
+        return notebook_html(self)
+
     def __str__(self) -> str:
         return self.summary()

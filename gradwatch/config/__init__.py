@@ -33,6 +33,7 @@ __all__ = [
     "ChecksConfig",
     "DeadParamConfig",
     "ExplodingGradConfig",
+    "GhostParamConfig",
     "GradWatchConfig",
     "StaleParamConfig",
     "VanishingGradConfig",
@@ -61,6 +62,18 @@ class _InfoCheck(CheckConfig):
     severity: Severity = Field("info", description="Severity of its findings.")
 
 
+class GhostParamConfig(_ErrorCheck):
+    """``ghost_param``: a trainable parameter got no gradient in a step while others did."""
+
+    intermittent_severity: Severity = Field(
+        "info",
+        description="Severity of an intermittent ghost (missing in some steps, present in "
+        "others: MoE routing, LayerDrop) in a single process or under DDP with "
+        "find_unused_parameters=True. Under DDP without it (the job crashes) and for a "
+        "permanent ghost: `severity`.",
+    )
+
+
 class ExplodingGradConfig(CheckConfig):
     """``exploding_grad``: absolute and relative limits on a layer's gradient L2 norm."""
 
@@ -78,13 +91,31 @@ class ExplodingGradConfig(CheckConfig):
 
 
 class VanishingGradConfig(CheckConfig):
-    """``vanishing_grad``: a layer's mean |grad| stays tiny but non-zero."""
+    """``vanishing_grad``: a layer's gradient is tiny in absolute terms *and* for its own scale.
+
+    A layer vanishes on an observed step when its mean |grad| is below ``min_mean_abs`` (not
+    zero) and its update ratio ``|Δθ|/|θ|`` (with an optimizer; without one, its gradient
+    norm over its parameter norm) is below ``relative`` x the smallest such ratio among the
+    model's layers whose gradients are not tiny (the slowest healthy layer).
+    Adam-family optimizers rescale small gradients, so a layer with tiny gradients that
+    still moves like the others (attention query/key projections at initialisation,
+    LayerScale blocks) is healthy; under SGD, or with gradients so small that Adam's ``eps``
+    swamps them (a deep saturated sigmoid chain), its update falls behind and it fires.
+    Without such a layer to compare with, the absolute rule alone decides.
+    """
 
     min_mean_abs: StrictFloat = Field(
         1e-7,
         gt=0,
-        description="Mean absolute gradient over a layer below this counts as vanishing "
+        description="A layer whose mean absolute gradient is at or above this never vanishes "
         "(1e-7, as SageMaker Debugger's rule).",
+    )
+    relative: StrictFloat = Field(
+        0.01,
+        gt=0,
+        description="...and it vanishes only when its update ratio (without an optimizer: "
+        "gradient norm / parameter norm) is below this fraction of the smallest such ratio "
+        "among the model's layers whose mean |grad| is at least min_mean_abs, on that step.",
     )
     patience: StrictInt = Field(3, ge=1, description="Consecutive observed steps before it fires.")
 
@@ -106,7 +137,7 @@ class ChecksConfig(BaseModel):
 
     model_config = _STRICT
 
-    ghost_param: _ErrorCheck = Field(default_factory=_ErrorCheck)
+    ghost_param: GhostParamConfig = Field(default_factory=GhostParamConfig)
     missing_zero_grad: _ErrorCheck = Field(default_factory=_ErrorCheck)
     step_without_grad: _ErrorCheck = Field(default_factory=_ErrorCheck)
     nonfinite_grad: _ErrorCheck = Field(default_factory=_ErrorCheck)
