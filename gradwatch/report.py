@@ -9,8 +9,6 @@ Example:
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 from typing import Any, Optional, Union
 
@@ -21,7 +19,15 @@ from gradwatch._text import safe
 from gradwatch.config import GradWatchConfig
 from gradwatch.errors import GhostLayerError, GradWatchError
 
-__all__ = ["SCHEMA_VERSION", "Coverage", "Finding", "LayerStats", "Report"]
+__all__ = [
+    "SCHEMA_VERSION",
+    "Coverage",
+    "Curvature",
+    "Finding",
+    "LayerCurvature",
+    "LayerStats",
+    "Report",
+]
 
 SCHEMA_VERSION = 1
 
@@ -130,6 +136,61 @@ class Coverage(BaseModel):
     optimizers: int = 0
 
 
+class LayerCurvature(BaseModel):
+    """Curvature of the loss in one layer's parameters: its diagonal block of the Hessian."""
+
+    model_config = _JSON
+
+    name: str
+    params: list[str]
+    numel: int
+    trace: float = Field(
+        description="Hutchinson estimate of the trace of the layer's Hessian block."
+    )
+    trace_stderr: float = Field(
+        description="Standard error of `trace` (sample std / sqrt(samples))."
+    )
+    trace_per_param: float = Field(description="trace / numel: the mean curvature per parameter.")
+    top_eigenvalue: float = Field(
+        description="Eigenvalue of largest magnitude of the block (power iteration; signed)."
+    )
+    power_iters: int = Field(description="Hessian-vector products the power iteration used.")
+
+
+class Curvature(BaseModel):
+    """Per-layer curvature from Hessian-vector products (``gradwatch.sensitivity``).
+
+    Example:
+        >>> curv = gradwatch.sensitivity(model, batch, loss_fn)  # doctest: +SKIP
+        >>> curv.ranked()[0].name  # doctest: +SKIP
+        'head'
+    """
+
+    model_config = _JSON
+
+    loss: float
+    samples: int
+    seed: int
+    hvps: int = Field(description="Hessian-vector products computed in total.")
+    layers: list[LayerCurvature] = Field(default_factory=list)
+
+    def ranked(self) -> list[LayerCurvature]:
+        """Layers by curvature per parameter, most sensitive first."""
+        return sorted(self.layers, key=lambda c: -abs(c.trace_per_param))
+
+    def table(self) -> str:
+        """A plain-text table, most sensitive layer first."""
+        rows = [
+            f"{'layer':<32} {'numel':>10} {'trace':>11} {'+/-':>9} {'per param':>10} {'top eig':>10}"
+        ]
+        for c in self.ranked():
+            rows.append(
+                f"{c.name[:32]:<32} {c.numel:>10,} {c.trace:>11.4g} {c.trace_stderr:>9.2g} "
+                f"{c.trace_per_param:>10.4g} {c.top_eigenvalue:>10.4g}"
+            )
+        return "\n".join(rows)
+
+
 class Report(BaseModel):
     """Everything a watcher found. ``Report.model_validate_json(report.model_dump_json())`` round-trips."""
 
@@ -148,6 +209,7 @@ class Report(BaseModel):
     layers: list[LayerStats] = Field(default_factory=list)
     coverage: Coverage = Field(default_factory=Coverage)
     param_map: Optional[dict[str, Any]] = None
+    curvature: Optional[Curvature] = None
 
     def failing(self) -> list[Finding]:
         """The findings at or above ``fail_on`` (except those a baseline accepted)."""
@@ -197,23 +259,18 @@ class Report(BaseModel):
         raise cls(f"gradwatch found {len(failing)} problem(s): {lines}")
 
     def write(self, path: Union[str, Path]) -> Path:
-        """Write the JSON report atomically (temp file + rename) and return its path."""
-        target = Path(path)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                fh.write(self.model_dump_json(indent=2))
-                fh.flush()
-                os.fsync(fh.fileno())
-            umask = os.umask(0)
-            os.umask(umask)
-            os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes it 0600; a report is for reading
-            os.replace(tmp, target)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        return target
+        """Write the JSON report atomically (temp file + rename) and return its path.
+
+        A symlink's target is updated; a path that is not a regular file (a device, a FIFO,
+        a folder) is refused. See :func:`gradwatch.report_io.write_text_atomic`.
+
+        Raises:
+            ConfigError: ``path`` is not a regular file.
+            OSError: the write failed; a previous report at ``path`` is left whole.
+        """
+        from gradwatch.report_io import write_text_atomic
+
+        return write_text_atomic(path, self.model_dump_json(indent=2), what="JSON report")
 
     @classmethod
     def read(cls, path: Union[str, Path]) -> Report:
@@ -244,6 +301,12 @@ class Report(BaseModel):
         from gradwatch.render.html import write_html
 
         return write_html(self, Path(path))
+
+    def _repr_html_(self) -> str:
+        """Jupyter's rich display: status, findings table and coverage (no charts)."""
+        from gradwatch.render.html import notebook_html
+
+        return notebook_html(self)
 
     def __str__(self) -> str:
         return self.summary()

@@ -67,6 +67,9 @@ class StepView:
     world_size: int = 1
     scaler: bool = False
     layers: dict[str, LayerSample] = field(default_factory=dict)
+    # Whether parameter ``i`` (any watched one, also outside this step's ids) ever received
+    # a gradient while watched.
+    received: Callable[[int], bool] = field(default=lambda i: False)
     # Evidence of the newer checks (defaults: nothing known).
     model_ran: Optional[str] = None  # "grad" / "no_grad": the model's forward ran in the window
     backward_called: Optional[bool] = (

@@ -33,7 +33,7 @@ from gradwatch._severity import at_least
 from gradwatch.config import GradWatchConfig
 from gradwatch.core.watcher import watch
 from gradwatch.errors import ConfigError, GradWatchError
-from gradwatch.report import Finding, Report
+from gradwatch.report import Curvature, Finding, Report
 
 __all__ = [
     "LOSS_NOT_DECREASING",
@@ -193,6 +193,17 @@ class Probe:
                 pass
         return watcher.report()
 
+    def curvature(self, *, samples: int = 16, seed: int = 0) -> Curvature:
+        """Per-layer curvature of the loss on the first batch (:func:`gradwatch.sensitivity`).
+
+        Raises:
+            SensitivityError: one line when the loss or model does not support double
+                backward (it is a :class:`~gradwatch.ConfigError`).
+        """
+        from gradwatch.vectors.sensitivity import sensitivity
+
+        return sensitivity(self.model, self.first_batch(), self.loss_fn, samples=samples, seed=seed)
+
     def overfit(self, steps: int = 30) -> list[float]:
         """Train on the first batch only for ``steps`` steps; the loss before each update.
 
@@ -212,6 +223,8 @@ def _call(what: str, fn: Callable[..., Any], *args: Any) -> Any:
     except Exception as exc:
         text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         raise ProbeError(f"{what}: {type(exc).__name__}" + (f": {text}" if text else "")) from exc
+    except SystemExit as exc:  # sys.exit(0) in a loss_fn is a bug, never a finished run
+        raise ProbeError(f"{what}: it called sys.exit({exc.code!r})") from exc
 
 
 def loss_not_decreasing(losses: list[float], *, ratio: float = 0.9) -> Optional[Finding]:

@@ -219,6 +219,7 @@ class StepPipeline:
         limit = self.config.trim_hooks_after
         if (
             not self.hooks.trimmed
+            and not self.hooks.keep_all
             and limit is not None
             and not self.config.fail_fast
             and self.steps >= limit
@@ -276,6 +277,7 @@ class StepPipeline:
             world_size=self.dist.world_size if self.dist is not None else 1,
             scaler=self.scaler.scaler is not None,
             layers=layer_samples(g, numel, track) if observed else {},
+            received=lambda i: tracker.last_seq[i] > 0,
         )
 
     # -- the scaler ------------------------------------------------------------------------

@@ -27,20 +27,25 @@ from torch import nn
 
 from gradwatch.checks import ALL_CHECKS, Check
 from gradwatch.config import GradWatchConfig
+from gradwatch.core.backward import BackwardEnds
 from gradwatch.core.build_report import build_report
+from gradwatch.core.compiled import is_compiled
 from gradwatch.core.distributed import DistSync
 from gradwatch.core.evidence import Tracker
 from gradwatch.core.faults import Faults
 from gradwatch.core.findings import FindingLog
 from gradwatch.core.hooks import HookSet
 from gradwatch.core.locations import Locations
+from gradwatch.core.optimizers import unwrap_optimizer
 from gradwatch.core.persist import ReportRefresher
 from gradwatch.core.recorder import LayerRecorder
+from gradwatch.core.resets import sweep_resets
 from gradwatch.core.scaler import ScalerWatch
 from gradwatch.core.steps import StepPipeline
 from gradwatch.core.structure import Structure
 from gradwatch.errors import ConfigError, GradWatchError, GradWatchWarning
 from gradwatch.report import Report
+from gradwatch.report_io import check_report_path, write_watched_report
 
 __all__ = ["Watcher", "watch"]
 
@@ -61,24 +66,37 @@ def unwrap(model: nn.Module) -> nn.Module:
             return model
 
 
+def ddp_find_unused(model: nn.Module) -> Optional[bool]:
+    """``find_unused_parameters`` of the DDP wrapper in ``model`` (``None``: no DDP wrapper).
+
+    Read before unwrapping: an intermittent ghost is harmless with it and crashes DDP
+    without it.
+    """
+    while True:
+        if isinstance(model, nn.parallel.DistributedDataParallel):
+            return bool(model.find_unused_parameters)
+        if isinstance(model, nn.DataParallel):
+            model = model.module
+        elif hasattr(model, "_orig_mod") and isinstance(model._orig_mod, nn.Module):
+            model = model._orig_mod
+        else:
+            return None
+
+
 def _optimizers(optimizer: OptimizerArg) -> list[torch.optim.Optimizer]:
     if optimizer is None:
         return []
-    if isinstance(optimizer, torch.optim.Optimizer):
-        opts = [optimizer]
-    elif isinstance(optimizer, Sequence) and not isinstance(optimizer, (str, bytes)):
+    if isinstance(optimizer, torch.optim.Optimizer) or hasattr(optimizer, "optimizer"):
+        return [unwrap_optimizer(optimizer)]
+    if isinstance(optimizer, Sequence) and not isinstance(optimizer, (str, bytes)):
         opts = list(optimizer)
     else:
         raise ConfigError(
             f"optimizer must be a torch.optim.Optimizer, a sequence of them or None, "
             f"not {type(optimizer).__name__}"
         )
-    for k, o in enumerate(opts):
-        if not isinstance(o, torch.optim.Optimizer):
-            raise ConfigError(
-                f"optimizer[{k}] is a {type(o).__name__}, not a torch.optim.Optimizer"
-            )
-    return opts
+    # Wrappers (accelerate, Lightning, ...) are followed to the optimizer that really steps.
+    return [unwrap_optimizer(o, f"optimizer[{k}]") for k, o in enumerate(opts)]
 
 
 def watch(
@@ -125,12 +143,19 @@ class Watcher:
         if not isinstance(model, nn.Module):
             raise ConfigError(f"watch() needs a torch.nn.Module, got {type(model).__name__}")
         self.config = GradWatchConfig.coerce(config)
+        find_unused = ddp_find_unused(model)
         self._model: Optional[nn.Module] = unwrap(model)
         self._log = FindingLog(self.config)
         self._faults = Faults(self.config, self._log)
         self._tracker = Tracker()
-        self._log.locations = Locations(self._model, self._tracker)  # source lines of findings
+        self._ends = BackwardEnds(self._tracker, self._end_callback(), self._faults.callback())
+        self._log.locations = Locations(
+            self._model, self._tracker.called_at, self._tracker.want_call
+        )  # source lines of findings
         self._hooks = HookSet(self._tracker, self._arrival_callback(), self._faults.callback())
+        # Under torch.compile, hooks stay put: adding/removing one costs a recompile.
+        self._hooks.keep_all = is_compiled(model)
+        self._wrapper = weakref.ref(model) if hasattr(model, "_orig_mod") else None
         checks: list[Check] = [
             cls(self.config.check(cls.id), self.config)
             for cls in ALL_CHECKS
@@ -143,7 +168,7 @@ class Watcher:
         self._pipe = StepPipeline(
             self._model,
             self.config,
-            Structure(_optimizers(optimizer), self._tracker),
+            Structure(_optimizers(optimizer), self._tracker, ddp_find_unused=find_unused),
             self._hooks,
             checks,
             self._log,
@@ -214,10 +239,14 @@ class Watcher:
                 "exit it first (one watcher per model)"
             )
         _check_model(model)
+        check_report_path(self.config.report_path)  # now, not after the whole run
         _ACTIVE[model] = self
         self._attached = True
         try:
             self._pipe.sync(step=0)
+            wrapper = self._wrapper() if self._wrapper is not None else None
+            if wrapper is not None:
+                self._hooks.hook_compiled_wrapper(wrapper)
             for k, opt in enumerate(self._pipe.structure.optimizers):
                 self._hooks.add(opt.register_step_pre_hook(self._opt_hook(k, pre=True)))
                 self._hooks.add(opt.register_step_post_hook(self._opt_hook(k, pre=False)))
@@ -242,6 +271,7 @@ class Watcher:
         finally:
             self._refresher.uninstall()
             self._hooks.remove_all()
+            self._ends.remove()
             if self._model is not None and _ACTIVE.get(self._model) is self:
                 del _ACTIVE[self._model]
             try:
@@ -269,13 +299,15 @@ class Watcher:
         path = self.config.report_path
         if path is not None:
             # Same place as the write at exit: an unwritable path is one fault, not two.
-            self._faults.guard("report writing", lambda: self._build_report().write(path))
+            self._faults.guard(
+                "report writing", lambda: write_watched_report(self._build_report(), path)
+            )
 
     def _write_outputs(self) -> None:
         if self._final is None:
             return
         if self.config.report_path is not None:
-            self._final.write(self.config.report_path)
+            write_watched_report(self._final, self.config.report_path)
         if self.config.console and self._rank0:
             self._final.print()
 
@@ -286,12 +318,22 @@ class Watcher:
 
         def on_arrival() -> None:
             me = wself()
-            if me is None or me._tracker.backward_queued:
-                return
-            me._tracker.backward_queued = True
-            torch.autograd.Variable._execution_engine.queue_callback(me._on_backward_end)
+            if me is not None:
+                me._ends.arrived()
+                if me._hooks.trimmed and me._pipe.structure.optimizers:
+                    sweep_resets(me._tracker, me._pipe.structure.tracks)
 
         return on_arrival
+
+    def _end_callback(self) -> Callable[[], None]:
+        wself = weakref.ref(self)
+
+        def on_end() -> None:
+            me = wself()
+            if me is not None and not me._closed:
+                me._on_backward_end()
+
+        return on_end
 
     def _on_backward_end(self) -> None:
         try:
