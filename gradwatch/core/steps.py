@@ -17,22 +17,19 @@ from gradwatch.checks.not_observed import emit_not_observed
 from gradwatch.config import GradWatchConfig
 from gradwatch.core.distributed import DistSync
 from gradwatch.core.evidence import Tracker
+from gradwatch.core.extra_evidence import ExtraEvidence
 from gradwatch.core.faults import Faults
 from gradwatch.core.findings import FindingLog
-from gradwatch.core.forward_scout import ForwardScout
 from gradwatch.core.hooks import HookSet
 from gradwatch.core.index import ParamIndex
 from gradwatch.core.pipeline import Gathered, Track, gather, layer_samples
 from gradwatch.core.recorder import LayerRecorder
 from gradwatch.core.scaler import ScalerWatch
-from gradwatch.core.stats import flatten_cpu, to_host
+from gradwatch.core.stats import flatten_cpu
 from gradwatch.core.structure import Structure, group_signature
-from gradwatch.core.unscale_watch import UnscaleWatch
 from gradwatch.core.unwatched import StepNesting, UnwatchedUpdates
 
 __all__ = ["StepPipeline"]
-
-FIRST_TRACE_STEPS = 3  # steps the NaN probe is on from the start (then only after a NaN)
 
 
 class StepPipeline:
@@ -64,7 +61,8 @@ class StepPipeline:
         self.dist = dist
         self.steps = 0
         self.backward_passes = 0
-        self._newer_init()
+        self.extra = ExtraEvidence(self)
+        self.scout = self.extra.scout
         self.step_calls = 0  # outer optimizer steps entered (judged or not)
         self.nesting = StepNesting()
         self.unwatched = UnwatchedUpdates()
@@ -76,7 +74,7 @@ class StepPipeline:
         if self.model is None:
             return
         view = self.structure.sync(self.model, self.hooks, step)
-        self._install_newer()
+        self.extra.install()
         if view is not None:
             self._on_structure(view, step)
 
@@ -189,7 +187,7 @@ class StepPipeline:
         skipped = self.scaler.note(g.scale)
         self._note_skips(skipped, track.steps, trace)
         view = self._view(track, g, observed)
-        self._newer_view(view, track, g, trace, skipped)
+        self.extra.fill(view, track, g, trace, skipped)
         for check in self.checks:
             self.faults.guard(f"{check.id} check", check.on_step, view, self.findings)
         if observed:
@@ -206,7 +204,7 @@ class StepPipeline:
         track.snapshot = track.snapshot_flat = None
         track.start = self.tracker.now()
         track.backward_at_start = self.backward_passes
-        self._calls_at_start[track.index] = self.backward_calls or 0
+        self.extra.window_closed(track.index)
         track.steps += 1
         self.steps += 1
         self.scout.after_step(self.steps)
@@ -292,11 +290,7 @@ class StepPipeline:
     def check_scaler(self) -> None:
         """At exit: account for a skip of the very last step."""
         skipped = self.scaler.note_current()
-        trace = None
-        if skipped and self.scout.armed:  # at exit a host read is fine: no step waits on it
-            flags = self.scout.pending_flags()
-            trace = self.scout.interpret(to_host(flags) if flags else [])
-        self._note_skips(skipped, self.steps, trace)
+        self._note_skips(skipped, self.steps, self.extra.exit_trace(skipped))
 
     def finish(self, faults: list[str]) -> None:
         """The run is over: checks judge it as a whole once."""
@@ -317,107 +311,3 @@ class StepPipeline:
         self.model = None
         self.nesting.clear()
         self.structure.release()
-
-    # -- evidence of the newer checks (forward scout, unscaling, double updates) -----------
-
-    def _newer_init(self) -> None:
-        checks = self.config.checks
-        self.scout = ForwardScout(
-            self.tracker,
-            self.faults.callback(),
-            checks.unregistered_param.scan_steps if checks.unregistered_param.enabled else 0,
-        )
-        self._unscale: Optional[UnscaleWatch] = None
-        self._newer_installed = False
-        self.scaled_edits: dict[Optional[int], list[int]] = {}
-        self.backward_calls: Optional[int] = None  # counted only where an integration sees them
-        self._calls_at_start: dict[Optional[int], int] = {}
-
-    def _install_newer(self) -> None:
-        if self._newer_installed or self.model is None:
-            return
-        self._newer_installed = True
-        checks = self.config.checks
-        index = self.structure.index
-        if checks.loss_disconnected.enabled or self.scout.scanning or checks.nonfinite_grad.enabled:
-            self.scout.install(self.model, lambda p: index.lookup(p) is not None)
-            self.hooks.removers.append(self.scout.remove_all)
-            if checks.nonfinite_grad.enabled and checks.nonfinite_grad.trace_steps > 0:
-                # On for the first steps (a NaN from the first batches is traced at once,
-                # before the update spreads it into the weights); a flag per module call is
-                # the costliest hook, so at most FIRST_TRACE_STEPS steps.
-                limit = self.config.trim_hooks_after
-                self.scout.arm(10**9 if limit is None else min(limit, FIRST_TRACE_STEPS))
-        if self.scaler.scaler is not None and checks.clipped_while_scaled.enabled:
-            guard = self.faults.guard
-            self._unscale = UnscaleWatch(
-                self.scaler.scaler, lambda opt: guard("unscale watch", self.unscaling, opt)
-            )
-            self.hooks.removers.append(self._unscale.remove)
-
-    def note_backward_call(self) -> None:
-        """An integration saw ``backward()`` requested (Lightning's ``on_before_backward``)."""
-        self.backward_calls = (self.backward_calls or 0) + 1
-
-    def unscaling(self, optimizer: object) -> None:
-        """The scaler is about to unscale ``optimizer``'s gradients: which changed while scaled?
-
-        Under DDP the reducer writes the averaged gradients after their accumulation: the
-        version counter cannot tell that from an edit, so nothing is judged there.
-        """
-        if self.dist is not None:
-            return
-        opts = self.structure.optimizers
-        k = next(
-            (
-                j
-                for j, o in enumerate(opts)
-                if o is optimizer or o is getattr(optimizer, "optimizer", None)
-            ),
-            None,
-        )
-        track = self.structure.track_of(k) if k is not None else None
-        if track is None:
-            return
-        t, start = self.tracker, track.start
-        edited = []
-        for i, p in zip(track.ids, track.params):
-            g = p.grad
-            if g is None or t.last_seq[i] <= start or g._base is not None:
-                continue
-            if t.acc_ref[i]() is not g or g._version != t.acc_ver[i]:
-                edited.append(i)
-        self.scaled_edits[k] = edited
-
-    def _newer_view(
-        self, view: StepView, track: Track, g: Gathered, trace: Optional[dict], skipped: int
-    ) -> None:
-        """Fill the view's evidence for the newer checks and (dis)arm the NaN probe."""
-        start, scout, tracker = track.start, self.scout, self.tracker
-        if scout.ran_grad > start:
-            view.model_ran = "grad"
-        elif scout.ran_nograd > start:
-            view.model_ran = "no_grad"
-        if self.backward_calls is not None:
-            view.backward_called = self.backward_calls > self._calls_at_start.get(track.index, 0)
-        last_seq, acc_ref = tracker.last_seq, tracker.acc_ref
-        view.acc_state = lambda i: (last_seq[i], acc_ref[i]())
-        snap, ids, grads = tracker.snap_ref, g.ids, g.grads
-        # Gradients written by hand (p.grad = torch.autograd.grad(...)) fire no accumulation
-        # hook: a new .grad tensor since the last step tells them apart from a cut-off loss.
-        view.grads_assigned = lambda: any(
-            gr is not None and snap[i]() is not gr for i, gr in zip(ids, grads)
-        )
-        view.scaled_edits = self.scaled_edits.pop(track.index, None)
-        view.unregistered = scout.take_unregistered()
-        cfg = self.config.checks.nonfinite_grad
-        # A step the GradScaler skipped had inf/NaN gradients too: trace those as well.
-        nonfinite = any(g.nonfinite) or skipped > 0
-        if scout.armed:
-            scout.armed_steps += 1
-            if nonfinite:
-                view.nan_trace = trace
-            if (nonfinite and trace is not None) or scout.armed_steps >= scout.arm_limit:
-                scout.disarm()
-        elif nonfinite and cfg.enabled:
-            scout.arm(cfg.trace_steps)
