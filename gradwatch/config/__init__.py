@@ -52,23 +52,23 @@ class CheckConfig(BaseModel):
 
     model_config = _STRICT
 
-    enabled: StrictBool = Field(True, description="Run this check.")
-    severity: Severity = Field("warning", description="Severity of its findings.")
+    enabled: StrictBool = Field(default=True, description="Run this check.")
+    severity: Severity = Field(default="warning", description="Severity of its findings.")
 
 
 class _ErrorCheck(CheckConfig):
-    severity: Severity = Field("error", description="Severity of its findings.")
+    severity: Severity = Field(default="error", description="Severity of its findings.")
 
 
 class _InfoCheck(CheckConfig):
-    severity: Severity = Field("info", description="Severity of its findings.")
+    severity: Severity = Field(default="info", description="Severity of its findings.")
 
 
 class GhostParamConfig(_ErrorCheck):
     """``ghost_param``: a trainable parameter got no gradient in a step while others did."""
 
     intermittent_severity: Severity = Field(
-        "info",
+        default="info",
         description="Severity of an intermittent ghost (missing in some steps, present in "
         "others: MoE routing, LayerDrop) in a single process or under DDP with "
         "find_unused_parameters=True. Under DDP without it (the job crashes) and for a "
@@ -80,15 +80,17 @@ class ExplodingGradConfig(CheckConfig):
     """``exploding_grad``: absolute and relative limits on a layer's gradient L2 norm."""
 
     max_norm: Optional[StrictFloat] = Field(
-        1e4, gt=0, description="A layer gradient norm above this fires (null: no absolute limit)."
+        default=1e4,
+        gt=0,
+        description="A layer gradient norm above this fires (null: no absolute limit).",
     )
     spike_factor: StrictFloat = Field(
-        100.0,
+        default=100.0,
         gt=1,
         description="A layer norm above spike_factor x its running median (of the kept history) fires.",
     )
     warmup: StrictInt = Field(
-        10, ge=1, description="Observed steps of a layer before the spike rule applies."
+        default=10, ge=1, description="Observed steps of a layer before the spike rule applies."
     )
 
 
@@ -107,39 +109,46 @@ class VanishingGradConfig(CheckConfig):
     """
 
     min_mean_abs: StrictFloat = Field(
-        1e-7,
+        default=1e-7,
         gt=0,
         description="A layer whose mean absolute gradient is at or above this never vanishes "
         "(1e-7, as SageMaker Debugger's rule).",
     )
     relative: StrictFloat = Field(
-        0.01,
+        default=0.01,
         gt=0,
         description="...and it vanishes only when its update ratio (without an optimizer: "
         "gradient norm / parameter norm) is below this fraction of the smallest such ratio "
         "among the model's layers whose mean |grad| is at least min_mean_abs, on that step.",
     )
-    patience: StrictInt = Field(3, ge=1, description="Consecutive observed steps before it fires.")
+    patience: StrictInt = Field(
+        default=3, ge=1, description="Consecutive observed steps before it fires."
+    )
 
 
 class DeadParamConfig(CheckConfig):
     """``dead_param``: every gradient of a layer is exactly zero."""
 
-    patience: StrictInt = Field(3, ge=1, description="Consecutive observed steps before it fires.")
+    patience: StrictInt = Field(
+        default=3, ge=1, description="Consecutive observed steps before it fires."
+    )
 
 
 class StaleParamConfig(CheckConfig):
     """``stale_param``: finite non-zero gradients, yet the layer's values did not change."""
 
-    patience: StrictInt = Field(3, ge=1, description="Consecutive observed steps before it fires.")
+    patience: StrictInt = Field(
+        default=3, ge=1, description="Consecutive observed steps before it fires."
+    )
 
 
 class NonfiniteGradConfig(_ErrorCheck):
     """``nonfinite_grad``: NaN/Inf in a gradient, traced to where it was born."""
 
-    trace_steps: int = Field(
-        20,
+    trace_steps: StrictInt = Field(
+        default=20,
         ge=0,
+        le=1_000_000,
         description="After the first non-finite gradient, per-module finiteness flags stay on "
         "for up to this many optimizer steps to find the module where the NaN/Inf is born "
         "(the next step where it recurs ends them). 0: never trace.",
@@ -149,9 +158,10 @@ class NonfiniteGradConfig(_ErrorCheck):
 class UnregisteredParamConfig(_ErrorCheck):
     """``unregistered_param``: modules in plain list/dict/tuple attributes that train unseen."""
 
-    scan_steps: int = Field(
-        8,
+    scan_steps: StrictInt = Field(
+        default=8,
         ge=0,
+        le=1_000_000,
         description="Optimizer steps during which every module called inside the model's "
         "forward is compared with the registered ones (a global forward hook, on only "
         "during the model's forward). 0: never scan.",
@@ -192,23 +202,23 @@ class GradWatchConfig(BaseModel):
     model_config = _STRICT
 
     fail_on: FailOn = Field(
-        "error",
+        default="error",
         description="A finding at or above this severity fails the report ('never': never).",
     )
     fail_fast: StrictBool = Field(
-        False,
+        default=False,
         description="Raise GradWatchError at the optimizer step where the first error-level "
         "finding is seen, instead of warning.",
     )
     every_n_steps: StrictInt = Field(
-        10,
+        default=10,
         ge=1,
         description="Statistics cadence in optimizer steps (norms, update ratios, exploding/"
         "vanishing/dead/stale). Ghost, zero_grad and NaN/Inf checks run every step whatever "
         "it is. 10 keeps the default overhead near one clip_grad_norm_ pass.",
     )
     trim_hooks_after: Optional[StrictInt] = Field(
-        8,
+        default=8,
         ge=0,
         description="Every hook stays on for the first N optimizer steps. After that, forward "
         "hooks (a ghost's cause) stay only on layers that were ghosts, and value-check hooks "
@@ -221,26 +231,27 @@ class GradWatchConfig(BaseModel):
         description="fnmatch patterns over parameter names whose findings are silenced.",
     )
     history: StrictInt = Field(
-        256, ge=1, le=100_000, description="Norm samples kept per layer for plots."
+        default=256, ge=1, le=100_000, description="Norm samples kept per layer for plots."
     )
     report_path: Optional[Path] = Field(
-        None, description="Write the JSON report here when the watcher exits."
+        default=None, description="Write the JSON report here when the watcher exits."
     )
     report_every_n_steps: StrictInt = Field(
-        100,
+        default=100,
         ge=1,
         description="With report_path: the file is also rewritten (atomically) every N steps, "
         "whenever a finding appears or changes severity, and on SIGTERM, so a preempted or "
         "killed job leaves a report.",
     )
     console: StrictBool = Field(
-        False, description="Print the console summary when the watcher exits."
+        default=False, description="Print the console summary when the watcher exits."
     )
     warn: StrictBool = Field(
-        True, description="Emit one GradWatchWarning per (check, parameter) as findings appear."
+        default=True,
+        description="Emit one GradWatchWarning per (check, parameter) as findings appear.",
     )
     on_internal_error: Literal["warn", "raise"] = Field(
-        "warn",
+        default="warn",
         description="A fault inside gradwatch's own hooks: 'warn' contains it and training "
         "goes on; 'raise' re-raises (for tests).",
     )
