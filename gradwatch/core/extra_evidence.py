@@ -48,7 +48,10 @@ class ExtraEvidence:
         self._newer_installed = True
         checks = self.config.checks
         index = pipe.structure.index
-        if checks.loss_disconnected.enabled or self.scout.scanning or checks.nonfinite_grad.enabled:
+        wanted = checks.loss_disconnected.enabled or self.scout.scanning
+        # Under torch.compile no hook may come or go (each is a dynamo guard: a recompile),
+        # and the scout's come and go by design: a compiled model gets none of them.
+        if not pipe.hooks.keep_all and (wanted or checks.nonfinite_grad.enabled):
             self.scout.install(pipe.model, lambda p: index.lookup(p) is not None)
             pipe.hooks.removers.append(self.scout.remove_all)
             if checks.nonfinite_grad.enabled and checks.nonfinite_grad.trace_steps > 0:
