@@ -223,7 +223,7 @@ def run_memory(steps: int, warmup: int = 200) -> dict[str, Any]:
                         "traced_bytes": tracemalloc.get_traced_memory()[0],
                         "rss_kib": _rss_kib(),
                         "param_copies_held": sum(
-                            t.snapshot is not None for t in w._pipe.structure.tracks
+                            t.fingerprint is not None for t in w._pipe.structure.tracks
                         ),
                     }
                 )

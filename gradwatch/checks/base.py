@@ -66,6 +66,9 @@ class StepView:
     world_size: int = 1
     scaler: bool = False
     layers: dict[str, LayerSample] = field(default_factory=dict)
+    # ids of frozen (requires_grad=False) parameters of this optimizer whose values changed
+    # across this step (observed steps only; exact change detection, no parameter copy)
+    frozen_changed: list[int] = field(default_factory=list)
 
     def by_layer(self) -> dict[str, list[int]]:
         """Positions into ``ids`` grouped by the parameters' layer, in first-seen order."""

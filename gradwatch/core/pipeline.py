@@ -12,7 +12,8 @@ import torch
 from gradwatch.checks.base import LayerSample
 from gradwatch.core.evidence import Tracker
 from gradwatch.core.index import ParamIndex
-from gradwatch.core.stats import Chunk, flatten_cpu, layer_norm, segment_norms, to_host
+from gradwatch.core.sketch import Fingerprint, measure
+from gradwatch.core.stats import Chunk, layer_norm, to_host
 from gradwatch.core.stats import norms as vector_norms
 
 
@@ -31,8 +32,12 @@ class Track:
     steps: int = 0
     backward_at_start: int = 0
     signature: tuple[int, ...] = ()
-    snapshot: Optional[list[torch.Tensor]] = None
-    snapshot_flat: Optional[torch.Tensor] = None
+    # Copy-free "what changed across the step" (core/sketch.py), taken on observed steps.
+    fingerprint: Optional[Fingerprint] = None
+    # Frozen (requires_grad=False) parameters this optimizer still holds, and theirs.
+    frozen_ids: list[int] = field(default_factory=list)
+    frozen: list[torch.Tensor] = field(default_factory=list)
+    frozen_fp: Optional[Fingerprint] = None
 
     def set_params(self, ids: list[int], params: list[torch.Tensor], layer_of: list[str]) -> None:
         self.ids, self.params = ids, params
@@ -41,6 +46,10 @@ class Track:
         self.layer_positions = {}
         for k, layer in enumerate(layer_of):
             self.layer_positions.setdefault(layer, []).append(k)
+
+    def set_frozen(self, held: list[tuple[int, torch.Tensor]]) -> None:
+        self.frozen_ids = [i for i, _ in held]
+        self.frozen = [p for _, p in held]
 
 
 @dataclass
@@ -59,6 +68,7 @@ class Gathered:
     stats: Optional[dict[str, list[Optional[float]]]]
     scale: Optional[float]
     grads: list[Optional[torch.Tensor]]
+    frozen_changed: list[int] = field(default_factory=list)
 
 
 def _spread(ks_present: list[int], values: list[float], n: int) -> list[Optional[float]]:
@@ -123,25 +133,26 @@ def gather(
     if observed:
         pnorm_ks = [j for j in range(n) if not ParamIndex.uninitialized(judged[j])]
         ps = judged if len(pnorm_ks) == n else [judged[j] for j in pnorm_ks]
-        flat_now = flatten_cpu(ps) if ps else None
-        if flat_now is not None:  # CPU: one flatten gives the parameter norms and the update
-            before = track.snapshot_flat
-            whole = (
-                before is not None and ks is track.positions and before.numel() == flat_now.numel()
-            )
-            chunks.extend(segment_norms(flat_now, ps, (2.0,)))
-            if whole:
-                chunks.extend(segment_norms(flat_now - before, ps, (2.0,)))  # type: ignore[operator]
+        if ps:  # parameter norms, and what changed across the step (no parameter copy)
+            fp = track.fingerprint
+            whole = fp is not None and ks is track.positions and len(ps) == n
+            try:
+                m = measure(ps, fp if whole else None)
+            except ValueError:  # the tracked list changed under the fingerprint
+                m = measure(ps)
+            chunks.append(m.param_norm)
+            if m.delta is not None:
+                chunks.append(m.delta)
                 has_delta = True
-        elif ps:
-            chunks.append(vector_norms(ps, (2.0,))[0])
-            if track.snapshot is not None and len(track.snapshot) == len(params) and len(ps) == n:
-                snap = [track.snapshot[k] for k in ks]
-                try:
-                    chunks.append(vector_norms(torch._foreach_sub(ps, snap), (2.0,))[0])
-                    has_delta = True
-                except RuntimeError:  # shapes changed under us (a replaced parameter)
-                    pass
+    n_frozen = 0
+    if track.frozen_fp is not None:
+        try:
+            frozen_changed = measure(track.frozen, track.frozen_fp).changed
+        except ValueError:
+            frozen_changed = None
+        if frozen_changed is not None:
+            chunks.append(frozen_changed)
+            n_frozen = len(track.frozen)
     if scaler_scale is not None:
         chunks.append([scaler_scale])
     host = to_host(chunks)
@@ -161,7 +172,13 @@ def gather(
         for key in ("l1", "linf", "nnz")[:n_stats]:
             stats[key] = _spread(present, take(len(pg)), n)
         stats["param_norm"] = _spread(pnorm_ks, take(len(pnorm_ks)), n)
-        stats["delta"] = _spread(pnorm_ks, take(len(pnorm_ks)), n) if has_delta else [None] * n
+        if has_delta:  # NaN: a tensor the fingerprint could not cover (no estimate)
+            delta = [None if v != v else v for v in take(len(pnorm_ks))]
+            stats["delta"] = _spread(pnorm_ks, delta, n)  # type: ignore[arg-type]
+        else:
+            stats["delta"] = [None] * n
+    moved = take(n_frozen)
+    frozen_changed_ids = [i for i, v in zip(track.frozen_ids, moved) if v > 0]
     scale = take(1)[0] if scaler_scale is not None else None
 
     # missing_zero_grad: a value check said the gradient held pre-step contributions.
@@ -199,6 +216,7 @@ def gather(
         stats,
         scale,
         grads,
+        frozen_changed_ids,
     )
 
 

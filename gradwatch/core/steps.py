@@ -23,7 +23,7 @@ from gradwatch.core.index import ParamIndex
 from gradwatch.core.pipeline import Gathered, Track, gather, layer_samples
 from gradwatch.core.recorder import LayerRecorder
 from gradwatch.core.scaler import ScalerWatch
-from gradwatch.core.stats import flatten_cpu
+from gradwatch.core.sketch import fingerprint
 from gradwatch.core.structure import Structure, group_signature
 
 __all__ = ["StepPipeline"]
@@ -102,14 +102,14 @@ class StepPipeline:
     def before_step(self, k: int) -> None:
         """Optimizer ``k`` is about to step: keep what the update ratio needs."""
         track = self.structure.track_of(k)
-        if track is None or not self.observed(track) or not track.params:
+        if track is None or not self.observed(track):
             return
-        if any(ParamIndex.uninitialized(p) for p in track.params):
+        # Fingerprints, not copies: a few numbers per tensor (core/sketch.py).
+        if track.frozen and not any(ParamIndex.uninitialized(p) for p in track.frozen):
+            track.frozen_fp = fingerprint(track.frozen)
+        if not track.params or any(ParamIndex.uninitialized(p) for p in track.params):
             return  # no update ratio while a lazy parameter has no values yet
-        with torch.no_grad():
-            track.snapshot_flat = flatten_cpu(track.params, copy=True)  # the CPU path
-            if track.snapshot_flat is None:
-                track.snapshot = list(torch._foreach_mul(track.params, 1.0))
+        track.fingerprint = fingerprint(track.params)
 
     def after_step(self, k: int) -> None:
         """Optimizer ``k`` stepped: judge the window that ends here."""
@@ -160,7 +160,7 @@ class StepPipeline:
         self.tracker.snapshot(g.ids, g.grads)
         if self.tracker.want_pre and self.hooks.trimmed:
             self.hooks.restore_pre_hooks(structure.index)
-        track.snapshot = track.snapshot_flat = None
+        track.fingerprint = track.frozen_fp = None
         track.start = self.tracker.now()
         track.backward_at_start = self.backward_passes
         track.steps += 1
@@ -231,6 +231,7 @@ class StepPipeline:
             world_size=self.dist.world_size if self.dist is not None else 1,
             scaler=self.scaler.scaler is not None,
             layers=layer_samples(g, numel, track) if observed else {},
+            frozen_changed=g.frozen_changed,
         )
 
     # -- the scaler ------------------------------------------------------------------------
