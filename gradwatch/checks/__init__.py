@@ -6,6 +6,7 @@ from gradwatch.checks.base import Check, LayerSample, StepView, StructureView
 from gradwatch.checks.coverage import FrozenInOptimizer, NotInOptimizer
 from gradwatch.checks.dead import DeadParam
 from gradwatch.checks.exploding import ExplodingGrad
+from gradwatch.checks.frozen_updated import FrozenParamUpdated
 from gradwatch.checks.ghost import GhostParam
 from gradwatch.checks.nonfinite import NonfiniteGrad
 from gradwatch.checks.stale import StaleParam
@@ -26,4 +27,5 @@ ALL_CHECKS: list[type[Check]] = [
     StaleParam,
     NotInOptimizer,
     FrozenInOptimizer,
+    FrozenParamUpdated,
 ]

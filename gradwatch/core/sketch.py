@@ -43,6 +43,8 @@ from typing import Optional
 import torch
 from torch._utils import _flatten_dense_tensors
 
+from gradwatch.core.stats import foreach_norms
+
 __all__ = [
     "MIN_SAMPLES",
     "STRIDE",
@@ -311,7 +313,7 @@ def measure(tensors: list[torch.Tensor], before: Optional[Fingerprint] = None) -
             j += 1
         if plan.big:
             bigs = [tensors[b.position] for b in plan.big]
-            norm_parts.append(torch.stack(list(torch._foreach_norm(bigs, 2.0, dtype=_F32))))
+            norm_parts.append(torch.stack(foreach_norms(bigs, 2.0)))
         if before is not None:
             for b in plan.big:
                 c, s = _big_values(tensors[b.position], b)
@@ -332,9 +334,7 @@ def measure(tensors: list[torch.Tensor], before: Optional[Fingerprint] = None) -
         return Measured(pn, changed, delta)
 
 
-def compare(
-    tensors: list[torch.Tensor], before: Fingerprint
-) -> tuple[torch.Tensor, torch.Tensor]:
+def compare(tensors: list[torch.Tensor], before: Fingerprint) -> tuple[torch.Tensor, torch.Tensor]:
     """(changed flags, update-norm estimates) per tensor since ``before`` (see :func:`measure`).
 
     Example:
@@ -361,7 +361,7 @@ def _assemble(plan: Plan, parts: list[torch.Tensor], skipped: list[torch.Tensor]
         parts = [p.to(plan.device) for p in parts]
         skipped = [p.to(plan.device) for p in skipped]
     if skipped:
-        parts = parts + [torch.stack(skipped)]
+        parts = [*parts, torch.stack(skipped)]
     if not parts:
         return torch.zeros(0, device=plan.device)
     joined = torch.cat(parts) if len(parts) > 1 else parts[0]
