@@ -137,18 +137,22 @@ def gather(
             fp = track.fingerprint
             whole = fp is not None and ks is track.positions and len(ps) == n
             try:
-                m = measure(ps, fp if whole else None)
-            except ValueError:  # the tracked list changed under the fingerprint
-                m = measure(ps)
-            chunks.append(m.param_norm)
-            if m.delta is not None:
-                chunks.append(m.delta)
-                has_delta = True
+                try:
+                    m = measure(ps, fp if whole else None)
+                except ValueError:  # the tracked list changed under the fingerprint
+                    m = measure(ps)
+                chunks.append(m.param_norm)
+                if m.delta is not None:
+                    chunks.append(m.delta)
+                    has_delta = True
+            except (RuntimeError, TypeError, NotImplementedError):  # a tensor type it cannot
+                chunks.append(vector_norms(ps, (2.0,))[0])  # read: norms only, no update
+
     n_frozen = 0
     if track.frozen_fp is not None:
         try:
             frozen_changed = measure(track.frozen, track.frozen_fp).changed
-        except ValueError:
+        except (ValueError, RuntimeError, TypeError, NotImplementedError):
             frozen_changed = None
         if frozen_changed is not None:
             chunks.append(frozen_changed)

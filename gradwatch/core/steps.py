@@ -23,10 +23,17 @@ from gradwatch.core.index import ParamIndex
 from gradwatch.core.pipeline import Gathered, Track, gather, layer_samples
 from gradwatch.core.recorder import LayerRecorder
 from gradwatch.core.scaler import ScalerWatch
-from gradwatch.core.sketch import fingerprint
+from gradwatch.core.sketch import Fingerprint, fingerprint
 from gradwatch.core.structure import Structure, group_signature
 
 __all__ = ["StepPipeline"]
+
+
+def _fingerprint(params: list[torch.Tensor]) -> Optional[Fingerprint]:
+    try:
+        return fingerprint(params)
+    except (RuntimeError, TypeError, NotImplementedError):
+        return None  # a tensor type it cannot read (a sharded subclass): no update ratio
 
 
 class StepPipeline:
@@ -106,10 +113,10 @@ class StepPipeline:
             return
         # Fingerprints, not copies: a few numbers per tensor (core/sketch.py).
         if track.frozen and not any(ParamIndex.uninitialized(p) for p in track.frozen):
-            track.frozen_fp = fingerprint(track.frozen)
+            track.frozen_fp = _fingerprint(track.frozen)
         if not track.params or any(ParamIndex.uninitialized(p) for p in track.params):
             return  # no update ratio while a lazy parameter has no values yet
-        track.fingerprint = fingerprint(track.params)
+        track.fingerprint = _fingerprint(track.params)
 
     def after_step(self, k: int) -> None:
         """Optimizer ``k`` stepped: judge the window that ends here."""
