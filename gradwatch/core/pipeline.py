@@ -13,7 +13,7 @@ from gradwatch.checks.base import LayerSample
 from gradwatch.core.evidence import Tracker
 from gradwatch.core.index import ParamIndex
 from gradwatch.core.sketch import Fingerprint, measure
-from gradwatch.core.stats import Chunk, layer_norm, to_host
+from gradwatch.core.stats import Chunk, to_host
 from gradwatch.core.stats import norms as vector_norms
 
 
@@ -72,6 +72,8 @@ class Gathered:
 
 
 def _spread(ks_present: list[int], values: list[float], n: int) -> list[Optional[float]]:
+    if len(ks_present) == n:  # every position present (the usual case): already aligned
+        return values  # type: ignore[return-value]
     out: list[Optional[float]] = [None] * n
     for k, v in zip(ks_present, values):
         out[k] = v
@@ -237,21 +239,26 @@ def layer_samples(g: Gathered, numel: list[int], track: Track) -> dict[str, Laye
         for j, k in enumerate(g.ks):
             groups.setdefault(track.layer_of[k], []).append(j)
     out: dict[str, LayerSample] = {}
+    if l1 is None or linf is None or nnz is None:
+        return out
+    arrived, gn = g.arrived, g.grad_norm
+    hypot = math.hypot
     for layer, js in groups.items():
-        live = [j for j in js if g.arrived[j] and g.grad_norm[j] is not None]
-        if not live or l1 is None or linf is None or nnz is None:
+        live = [j for j in js if arrived[j] and gn[j] is not None]
+        if not live:
             continue
-        size = sum(numel[j] for j in live) or 1
         pn = [pnorm[j] for j in js if pnorm[j] is not None]
         dn = [delta[j] for j in js if delta[j] is not None]
+        maxes = [v for v in (linf[j] for j in live) if v is not None]
+        size = sum([numel[j] for j in live]) or 1
         out[layer] = LayerSample(
             positions=live,
-            norm=layer_norm([g.grad_norm[j] for j in live]),  # type: ignore[misc]
-            mean_abs=sum(l1[j] for j in live) / size,  # type: ignore[misc]
-            max_abs=max(v for v in (linf[j] for j in live) if v is not None),
-            nonzero=sum(nnz[j] for j in live),  # type: ignore[misc]
+            norm=hypot(*[gn[j] for j in live]),  # type: ignore[arg-type]
+            mean_abs=sum([l1[j] for j in live]) / size,  # type: ignore[misc]
+            max_abs=max(maxes),
+            nonzero=sum([nnz[j] for j in live]),  # type: ignore[misc]
             numel=size,
-            param_norm=layer_norm(pn) if pn else None,  # type: ignore[arg-type]
-            delta_norm=layer_norm(dn) if len(dn) == len(js) else None,  # type: ignore[arg-type]
+            param_norm=hypot(*pn) if pn else None,  # type: ignore[arg-type]
+            delta_norm=hypot(*dn) if len(dn) == len(js) else None,  # type: ignore[arg-type]
         )
     return out

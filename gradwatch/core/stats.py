@@ -202,7 +202,7 @@ def to_host(chunks: Sequence[Chunk]) -> list[float]:
 
 def layer_norm(norms: Sequence[float]) -> float:
     """The L2 norm of a layer from the L2 norms of its parameters."""
-    return math.sqrt(sum(n * n for n in norms))
+    return math.hypot(*norms)  # one C call (and no overflow of n * n)
 
 
 def median(values: Sequence[float]) -> float:
