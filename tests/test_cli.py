@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 import gradwatch
+from gradwatch.checks import ALL_CHECKS
 from gradwatch.cli.main import main
 from gradwatch.cli.probe import Probe, ProbeError, loss_not_decreasing, resolve_config
 from gradwatch.render.junit import check_ids, junit_xml
@@ -27,6 +28,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 import gradwatch
+from gradwatch.checks import ALL_CHECKS
 
 def mse(model, batch):
     x, y = batch
@@ -77,7 +79,7 @@ def test_ghost_example_fails_naming_the_ghost_and_writes_json_and_junit(
 
     suite, cases = junit_cases(out_xml)
     assert list(cases) == check_ids(report)
-    assert "ghost_param" in cases and "nonfinite_grad" in cases and len(cases) == 10
+    assert "ghost_param" in cases and "nonfinite_grad" in cases and len(cases) == len(ALL_CHECKS)
     assert suite.get("failures") == "1"
     failure = cases["ghost_param"].find("failure")
     assert failure is not None and failure.get("type") == "ghost_param.error"
@@ -92,7 +94,7 @@ def test_clean_example_passes(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert main(["check", CLEAN, "--steps", "4", "--junit", str(out_xml)]) == 0
     assert "passed" in capsys.readouterr().out
     suite, cases = junit_cases(out_xml)
-    assert suite.get("failures") == "0" and len(cases) == 10
+    assert suite.get("failures") == "0" and len(cases) == len(ALL_CHECKS)
     assert all(c.find("failure") is None for c in cases.values())
 
 
