@@ -2,19 +2,20 @@
 
 from __future__ import annotations
 
-from gradwatch.checks.base import Check, LayerSample, StepView, StructureView
+from gradwatch.checks.base import Check, LayerSample, RunView, StepView, StructureView
 from gradwatch.checks.coverage import FrozenInOptimizer, NotInOptimizer
 from gradwatch.checks.dead import DeadParam
 from gradwatch.checks.exploding import ExplodingGrad
 from gradwatch.checks.frozen_updated import FrozenParamUpdated
 from gradwatch.checks.ghost import GhostParam
 from gradwatch.checks.nonfinite import NonfiniteGrad
+from gradwatch.checks.not_observed import NotObserved
 from gradwatch.checks.stale import StaleParam
 from gradwatch.checks.step_without_grad import StepWithoutGrad
 from gradwatch.checks.vanishing import VanishingGrad
 from gradwatch.checks.zero_grad import MissingZeroGrad
 
-__all__ = ["ALL_CHECKS", "Check", "LayerSample", "StepView", "StructureView"]
+__all__ = ["ALL_CHECKS", "Check", "LayerSample", "RunView", "StepView", "StructureView"]
 
 ALL_CHECKS: list[type[Check]] = [
     GhostParam,
@@ -28,4 +29,5 @@ ALL_CHECKS: list[type[Check]] = [
     NotInOptimizer,
     FrozenInOptimizer,
     FrozenParamUpdated,
+    NotObserved,
 ]

@@ -91,6 +91,20 @@ class StructureView:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass
+class RunView:
+    """The whole run as the watcher saw it, given to checks once when the watcher closes."""
+
+    steps: int
+    backward_passes: int
+    step_calls: int  # optimizer step hooks entered (decided or not)
+    forward_ran: bool
+    forward_ran_with_grad: bool
+    has_optimizer: bool
+    faults: list[str]  # gradwatch's own places that failed
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
 class Check:
     """Base class: a stable ``id``, a default severity (in the config) and two callbacks."""
 
@@ -109,3 +123,6 @@ class Check:
 
     def on_step(self, view: StepView, log: FindingLog) -> None:
         """Called once per optimizer step (per backward pass without an optimizer)."""
+
+    def on_run(self, view: RunView, log: FindingLog) -> None:
+        """Called once when the watcher closes, with what the whole run showed."""

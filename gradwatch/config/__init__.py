@@ -105,6 +105,7 @@ class ChecksConfig(BaseModel):
     not_in_optimizer: CheckConfig = Field(default_factory=CheckConfig)
     frozen_in_optimizer: _InfoCheck = Field(default_factory=_InfoCheck)
     frozen_param_updated: _ErrorCheck = Field(default_factory=_ErrorCheck)
+    not_observed: _ErrorCheck = Field(default_factory=_ErrorCheck)
 
 
 class GradWatchConfig(BaseModel):
@@ -152,6 +153,13 @@ class GradWatchConfig(BaseModel):
     )
     report_path: Optional[Path] = Field(
         None, description="Write the JSON report here when the watcher exits."
+    )
+    report_every_n_steps: int = Field(
+        100,
+        ge=1,
+        description="With report_path: the file is also rewritten (atomically) every N steps, "
+        "whenever a finding appears or changes severity, and on SIGTERM, so a preempted or "
+        "killed job leaves a report.",
     )
     console: bool = Field(False, description="Print the console summary when the watcher exits.")
     warn: bool = Field(

@@ -6,8 +6,5 @@ mode) → ``pipeline`` (one step's gradients gathered, one host transfer) → a
 ``build_report`` → :class:`~gradwatch.Report`. :class:`Watcher` is the lifecycle facade.
 """
 
-from __future__ import annotations
-
-from gradwatch.core.watcher import Watcher, watch
-
-__all__ = ["Watcher", "watch"]
+# Nothing is imported here: checks import the core's maths (``core.stats``) and the core
+# imports the checks, so this package's __init__ must not pull in the watcher.

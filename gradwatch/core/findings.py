@@ -47,6 +47,7 @@ class FindingLog:
         self._fail_fast: list[Finding] = []
         self.emit_warnings = config.warn
         self._ignored: dict[str, bool] = {}
+        self.revision = 0  # bumped when a finding appears or changes severity
         self.quiet_checks: set[str] = set()  # e.g. set on non-zero ranks for rank-0-only findings
 
     def ignored(self, name: str) -> bool:
@@ -92,6 +93,7 @@ class FindingLog:
                 details=dict(details or {}),
             )
             self._findings[ident] = finding
+            self.revision += 1
         else:
             # A finding is updated at every step it recurs (per layer: hundreds per step on a
             # sick model); pydantic's validating __setattr__ would cost more than the check.
@@ -100,7 +102,9 @@ class FindingLog:
             fields["last_step"] = max(finding.last_step, step)
             fields["count"] = finding.count + 1
             fields["message"] = message
-            fields["severity"] = severity
+            if severity != finding.severity:
+                fields["severity"] = severity
+                self.revision += 1
             if names != finding.params:
                 finding.params.extend(n for n in names if n not in finding.params)
             if details:

@@ -6,6 +6,8 @@ owns their handles so that leaving a watcher removes each one, also on error.
 
 from __future__ import annotations
 
+import functools
+import sys
 import weakref
 from typing import Any, Callable
 
@@ -57,6 +59,8 @@ class HookSet:
         pre, post = make_param_hooks(
             self.tracker, i, weakref.ref(p), self._on_arrival, self._on_error
         )
+        # Tensor hooks are never saved with a pickled parameter: say so, without a warning.
+        torch.utils.hooks.unserializable_hook(pre)
         self.param[i] = p.register_post_accumulate_grad_hook(post)
         self._pre_fns[i] = pre
         if not self.trimmed:  # every hook on until trim_hooks_after
@@ -91,7 +95,7 @@ class HookSet:
         module = mod() if mod is not None else None
         if module is None or layer in self.forward:
             return
-        hook = make_forward_hook(self.tracker, layer, self._on_error)
+        hook = ForwardStamp(make_forward_hook(self.tracker, layer, self._on_error), module)
         self.forward[layer] = module.register_forward_hook(hook)
         self.tracker.fwd_since[layer] = self.tracker.now()
 
@@ -127,3 +131,47 @@ class HookSet:
         self.param.clear()
         self.pre.clear()
         self._pre_fns.clear()
+
+
+class ForwardStamp:
+    """A layer's forward hook that stays with the module it was put on.
+
+    Modules keep their hooks in their ``__dict__``, so ``copy.deepcopy`` (``AveragedModel``,
+    EMA copies) and pickling (``torch.save(model)``, ``mp.spawn``, spawn-start DataLoaders)
+    would carry it along. A copy gets a :class:`_Detached` hook that removes itself at its
+    first call; a pickle gets a no-op from the standard library, so it loads where gradwatch
+    is not installed. A call from another module (a shallow copy) records nothing.
+    """
+
+    __slots__ = ("__weakref__", "fn", "owner")
+
+    def __init__(self, fn: Callable[..., None], module: nn.Module) -> None:
+        self.fn = fn
+        self.owner = weakref.ref(module)
+
+    def __call__(self, module: nn.Module, args: Any, output: Any) -> None:
+        if module is self.owner():
+            self.fn(module, args, output)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> _Detached:
+        return _Detached()
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _INERT_REDUCE
+
+
+class _Detached:
+    """What a deep copy of a watched module holds: leaves the copy's hooks at its first call."""
+
+    def __call__(self, module: nn.Module, args: Any, output: Any) -> None:
+        hooks = module._forward_hooks
+        for key in [k for k, h in hooks.items() if h is self]:
+            del hooks[key]
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _INERT_REDUCE
+
+
+# ``sys.audit("...", module, args, output)`` returns None and does nothing unless an audit
+# hook listens: a picklable no-op that needs nothing but the standard library to load.
+_INERT_REDUCE = (functools.partial, (sys.audit, "gradwatch.detached_forward_hook"))

@@ -11,8 +11,9 @@ from typing import Optional
 import torch
 from torch import nn
 
-from gradwatch.checks import Check, StepView, StructureView
+from gradwatch.checks import Check, RunView, StepView, StructureView
 from gradwatch.checks.nonfinite import NonfiniteGrad
+from gradwatch.checks.not_observed import emit_not_observed
 from gradwatch.config import GradWatchConfig
 from gradwatch.core.distributed import DistSync
 from gradwatch.core.evidence import Tracker
@@ -25,6 +26,7 @@ from gradwatch.core.recorder import LayerRecorder
 from gradwatch.core.scaler import ScalerWatch
 from gradwatch.core.sketch import Fingerprint, fingerprint
 from gradwatch.core.structure import Structure, group_signature
+from gradwatch.core.unwatched import StepNesting, UnwatchedUpdates
 
 __all__ = ["StepPipeline"]
 
@@ -65,6 +67,9 @@ class StepPipeline:
         self.dist = dist
         self.steps = 0
         self.backward_passes = 0
+        self.step_calls = 0  # outer optimizer steps entered (judged or not)
+        self.nesting = StepNesting()
+        self.unwatched = UnwatchedUpdates()
 
     # -- layout ----------------------------------------------------------------------------
 
@@ -105,6 +110,30 @@ class StepPipeline:
             self.sync(step=self.steps)
         if not self.structure.optimizers and self.structure.tracks:
             self.decide(self.structure.tracks[0])
+        elif not self.nesting.inside():  # an LBFGS closure's backward belongs to its step
+            self._look_for_unwatched_steps()
+
+    def _look_for_unwatched_steps(self) -> None:
+        for track in self.structure.tracks:
+            if track.index is None or self.backward_passes - track.backward_at_start < 2:
+                continue
+            moved = self.unwatched.backward(track.index, track.params)
+            if moved < 2:
+                continue
+            opt = self.structure.optimizers[track.index]
+            emit_not_observed(
+                self.findings,
+                severity=self.config.check("not_observed").severity,
+                step=track.steps,
+                reason=f"optimizer_{track.index}_not_stepping",
+                message=f"The parameters of watched optimizer {track.index} "
+                f"({type(opt).__name__}) keep changing across backward passes, but its "
+                f"step() has not run for {self.backward_passes - track.backward_at_start} "
+                "passes: another optimizer object is training them, unwatched.",
+                hint="Was the optimizer re-created mid-run? gradwatch watches the object passed "
+                "to watch(): open a new watch() with the new optimizer (or pass all of them).",
+                details={"optimizer": track.index, "backward_passes": moved},
+            )
 
     def before_step(self, k: int) -> None:
         """Optimizer ``k`` is about to step: keep what the update ratio needs."""
@@ -127,6 +156,7 @@ class StepPipeline:
             self.sync(step=track.steps)
             track = self.structure.track_of(k)
             assert track is not None
+        self.unwatched.stepped(k, track.params)
         self.decide(track)
 
     # -- the decision ----------------------------------------------------------------------
@@ -254,6 +284,22 @@ class StepPipeline:
         """At exit: account for a skip of the very last step."""
         self._note_skips(self.scaler.note_current(), self.steps)
 
+    def finish(self, faults: list[str]) -> None:
+        """The run is over: checks judge it as a whole once."""
+        tracker = self.tracker
+        view = RunView(
+            steps=self.steps,
+            backward_passes=self.backward_passes,
+            step_calls=self.step_calls,
+            forward_ran=bool(tracker.fwd_first),
+            forward_ran_with_grad=bool(tracker.fwd_grad),
+            has_optimizer=bool(self.structure.optimizers),
+            faults=faults,
+        )
+        for check in self.checks:
+            self.faults.guard(f"{check.id} check", check.on_run, view, self.findings)
+
     def release(self) -> None:
         self.model = None
+        self.nesting.clear()
         self.structure.release()

@@ -33,6 +33,7 @@ from gradwatch.core.evidence import Tracker
 from gradwatch.core.faults import Faults
 from gradwatch.core.findings import FindingLog
 from gradwatch.core.hooks import HookSet
+from gradwatch.core.persist import ReportRefresher
 from gradwatch.core.recorder import LayerRecorder
 from gradwatch.core.scaler import ScalerWatch
 from gradwatch.core.steps import StepPipeline
@@ -149,6 +150,10 @@ class Watcher:
             LayerRecorder(self.config.history, sinks),
             dist,
         )
+        self._refresher = ReportRefresher(
+            self.config.report_path, self.config.report_every_n_steps, self._write_current
+        )
+        self._depth = 0  # nested ``with watcher:`` blocks; the outermost exit closes
         self._attached = False
         self._closed = False
         self._final: Optional[Report] = None
@@ -182,10 +187,13 @@ class Watcher:
 
     def __enter__(self) -> Watcher:
         self.attach()
+        self._depth += 1
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        self.close()
+        self._depth -= 1
+        if self._depth <= 0:
+            self.close()
 
     def attach(self) -> Watcher:
         """Register every hook (``__enter__`` calls this)."""
@@ -211,6 +219,7 @@ class Watcher:
             for k, opt in enumerate(self._pipe.structure.optimizers):
                 self._hooks.add(opt.register_step_pre_hook(self._opt_hook(k, pre=True)))
                 self._hooks.add(opt.register_step_post_hook(self._opt_hook(k, pre=False)))
+            self._refresher.install()
         except BaseException:
             self.close()
             raise
@@ -227,7 +236,9 @@ class Watcher:
         try:
             # Never let bookkeeping at exit hide the user's own error (or skip the unhooking).
             faults.guard("exit", self._pipe.check_scaler)
+            faults.guard("exit", self._pipe.finish, sorted(faults.where))
         finally:
+            self._refresher.uninstall()
             self._hooks.remove_all()
             if self._model is not None and _ACTIVE.get(self._model) is self:
                 del _ACTIVE[self._model]
@@ -247,6 +258,16 @@ class Watcher:
             final = self._faults.guard("exit", self._build_report)
             self._final = final if final is not None else self._final
         return len(self._faults.where)
+
+    def _refresh(self) -> None:
+        """Keep ``report_path`` current during the run (a preempted job still leaves one)."""
+        self._refresher.maybe_refresh(self._pipe.steps, self._log.revision)
+
+    def _write_current(self) -> None:
+        path = self.config.report_path
+        if path is not None:
+            # Same place as the write at exit: an unwritable path is one fault, not two.
+            self._faults.guard("report writing", lambda: self._build_report().write(path))
 
     def _write_outputs(self) -> None:
         if self._final is None:
@@ -273,6 +294,8 @@ class Watcher:
     def _on_backward_end(self) -> None:
         try:
             self._pipe.backward_end()
+            if not self._pipe.structure.optimizers:
+                self._refresh()
         except (GradWatchError, GradWatchWarning):
             raise
         except Exception as exc:
@@ -286,8 +309,15 @@ class Watcher:
             me = wself()
             if me is None or me._closed:
                 return
+            pipe = me._pipe
             try:
-                me._pipe.before_step(k) if pre else me._pipe.after_step(k)
+                if pre:
+                    if pipe.nesting.enter(k):  # a nested super().step() is the same step
+                        pipe.before_step(k)
+                elif pipe.nesting.leave(k):
+                    pipe.step_calls += 1
+                    pipe.after_step(k)
+                    me._refresh()
             except (GradWatchError, GradWatchWarning):
                 raise
             except Exception as exc:

@@ -1,0 +1,80 @@
+"""``not_observed``: gradwatch could not see what it promises, so the report must not pass.
+
+A report that says "no ghost" because no step was ever judged is a false green: the model ran
+but no backward pass or optimizer step reached gradwatch (an optimizer it does not hold, hooks
+that failed on every step, a parameter layout it cannot read). Other parts report reasons of
+their own with :func:`emit_not_observed`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Optional
+
+from gradwatch.checks.base import Check, RunView
+
+if TYPE_CHECKING:
+    from gradwatch.core.findings import FindingLog
+
+__all__ = ["NotObserved", "emit_not_observed"]
+
+ID = "not_observed"
+
+
+def emit_not_observed(
+    log: FindingLog,
+    *,
+    severity: str,
+    step: int,
+    reason: str,
+    message: str,
+    hint: str,
+    params: Optional[list[str]] = None,
+    details: Optional[dict[str, object]] = None,
+) -> None:
+    """Record that gradwatch could not observe something (one finding per ``reason``)."""
+    log.emit(
+        ID,
+        severity=severity,
+        step=step,
+        message=message,
+        hint=hint,
+        params=params,
+        key=reason,
+        details={"reason": reason, **(details or {})},
+    )
+
+
+class NotObserved(Check):
+    """The run gave gradwatch nothing to judge, or its own hooks failed on every step."""
+
+    id = ID
+
+    def on_run(self, view: RunView, log: FindingLog) -> None:
+        if view.steps > 0:
+            return
+        if view.faults:
+            emit_not_observed(
+                log,
+                severity=self.severity,
+                step=0,
+                reason="hooks_failed",
+                message="gradwatch's own hooks failed on every step "
+                f"({', '.join(sorted(view.faults))}): no step was judged.",
+                hint="Nothing was checked, so this run cannot pass: the traceback is in the "
+                "finding of the failing place; please report it.",
+                details={"faults": sorted(view.faults), "step_calls": view.step_calls},
+            )
+        elif view.forward_ran and view.backward_passes == 0 and view.step_calls == 0:
+            grad = "with gradients enabled" if view.forward_ran_with_grad else "only under no_grad"
+            what = "optimizer step" if view.has_optimizer else "backward pass"
+            emit_not_observed(
+                log,
+                severity=self.severity,
+                step=0,
+                reason="no_step",
+                message=f"The model ran ({grad}) but no backward pass and no {what} was "
+                "observed: nothing was checked.",
+                hint="Call loss.backward() and optimizer.step() inside the watch() block, on "
+                "the model and the optimizer object passed to watch() (an optimizer "
+                "re-created later is not watched).",
+            )

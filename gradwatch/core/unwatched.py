@@ -1,0 +1,97 @@
+"""Optimizer steps gradwatch cannot see: re-entrant ``step()`` calls and replaced optimizers.
+
+- An optimizer subclass whose ``step`` calls ``super().step()`` runs the step hooks twice
+  when the parent class was patched too (torch wraps each class's ``step`` once): the inner
+  call is the same step, not a second one.
+- A training loop that builds a new optimizer object mid-run keeps training, but the watched
+  optimizer never steps again: the parameters keep changing (their version counters move)
+  across backward passes with no watched step. That is said, not silently ignored.
+"""
+
+from __future__ import annotations
+
+import sys
+from types import FrameType
+from typing import Optional
+
+import torch
+
+__all__ = ["StepNesting", "UnwatchedUpdates"]
+
+
+class StepNesting:
+    """Tells an outer ``step()`` from a nested one, per optimizer.
+
+    The outer call's frame is kept until its post-hook; a pre-hook that finds it still on the
+    stack is nested. A step that raised never reaches its post-hook: its frame is then no
+    longer on the stack, and the next call is a new step, not a nested one.
+    """
+
+    def __init__(self) -> None:
+        self._outer: dict[int, FrameType] = {}
+        self._nested: dict[int, int] = {}
+
+    def enter(self, k: int) -> bool:
+        """At optimizer ``k``'s pre-step hook: whether this is an outer (real) step."""
+        outer = self._outer.get(k)
+        if outer is not None and _on_stack(outer):
+            self._nested[k] = self._nested.get(k, 0) + 1
+            return False
+        frame = sys._getframe(2)  # torch's step wrapper (it calls the hook that calls us)
+        self._outer[k], self._nested[k] = frame, 0
+        return True
+
+    def leave(self, k: int) -> bool:
+        """At optimizer ``k``'s post-step hook: whether the outer step ends here."""
+        if self._nested.get(k, 0) > 0:
+            self._nested[k] -= 1
+            return False
+        self._outer.pop(k, None)
+        return True
+
+    def inside(self) -> bool:
+        """Whether some watched optimizer's step is running (an LBFGS closure's backward)."""
+        return any(_on_stack(f) for f in self._outer.values())
+
+    def clear(self) -> None:
+        self._outer.clear()
+        self._nested.clear()
+
+
+def _on_stack(frame: FrameType) -> bool:
+    f: Optional[FrameType] = sys._getframe(1)
+    while f is not None:
+        if f is frame:
+            return True
+        f = f.f_back
+    return False
+
+
+class UnwatchedUpdates:
+    """Counts backward passes across which an optimizer's parameters moved without its step."""
+
+    SAMPLE = 8  # parameters looked at per optimizer: their version counters, nothing else
+
+    def __init__(self) -> None:
+        self._mark: dict[int, int] = {}
+        self._count: dict[int, int] = {}
+
+    @staticmethod
+    def _versions(params: list[torch.Tensor]) -> int:
+        return sum(p._version for p in params[: UnwatchedUpdates.SAMPLE])
+
+    def stepped(self, k: int, params: list[torch.Tensor]) -> None:
+        """Optimizer ``k`` stepped (its post-step hook): the parameters as it left them."""
+        self._mark[k] = self._versions(params)
+        self._count[k] = 0
+
+    def backward(self, k: int, params: list[torch.Tensor]) -> int:
+        """A backward pass ended with no step of ``k`` since the previous one.
+
+        Returns how many such passes in a row saw the parameters change.
+        """
+        now = self._versions(params)
+        if k in self._mark and now != self._mark[k]:
+            self._count[k] = self._count.get(k, 0) + 1
+        self._mark[k] = now
+        return self._count.get(k, 0)
