@@ -36,7 +36,6 @@ def child(mode: str, width: int, layers: int, steps: int) -> dict[str, Any]:
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     import gradwatch  # every mode imports it: the figure is what watching costs
 
-
     torch.set_num_threads(1)
     warnings.simplefilter("ignore", gradwatch.GradWatchWarning)
     _warm_up(gradwatch, torch, nn)  # every mode: code and import pages are not the model's

@@ -67,19 +67,28 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="the two smallest sizes only")
     ap.add_argument("--large", action="store_true", help="add 16 x 8.4M (134M elements)")
+    ap.add_argument("--large-only", action="store_true", help="only 16 x 8.4M (134M elements)")
     ap.add_argument("--blocks", type=int, default=3)
+    ap.add_argument("--clock", choices=("wall", "cpu"), default="cpu")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     warnings.simplefilter("ignore", gradwatch.GradWatchWarning)
     sizes = SIZES[:2] if args.quick else SIZES + ([LARGE] if args.large else [])
+    if args.large_only:
+        sizes = [LARGE]
     rows: list[dict[str, Any]] = []
     print(f"{'tensors':>8} {'elements':>12} {'clip ms':>9} {'default':>15} {'every step':>15}")
     for count, size in sizes:
         t0 = time.perf_counter()
         big = count * size > 50_000_000
         res = run_model(
-            case(count, size), NAMES, blocks=2 if big else args.blocks, warmup=0, block=10
+            case(count, size),
+            NAMES,
+            blocks=2 if big else args.blocks,
+            warmup=0,
+            block=10,
+            clock=args.clock,
         )
         v = res["variants"]
         row = {
