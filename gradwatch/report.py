@@ -17,10 +17,19 @@ from typing import Any, Optional, Union
 from pydantic import BaseModel, ConfigDict, Field
 
 from gradwatch._severity import FailOn, Severity, at_least
+from gradwatch._text import safe
 from gradwatch.config import GradWatchConfig
 from gradwatch.errors import GhostLayerError, GradWatchError
 
-__all__ = ["SCHEMA_VERSION", "Coverage", "Finding", "LayerStats", "Report"]
+__all__ = [
+    "SCHEMA_VERSION",
+    "Coverage",
+    "Curvature",
+    "Finding",
+    "LayerCurvature",
+    "LayerStats",
+    "Report",
+]
 
 SCHEMA_VERSION = 1
 
@@ -53,9 +62,22 @@ class Finding(BaseModel):
         return ""
 
     def line(self) -> str:
-        """A one-line rendering: ``[severity] check module: message``."""
+        """A one-line rendering: ``[severity] check module: message`` (control bytes escaped)."""
         where = f" {self.module}" if self.module else ""
-        return f"[{self.severity}] {self.check}{where}: {self.message}"
+        return safe(f"[{self.severity}] {self.check}{where}: {self.message}")
+
+    def key(self) -> tuple[str, ...]:
+        """What identifies this finding across runs: check and layer (or parameters), no steps."""
+        if self.module:
+            return (self.check, "module", self.module)
+        if self.params:
+            return (self.check, "params", *sorted(self.params))
+        other = self.details.get("where") or self.details.get("reason") or self.cause()
+        return (self.check, "other", str(other))
+
+    def baselined(self) -> bool:
+        """Whether a baseline accepted this finding (``details.baselined``): it fails nothing."""
+        return self.details.get("baselined") is True
 
 
 class LayerStats(BaseModel):
@@ -116,6 +138,61 @@ class Coverage(BaseModel):
     optimizers: int = 0
 
 
+class LayerCurvature(BaseModel):
+    """Curvature of the loss in one layer's parameters: its diagonal block of the Hessian."""
+
+    model_config = _JSON
+
+    name: str
+    params: list[str]
+    numel: int
+    trace: float = Field(
+        description="Hutchinson estimate of the trace of the layer's Hessian block."
+    )
+    trace_stderr: float = Field(
+        description="Standard error of `trace` (sample std / sqrt(samples))."
+    )
+    trace_per_param: float = Field(description="trace / numel: the mean curvature per parameter.")
+    top_eigenvalue: float = Field(
+        description="Eigenvalue of largest magnitude of the block (power iteration; signed)."
+    )
+    power_iters: int = Field(description="Hessian-vector products the power iteration used.")
+
+
+class Curvature(BaseModel):
+    """Per-layer curvature from Hessian-vector products (``gradwatch.sensitivity``).
+
+    Example:
+        >>> curv = gradwatch.sensitivity(model, batch, loss_fn)  # doctest: +SKIP
+        >>> curv.ranked()[0].name  # doctest: +SKIP
+        'head'
+    """
+
+    model_config = _JSON
+
+    loss: float
+    samples: int
+    seed: int
+    hvps: int = Field(description="Hessian-vector products computed in total.")
+    layers: list[LayerCurvature] = Field(default_factory=list)
+
+    def ranked(self) -> list[LayerCurvature]:
+        """Layers by curvature per parameter, most sensitive first."""
+        return sorted(self.layers, key=lambda c: -abs(c.trace_per_param))
+
+    def table(self) -> str:
+        """A plain-text table, most sensitive layer first."""
+        rows = [
+            f"{'layer':<32} {'numel':>10} {'trace':>11} {'+/-':>9} {'per param':>10} {'top eig':>10}"
+        ]
+        for c in self.ranked():
+            rows.append(
+                f"{c.name[:32]:<32} {c.numel:>10,} {c.trace:>11.4g} {c.trace_stderr:>9.2g} "
+                f"{c.trace_per_param:>10.4g} {c.top_eigenvalue:>10.4g}"
+            )
+        return "\n".join(rows)
+
+
 class Report(BaseModel):
     """Everything a watcher found. ``Report.model_validate_json(report.model_dump_json())`` round-trips."""
 
@@ -134,14 +211,40 @@ class Report(BaseModel):
     layers: list[LayerStats] = Field(default_factory=list)
     coverage: Coverage = Field(default_factory=Coverage)
     param_map: Optional[dict[str, Any]] = None
+    curvature: Optional[Curvature] = None
 
     def failing(self) -> list[Finding]:
-        """The findings at or above ``fail_on``."""
-        return [f for f in self.findings if at_least(f.severity, self.fail_on)]
+        """The findings at or above ``fail_on`` (except those a baseline accepted)."""
+        return [
+            f for f in self.findings if at_least(f.severity, self.fail_on) and not f.baselined()
+        ]
 
     def by_check(self, check: str) -> list[Finding]:
         """The findings of one check id."""
         return [f for f in self.findings if f.check == check]
+
+    def with_baseline(self, baseline: Report) -> Report:
+        """A copy where the findings already in ``baseline`` are accepted: they fail nothing.
+
+        Findings match on :meth:`Finding.key` (check and layer or parameters), never on step
+        numbers. Accepted ones get ``details.baselined = True``; ``failed`` is recomputed
+        from the others, so only new findings fail the run.
+
+        Example:
+            >>> old = Report.read("gradwatch-baseline.json")  # doctest: +SKIP
+            >>> watcher.report().with_baseline(old).failed  # doctest: +SKIP
+            False
+        """
+        known = {f.key() for f in baseline.findings}
+        out = self.model_copy(deep=True)
+        for f in out.findings:
+            # A fresh dict each: findings copied from one another may share theirs.
+            details = {k: v for k, v in f.details.items() if k != "baselined"}
+            if f.key() in known:
+                details["baselined"] = True
+            f.details = details
+        out.failed = bool(out.failing())
+        return out
 
     def raise_for_findings(self) -> None:
         """Raise when the report failed.
@@ -153,7 +256,7 @@ class Report(BaseModel):
         failing = self.failing()
         if not failing:
             return
-        lines = "; ".join(f.line() + f" [{', '.join(f.params[:8])}]" for f in failing)
+        lines = "; ".join(f.line() + f" [{safe(', '.join(f.params[:8]))}]" for f in failing)
         cls = GhostLayerError if any(f.check == "ghost_param" for f in failing) else GradWatchError
         raise cls(f"gradwatch found {len(failing)} problem(s): {lines}")
 
@@ -181,23 +284,36 @@ class Report(BaseModel):
         """Load a report written by :meth:`write`."""
         return cls.model_validate_json(Path(path).read_text(encoding="utf-8"))
 
-    def summary(self, *, color: bool = False, width: int = 110) -> str:
-        """The console summary as text (a findings table and the totals)."""
+    def summary(self, *, color: bool = False, width: int = 110, style: str = "diagnostic") -> str:
+        """The console rendering as text: one block per finding, or ``style="table"``."""
         from gradwatch.render.console import render_text
 
-        return render_text(self, color=color, width=width)
+        return render_text(self, color=color, width=width, style=style)
 
-    def print(self, file: Any = None) -> None:
-        """Print the summary to ``file`` (stdout by default), in colour on a terminal."""
+    def print(self, file: Any = None, *, style: str = "diagnostic") -> None:
+        """Print the findings to ``file`` (stdout by default), in colour on a terminal.
+
+        ``style="diagnostic"`` (default) prints one compiler-style block per finding;
+        ``style="table"`` a compact table.
+
+        Example:
+            >>> report.print(style="table")  # doctest: +SKIP
+        """
         from gradwatch.render.console import print_report
 
-        print_report(self, file=file)
+        print_report(self, file=file, style=style)
 
     def to_html(self, path: Union[str, Path]) -> Path:
         """Write a self-contained HTML report with plots (needs ``matplotlib``)."""
         from gradwatch.render.html import write_html
 
         return write_html(self, Path(path))
+
+    def _repr_html_(self) -> str:
+        """Jupyter's rich display: status, findings table and coverage (no charts)."""
+        from gradwatch.render.html import notebook_html
+
+        return notebook_html(self)
 
     def __str__(self) -> str:
         return self.summary()

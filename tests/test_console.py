@@ -1,4 +1,7 @@
-"""The console summary: header, findings by severity, coverage; colour only on terminals."""
+"""The compact console table (``style="table"``): header, findings by severity, coverage.
+
+The default diagnostic layout is tested in ``test_diagnostics.py``.
+"""
 
 from __future__ import annotations
 
@@ -45,7 +48,7 @@ def _report(findings: list[Finding], **kw: object) -> Report:
 
 
 def test_real_ghost_report_summary() -> None:
-    text = render_text(_train(GhostNet()), width=120)
+    text = render_text(_train(GhostNet()), width=120, style="table")
     head = text.splitlines()[0]
     assert head.startswith("gradwatch: FAILED")
     assert "steps=3 backward_passes=3" in head and "1 error" in head
@@ -60,7 +63,7 @@ def test_real_ghost_report_summary() -> None:
 
 def test_clean_report_says_passed() -> None:
     model = nn.Sequential(nn.Linear(8, 4), nn.Tanh(), nn.Linear(4, 1))
-    text = render_text(_train(model), width=100)
+    text = render_text(_train(model), width=100, style="table")
     assert text.startswith("gradwatch: passed") and "No findings." in text
 
 
@@ -83,7 +86,7 @@ def test_findings_sorted_by_severity_with_truncated_params() -> None:
             details={"origin": "dec.weight"},
         ),
     ]
-    text = render_text(_report(findings, failed=True, skipped_steps=2), width=140)
+    text = render_text(_report(findings, failed=True, skipped_steps=2), width=140, style="table")
     assert "skipped_steps=2" in text and "(1 error, 1 warning, 1 info)" in text
     rows = [line for line in text.splitlines() if re.match(r"\|(error|warning|info)\b", line)]
     assert [r.split("|")[1].strip() for r in rows] == ["error", "warning", "info"]
@@ -98,7 +101,7 @@ def test_long_report_fits_about_one_screen() -> None:
         Finding(check="ghost_param", severity="error", message="m", hint=hint, params=[f"l{i}.w"])
         for i in range(40)
     ]
-    text = render_text(_report(findings, failed=True), width=100)
+    text = render_text(_report(findings, failed=True), width=100, style="table")
     assert f"... {40 - MAX_ROWS} more finding(s)" in text
     assert len(text.splitlines()) <= 45
     assert text.count("a long hint") < 20  # one (shortened) hint per check, then ditto marks
@@ -106,9 +109,9 @@ def test_long_report_fits_about_one_screen() -> None:
 
 def test_color_only_when_asked() -> None:
     report = _train(GhostNet())
-    assert ANSI.search(render_text(report, color=True))
+    assert ANSI.search(render_text(report, color=True, style="table"))
     buf = io.StringIO()  # not a terminal
-    print_report(report, file=buf)
+    print_report(report, file=buf, style="table")
     out = buf.getvalue()
     assert not ANSI.search(out) and out.startswith("gradwatch: FAILED")
     assert str(report) == report.summary()
@@ -117,4 +120,10 @@ def test_color_only_when_asked() -> None:
 def test_console_config_prints_at_exit(capsys: pytest.CaptureFixture[str]) -> None:
     _train(GhostNet(), config={"console": True})
     out = capsys.readouterr().out
-    assert out.startswith("gradwatch: FAILED") and "ghost_param" in out and "coverage:" in out
+    assert out.splitlines()[-1].startswith("gradwatch: FAILED")
+    assert "error[ghost_param]" in out and "coverage:" in out
+
+
+def test_table_rejects_an_unknown_style() -> None:
+    with pytest.raises(ValueError, match="style must be one of diagnostic, table"):
+        render_text(_report([]), style="fancy")

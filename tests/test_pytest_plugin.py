@@ -104,7 +104,7 @@ def test_ghost_fails_clean_and_allowlisted_pass(suite: pytest.Pytester) -> None:
     result.stdout.fnmatch_lines(
         [
             "*gradwatch: 1 finding(s) at or above fail_on='error':",
-            "*- ghost_param: [[]error[]] 2 parameter(s) of 'aux' got no gradient*(cause: not_called).",
+            "*- ghost_param: [[]error[]] 2 parameters of 'aux' got no gradient*(cause: not_called).",
             "*parameters: aux.weight, aux.bias",
             "*cause: not_called",
             "*hint: Its module never ran*",

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Optional
 
 if TYPE_CHECKING:
+    from gradwatch.checks.docs import CheckDoc
     from gradwatch.config import CheckConfig, GradWatchConfig
     from gradwatch.core.findings import FindingLog
     from gradwatch.core.index import ParamIndex
@@ -109,6 +110,8 @@ class Check:
     """Base class: a stable ``id``, a default severity (in the config) and two callbacks."""
 
     id: ClassVar[str]
+    #: What ``gradwatch explain ID`` prints (:mod:`gradwatch.checks.docs` has the fallbacks).
+    doc: ClassVar[Optional[CheckDoc]] = None
 
     def __init__(self, config: CheckConfig, watch_config: GradWatchConfig) -> None:
         self.config = config

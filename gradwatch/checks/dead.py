@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from gradwatch.checks._patience import Streaks
 from gradwatch.checks.base import Check, StepView
+from gradwatch.checks.docs import CheckDoc
 from gradwatch.config import DeadParamConfig
 
 if TYPE_CHECKING:
@@ -20,6 +21,19 @@ class DeadParam(Check):
     """Per layer, on observed steps."""
 
     id = "dead_param"
+    doc = CheckDoc(
+        summary="Every gradient of a layer is exactly zero for patience observed steps.",
+        why="The layer is alive in the optimizer but nothing flows through it: typically ReLU "
+        "units that never fire again, so capacity is lost for the rest of training.",
+        causes=(
+            "Dead ReLUs after a too-large update or a negative bias.",
+            "A saturated activation or a mask that zeroes the layer's input.",
+            "A single redundant parameter (a bias cancelled by a following norm layer): info.",
+        ),
+        fix="Lower the learning rate, use LeakyReLU/GELU, re-initialise the layer; drop a "
+        "redundant bias (bias=False).",
+        severity="warning",
+    )
     config: DeadParamConfig
 
     def __init__(self, config, watch_config) -> None:  # type: ignore[no-untyped-def]

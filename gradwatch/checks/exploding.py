@@ -6,6 +6,7 @@ from collections import deque
 from typing import TYPE_CHECKING
 
 from gradwatch.checks.base import Check, StepView
+from gradwatch.checks.docs import CheckDoc
 from gradwatch.config import ExplodingGradConfig
 from gradwatch.core.stats import median
 
@@ -17,6 +18,22 @@ class ExplodingGrad(Check):
     """Per layer, on observed steps."""
 
     id = "exploding_grad"
+    doc = CheckDoc(
+        summary="A layer's gradient norm exceeds max_norm, or jumps above spike_factor x its "
+        "running median.",
+        why="Huge updates undo training in one step and are the usual prelude to NaN losses.",
+        causes=(
+            "A learning rate too high for this layer or this phase of training.",
+            "Missing normalisation or a bad initialisation.",
+            "Outlier batches (a corrupted label, an empty sequence).",
+        ),
+        fix="Lower the learning rate, add warmup, clip gradients (clip_grad_norm_), check the "
+        "input batch at the reported step.",
+        severity="warning",
+        silence=(
+            "Raise the limits: checks: {exploding_grad: {max_norm: 1e6, spike_factor: 1000}}.",
+        ),
+    )
     config: ExplodingGradConfig
 
     def __init__(self, config, watch_config) -> None:  # type: ignore[no-untyped-def]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from gradwatch.checks.base import Check, StepView
+from gradwatch.checks.docs import CheckDoc
 
 if TYPE_CHECKING:
     from gradwatch.core.findings import FindingLog
@@ -31,6 +32,27 @@ class GhostParam(Check):
     """Names parameters that received no gradient between two steps of their optimizer."""
 
     id = "ghost_param"
+    doc = CheckDoc(
+        summary="A trainable parameter got no gradient between two optimizer steps while "
+        "others did.",
+        why="The optimizer holds it but it never learns: it keeps its initial values, wastes "
+        "memory, and under DDP without find_unused_parameters=True the job crashes with "
+        "'Expected to have finished reduction'. An intermittent ghost (a branch taken "
+        "sometimes) is fine in one process but not under that DDP setting.",
+        causes=(
+            "not_called: a layer built in __init__ that forward() never calls (a forgotten "
+            "auxiliary head, a renamed attribute).",
+            "no_grad: its module ran under torch.no_grad()/inference_mode, or inside a "
+            "reentrant torch.utils.checkpoint whose inputs do not require grad.",
+            "disconnected: it ran with gradients on, but its output never reached the loss "
+            "(.detach(), .data, a .item()/.numpy() round trip, an ignored pooler output).",
+            "unknown: a functional call or a parameter used outside its module.",
+        ),
+        fix="Follow details.cause and the source lines in the finding (defined_at: where the "
+        "layer is created; called_at: the line that called it). Call the layer, remove it, "
+        "freeze it (requires_grad_(False)) if it is not meant to train, or use "
+        "checkpoint(..., use_reentrant=False).",
+    )
 
     def on_step(self, view: StepView, log: FindingLog) -> None:
         if view.ranks_missing is not None:
@@ -71,7 +93,7 @@ class GhostParam(Check):
                 self.id,
                 severity=self.severity,
                 step=view.step,
-                message=f"{len(names)} parameter(s) of '{layer}' got no gradient {when}{where} "
+                message=f"{len(names)} parameter{'' if len(names) == 1 else 's'} of '{layer}' got no gradient {when}{where} "
                 f"(cause: {cause}).",
                 hint=HINTS.get(cause, HINTS["unknown"]) + (INTERMITTENT if intermittent else ""),
                 params=names,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from gradwatch.checks.base import Check, StepView
+from gradwatch.checks.docs import CheckDoc
 
 if TYPE_CHECKING:
     from gradwatch.core.findings import FindingLog
@@ -14,6 +15,21 @@ class NonfiniteGrad(Check):
     """Names the first parameter, in backward order, whose gradient went non-finite."""
 
     id = "nonfinite_grad"
+    doc = CheckDoc(
+        summary="A gradient holds NaN or Inf; details.origin names the first parameter, in "
+        "backward order, where it appeared.",
+        why="One NaN step poisons the weights (and Adam's state) for good: the loss turns NaN "
+        "and the run is lost, often long after the cause.",
+        causes=(
+            "sqrt/log/division at 0, also inside torch.where, whose untaken branch still "
+            "back-propagates.",
+            "fp16 overflow without a GradScaler.",
+            "A learning rate so high that activations overflow.",
+        ),
+        fix="Look at the operation that consumes details.origin; guard the input (clamp, eps), "
+        "use a GradScaler or bf16, or lower the learning rate. Steps a GradScaler skips are "
+        "expected and reported as info.",
+    )
 
     def on_step(self, view: StepView, log: FindingLog) -> None:
         bad = [k for k, b in enumerate(view.nonfinite) if b]

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 from gradwatch.checks._patience import Streaks
 from gradwatch.checks.base import Check, StepView
+from gradwatch.checks.docs import CheckDoc
 from gradwatch.config import StaleParamConfig
 
 if TYPE_CHECKING:
@@ -16,6 +17,19 @@ class StaleParam(Check):
     """Per layer, on observed optimizer steps (needs the values before and after the step)."""
 
     id = "stale_param"
+    doc = CheckDoc(
+        summary="A layer had finite non-zero gradients, yet none of its values changed across "
+        "the step, for patience observed steps.",
+        why="Gradients are computed and thrown away: the layer silently does not train.",
+        causes=(
+            "Learning rate 0 in its param group (a scheduler at 0, a typo).",
+            "The optimizer holds copies of the parameters, not the model's own tensors.",
+            "A step skipped by custom code.",
+        ),
+        fix="Check its param group's learning rate and that the optimizer holds the model's "
+        "parameters (build it after the model is moved and complete).",
+        severity="warning",
+    )
     config: StaleParamConfig
 
     def __init__(self, config, watch_config) -> None:  # type: ignore[no-untyped-def]

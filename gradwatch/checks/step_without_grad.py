@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from gradwatch.checks.base import Check, StepView
+from gradwatch.checks.docs import CheckDoc
 
 if TYPE_CHECKING:
     from gradwatch.core.findings import FindingLog
@@ -14,6 +15,17 @@ class StepWithoutGrad(Check):
     """Fires when a step found no gradient on any of its parameters after a backward ran."""
 
     id = "step_without_grad"
+    doc = CheckDoc(
+        summary="optimizer.step() ran with no gradient on any of its parameters although a "
+        "backward ran since its last step.",
+        why="The backward's work is thrown away: the step moves nothing (or only by weight "
+        "decay and momentum), so the model does not learn.",
+        causes=(
+            "zero_grad() between backward() and step() (the calls in the wrong order).",
+            "A helper that clears gradients (p.grad = None) before stepping.",
+        ),
+        fix="Order the loop as zero_grad(), forward, backward(), step().",
+    )
 
     def on_step(self, view: StepView, log: FindingLog) -> None:
         if view.optimizer is None or not view.backward_in_window or not view.ids:

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 from gradwatch.checks._patience import Streaks
 from gradwatch.checks.base import Check, StepView
+from gradwatch.checks.docs import CheckDoc
 from gradwatch.config import VanishingGradConfig
 
 if TYPE_CHECKING:
@@ -16,6 +17,21 @@ class VanishingGrad(Check):
     """Per layer, on observed steps, over all of the layer's parameters."""
 
     id = "vanishing_grad"
+    doc = CheckDoc(
+        summary="A layer's mean absolute gradient stays below min_mean_abs for patience "
+        "observed steps, without being exactly zero.",
+        why="The layer effectively stops learning; in deep stacks it is usually the early "
+        "layers, so the network trains as if it were shallow.",
+        causes=(
+            "Saturating activations (sigmoid/tanh chains) or a very deep stack without "
+            "residual connections or normalisation.",
+            "A tiny initialisation or a loss scaled down too far.",
+        ),
+        fix="Use residual connections, normalisation layers, ReLU-family activations or a "
+        "better initialisation.",
+        severity="warning",
+        silence=("Lower the threshold: checks: {vanishing_grad: {min_mean_abs: 1e-9}}.",),
+    )
     config: VanishingGradConfig
 
     def __init__(self, config, watch_config) -> None:  # type: ignore[no-untyped-def]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from gradwatch.checks.base import Check, StepView
+from gradwatch.checks.docs import CheckDoc
 
 if TYPE_CHECKING:
     from gradwatch.core.findings import FindingLog
@@ -14,6 +15,19 @@ class MissingZeroGrad(Check):
     """Fires when ``optimizer.step()`` used a gradient that still held old contributions."""
 
     id = "missing_zero_grad"
+    doc = CheckDoc(
+        summary="optimizer.step() consumed a gradient that still held contributions from before "
+        "the parameter's previous step.",
+        why="Gradients pile up across steps: the effective learning rate grows every step and "
+        "old batches keep pushing the weights, which looks like instability or slow learning.",
+        causes=(
+            "optimizer.zero_grad() missing from the loop, or called for another optimizer.",
+            "zero_grad() called once per epoch instead of once per step.",
+        ),
+        fix="Call optimizer.zero_grad() once per optimizer step (after step(), or before the "
+        "backward of the next step). Gradient accumulation over several backward passes per "
+        "step is correct and does not fire this check.",
+    )
 
     def on_step(self, view: StepView, log: FindingLog) -> None:
         if view.optimizer is None or not any(view.dirty):

@@ -6,6 +6,8 @@ Exit codes: 0 clean, 1 findings at or above ``fail_on``, 2 usage, config or targ
 Example:
     $ gradwatch check examples/ci_ghost.py:build --junit gradwatch.xml
     $ gradwatch report gradwatch-report.json --html report.html
+    $ gradwatch check ci/probe.py:build --sarif gradwatch.sarif --baseline baseline.json
+    $ gradwatch explain ghost_param
     $ gradwatch schema config > gradwatch-config.schema.json
 """
 
@@ -136,6 +138,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
     )
     from gradwatch.render.junit import write_junit
 
+    baseline = _load_baseline(args.baseline)
     probe = load_target(args.target)
     source = args.config if args.config is not None else probe.config
     # The report lists every finding: a warning per finding on top is noise unless asked for.
@@ -143,6 +146,12 @@ def _cmd_check(args: argparse.Namespace) -> int:
     extra: list[str] = []
     start = time.perf_counter()
     report = probe.run(args.steps, config=cfg)
+    if args.curvature:
+        report.curvature = probe.curvature(samples=args.curvature_samples)
+        if args.json != "-":  # stdout may be the JSON report
+            print(report.curvature.table())
+        if cfg.report_path is not None:  # the watcher wrote it without the curvature
+            _write(f"JSON report {cfg.report_path}", report.write, cfg.report_path)
     if args.overfit:
         losses = probe.overfit(args.overfit_steps)
         extra.append(LOSS_NOT_DECREASING)
@@ -155,7 +164,8 @@ def _cmd_check(args: argparse.Namespace) -> int:
             f"overfit: loss {losses[0]:.4g} -> {losses[-1]:.4g} over {len(losses)} steps on one batch"
         )
     elapsed = time.perf_counter() - start
-    report.print()
+    report = _with_baseline(report, baseline)
+    report.print(style=args.style)
     if args.json is not None:
         _write(f"JSON report {args.json}", report.write, args.json)
     if args.junit is not None:
@@ -167,6 +177,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
             extra_checks=extra,
             time=elapsed,
         )
+    _write_sarif(report, args.sarif, extra)
     return 1 if report.failed else 0
 
 
@@ -188,15 +199,52 @@ def _read_report(path: str) -> Any:
         ) from exc
 
 
+def _load_baseline(path: Optional[str]) -> Any:
+    """The saved report of ``--baseline`` (read before any training: a bad path fails fast)."""
+    return None if path is None else _read_report(path)
+
+
+def _with_baseline(report: Any, baseline: Any) -> Any:
+    """``report`` with the findings of ``baseline`` accepted: only new ones fail."""
+    return report if baseline is None else report.with_baseline(baseline)
+
+
+def _write_sarif(report: Any, path: Optional[str], extra: list[str]) -> None:
+    if path is not None:
+        from gradwatch.render.sarif import write_sarif
+
+        _write(f"SARIF {path}", write_sarif, report, path, extra_checks=extra)
+
+
+def _add_output_options(parser: argparse.ArgumentParser) -> None:
+    """``--sarif``, ``--baseline`` and ``--style``, shared by ``check`` and ``report``."""
+    parser.add_argument(
+        "--sarif", metavar="OUT", help="also write SARIF 2.1.0 here (GitHub code scanning)"
+    )
+    parser.add_argument(
+        "--baseline",
+        metavar="FILE",
+        help="a saved JSON report: its findings do not fail the run, new ones do (matched by "
+        "check and layer/parameters, not by step)",
+    )
+    parser.add_argument(
+        "--style",
+        choices=["diagnostic", "table"],
+        default="diagnostic",
+        help="console output: a block per finding (default) or a compact table",
+    )
+
+
 def _cmd_report(args: argparse.Namespace) -> int:
     from gradwatch.render.junit import write_junit
 
-    report = _read_report(args.file)
-    report.print()
+    report = _with_baseline(_read_report(args.file), _load_baseline(args.baseline))
+    report.print(style=args.style)
     if args.html is not None:
         _write(f"HTML report {args.html}", report.to_html, args.html)
     if args.junit is not None:
         _write(f"JUnit XML {args.junit}", write_junit, report, args.junit)
+    _write_sarif(report, args.sarif, [])
     return 1 if report.failed else 0
 
 
@@ -279,6 +327,19 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument(
         "--overfit-steps", type=_positive, default=30, help="steps of --overfit (default: 30)"
     )
+    check.add_argument(
+        "--curvature",
+        action="store_true",
+        help="after the steps, estimate each layer's Hessian trace and top eigenvalue on the "
+        "first batch (Hessian-vector products) and add them to the report",
+    )
+    check.add_argument(
+        "--curvature-samples",
+        type=_positive,
+        default=16,
+        help="Hutchinson probes per layer for --curvature (default: 16)",
+    )
+    _add_output_options(check)
     check.set_defaults(func=_cmd_check)
 
     report = sub.add_parser(
@@ -290,6 +351,7 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("file", metavar="FILE", help="a JSON report (Report.write, --json)")
     report.add_argument("--html", metavar="OUT", help="also write a self-contained HTML report")
     report.add_argument("--junit", metavar="OUT", help="also write JUnit XML")
+    _add_output_options(report)
     report.set_defaults(func=_cmd_report)
 
     schema = sub.add_parser(
@@ -297,6 +359,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     schema.add_argument("which", nargs="?", choices=["config", "report"], default="config")
     schema.set_defaults(func=_cmd_schema)
+
+    from gradwatch.cli.explain import add_parser as add_explain
+
+    add_explain(sub, common)
     return parser
 
 

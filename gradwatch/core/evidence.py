@@ -22,6 +22,8 @@ from typing import Any, Callable, Optional
 
 import torch
 
+from gradwatch.core.locations import call_site
+
 DirtyFlag = Any  # bool | torch.Tensor
 
 
@@ -56,6 +58,8 @@ class Tracker:
         self.pending: set[int] = set()  # parameters whose dirty flag is an unresolved tensor
         self.want_pre: set[int] = set()  # parameters whose resets only values can tell
         self.backward_queued = False  # the end-of-backward callback is queued
+        self.want_call: set[str] = set()  # flagged layers whose caller's line is wanted
+        self.called_at: dict[str, str] = {}  # layer -> "file:line" that called it
 
     def now(self) -> int:
         """A fresh event number (later than every event so far)."""
@@ -175,6 +179,16 @@ def make_param_hooks(
     return pre, post
 
 
+def _never_compiling() -> bool:
+    return False
+
+
+# ``torch.compiler.is_compiling`` (torch >= 2.3) is folded to a constant by dynamo.
+_is_compiling: Callable[[], bool] = getattr(
+    getattr(torch, "compiler", None), "is_compiling", _never_compiling
+)
+
+
 def make_forward_hook(
     tracker: Tracker,
     layer: str,
@@ -188,6 +202,12 @@ def make_forward_hook(
     t = tracker
 
     def forward_hook(module: Any, args: Any, output: Any) -> None:
+        if _is_compiling():
+            # Traced by dynamo, this body would be guarded on (the counter changes every
+            # call: a recompile each step until dynamo gives up and runs the model
+            # eagerly), and no runtime side effect survives inlining without a graph break.
+            # So a compiled model's layers leave no stamp: a ghost's cause reads "unknown".
+            return
         try:
             seq = next(t.counter)
             if torch.is_grad_enabled():
@@ -196,6 +216,11 @@ def make_forward_hook(
                 t.fwd_nograd[layer] = seq
             if layer not in t.fwd_first:
                 t.fwd_first[layer] = seq
+            if t.want_call and layer in t.want_call:  # once, for a flagged layer only
+                t.want_call.discard(layer)
+                site = call_site()
+                if site is not None:
+                    t.called_at[layer] = site
         except Exception as exc:
             if on_error is None:
                 raise

@@ -10,7 +10,9 @@ from typing import Any, Optional
 
 import torch
 
+from gradwatch._text import safe
 from gradwatch.config import GradWatchConfig
+from gradwatch.core.locations import Locations
 from gradwatch.errors import GhostLayerError, GradWatchError, GradWatchWarning
 from gradwatch.report import Finding
 
@@ -49,6 +51,7 @@ class FindingLog:
         self._ignored: dict[str, bool] = {}
         self.revision = 0  # bumped when a finding appears or changes severity
         self.quiet_checks: set[str] = set()  # e.g. set on non-zero ranks for rank-0-only findings
+        self.locations: Optional[Locations] = None  # source lines of flagged layers
 
     def ignored(self, name: str) -> bool:
         if not self.config.ignore:
@@ -109,6 +112,8 @@ class FindingLog:
                 finding.params.extend(n for n in names if n not in finding.params)
             if details:
                 finding.details.update(details)
+        if self.locations is not None:
+            self.locations.annotate(finding)
         self._surface(finding, names or [ident[1] or finding.check])
         return finding
 
@@ -125,10 +130,14 @@ class FindingLog:
             and finding.check not in self.quiet_checks
         ):
             level = _user_stacklevel()
+            where = finding.details.get("defined_at")
             for name in fresh:
                 warnings.warn(
-                    f"gradwatch {finding.check} [{name}]: {finding.message}"
-                    + (f" Hint: {finding.hint}" if finding.hint else ""),
+                    safe(
+                        f"gradwatch {finding.check} [{name}]: {finding.message}"
+                        + (f" Hint: {finding.hint}" if finding.hint else "")
+                        + (f" (defined at {where})" if where else "")
+                    ),
                     GradWatchWarning,
                     stacklevel=level,
                 )
@@ -138,10 +147,13 @@ class FindingLog:
         if not self._fail_fast:
             return
         found, self._fail_fast = self._fail_fast, []
-        text = "; ".join(f"{f.line()} [{', '.join(f.params[:8])}]" for f in found)
+        text = "; ".join(f"{f.line()} [{safe(', '.join(f.params[:8]))}]" for f in found)
         cls = GhostLayerError if any(f.check == "ghost_param" for f in found) else GradWatchError
         raise cls(f"gradwatch (fail_fast): {text}")
 
     def findings(self) -> list[Finding]:
         """A copy of every finding so far."""
+        if self.locations is not None:  # a call site captured since the finding's last step
+            for finding in self._findings.values():
+                self.locations.annotate(finding)
         return [f.model_copy(deep=True) for f in self._findings.values()]

@@ -1,4 +1,5 @@
-"""Renderers: functions over a :class:`~gradwatch.Report` (console, HTML, JUnit).
+"""Renderers: functions over a :class:`~gradwatch.Report` (console diagnostics and table, HTML,
+JUnit, SARIF).
 
 They depend on the report, never the reverse: the report's convenience methods import them
 lazily.

@@ -1,28 +1,37 @@
-"""Console rendering of a report: a compact rich summary, plain text when not on a terminal.
+"""Console rendering of a report: diagnostic blocks (default) or a compact table.
 
-The summary aims at one screen: a status header, the findings sorted by severity (at most
-``MAX_ROWS``, parameters truncated with ``+N more``) and one coverage line. The JSON/HTML
-report holds the rest.
+``style="diagnostic"`` prints one compiler-style block per finding (see
+:mod:`gradwatch.render.diagnostics`) and a one-line summary; ``style="table"`` the compact
+one-screen table (the findings sorted by severity, at most ``MAX_ROWS``, hints shortened).
+Both use colour on a terminal only (``NO_COLOR`` turns it off, ``FORCE_COLOR`` on) and
+print every name literally: rich markup in a module name is text, control bytes are escaped.
 
 Example:
-    >>> print(watcher.report().summary())  # doctest: +SKIP
-    gradwatch: FAILED  steps=20 backward_passes=20  findings=1 (1 error) fail_on=error
+    >>> print(watcher.report().summary(width=100))  # doctest: +SKIP
+    error[ghost_param]: 2 parameters of 'aux_head' got no gradient at step 0 (cause: ...
     ...
+    gradwatch: FAILED  1 error in 3 steps (3 backward passes), fail_on=error
 """
 
 from __future__ import annotations
 
 import io
 import os
+import shutil
 import sys
 from typing import TYPE_CHECKING, Any
+
+from gradwatch._text import safe
+from gradwatch.render.diagnostics import render_diagnostics
 
 if TYPE_CHECKING:
     from rich.console import Console
 
     from gradwatch.report import Finding, Report
 
-__all__ = ["MAX_ROWS", "print_report", "render_text"]
+__all__ = ["MAX_ROWS", "STYLES", "print_report", "render_text"]
+
+STYLES = ("diagnostic", "table")
 
 #: Findings shown in the table; the rest are counted in a "... N more" line.
 MAX_ROWS = 12
@@ -34,11 +43,12 @@ _STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 
 def _params(f: Finding, limit: int = _PARAMS_SHOWN) -> str:
     names = f.params or ([f.module] if f.module else [])
-    shown = ", ".join(names[:limit])
+    shown = ", ".join(safe(n) for n in names[:limit])
     return shown + (f" +{len(names) - limit} more" if len(names) > limit else "")
 
 
 def _short(text: str, limit: int = _HINT_CHARS) -> str:
+    text = safe(text)
     return text if len(text) <= limit else text[: limit - 3].rstrip() + "..."
 
 
@@ -56,17 +66,20 @@ def _header(report: Report) -> Any:
     head.append(f"  steps={report.steps} backward_passes={report.backward_passes}")
     if report.skipped_steps:
         head.append(f" skipped_steps={report.skipped_steps}")
-    head.append(f"  findings={len(report.findings)}")
+    shown = [f for f in report.findings if not f.baselined()]
+    head.append(f"  findings={len(shown)}")
     counts = [
         (sev, n)
         for sev in ("error", "warning", "info")
-        if (n := sum(1 for f in report.findings if f.severity == sev))
+        if (n := sum(f.severity == sev for f in shown))
     ]
     for k, (sev, n) in enumerate(counts):
         head.append(" (" if k == 0 else ", ")
         head.append(f"{n} {sev}" if sev == "info" else _count(n, sev), style=_STYLE[sev])
     if counts:
         head.append(")")
+    if len(shown) < len(report.findings):
+        head.append(f" baselined={len(report.findings) - len(shown)}")
     head.append(f" fail_on={report.fail_on}")
     return head
 
@@ -95,8 +108,10 @@ def _build(report: Report, *, plain: bool) -> list[Any]:
     from rich.table import Table
     from rich.text import Text
 
+    # Every cell is a Text: a str cell would be parsed as rich markup ("[/INST]" crashes it).
     parts: list[Any] = [_header(report)]
-    if not report.findings:
+    findings = [f for f in report.findings if not f.baselined()]
+    if not findings:
         parts.append(Text("No findings.", style="green"))
     else:
         table = Table(
@@ -111,7 +126,7 @@ def _build(report: Report, *, plain: bool) -> list[Any]:
         table.add_column("cause", overflow="fold")
         table.add_column("hint", overflow="fold")
         ordered = sorted(
-            report.findings,
+            findings,
             key=lambda f: (_ORDER[f.severity], f.check, f.cause(), f.module or ""),
         )
         previous = None
@@ -122,7 +137,11 @@ def _build(report: Report, *, plain: bool) -> list[Any]:
             hint = _short(text) if text != previous else '"'
             previous = text
             table.add_row(
-                Text(f.severity, style=_STYLE[f.severity]), f.check, _params(f), f.cause(), hint
+                Text(f.severity, style=_STYLE[f.severity]),
+                Text(safe(f.check)),
+                Text(_params(f)),
+                Text(safe(f.cause())),
+                Text(hint),
             )
         parts.append(table)
         if len(ordered) > MAX_ROWS:
@@ -148,12 +167,28 @@ def _console(file: Any, *, color: bool, width: int | None) -> Console:
     )
 
 
-def render_text(report: Report, *, color: bool = False, width: int = 110) -> str:
-    """The summary as a string; ANSI colour only when ``color`` (ASCII table otherwise).
+def _check_style(style: str) -> None:
+    if style not in STYLES:
+        raise ValueError(f"style must be one of {', '.join(STYLES)}, not {style!r}")
+
+
+def render_text(
+    report: Report, *, color: bool = False, width: int = 110, style: str = "diagnostic"
+) -> str:
+    """The report as a string; ANSI colour only when ``color``.
+
+    Args:
+        report: the report to render.
+        color: ANSI colour codes (for a terminal).
+        width: the line width to wrap to.
+        style: ``"diagnostic"`` (a block per finding) or ``"table"`` (compact).
 
     Example:
         >>> print(render_text(report, width=100))  # doctest: +SKIP
     """
+    _check_style(style)
+    if style == "diagnostic":
+        return render_diagnostics(report, width=width, color=color)
     buf = io.StringIO()
     console = _console(buf, color=color, width=width)
     for part in _build(report, plain=not color):
@@ -161,21 +196,42 @@ def render_text(report: Report, *, color: bool = False, width: int = 110) -> str
     return buf.getvalue()
 
 
-def print_report(report: Report, file: Any = None) -> None:
-    """Print the summary: colour on a terminal, plain ASCII text when piped.
+def _is_terminal(out: Any) -> bool:
+    try:
+        return bool(out.isatty())
+    except (AttributeError, ValueError, OSError):
+        return False
+
+
+def _wants_color(out: Any) -> bool:
+    """Colour on a terminal, as the ``NO_COLOR``/``FORCE_COLOR`` conventions allow."""
+    if os.environ.get("NO_COLOR"):
+        return False
+    if os.environ.get("FORCE_COLOR"):
+        return True
+    return _is_terminal(out) and os.environ.get("TERM") != "dumb"
+
+
+def _width(out: Any) -> int:
+    """The terminal's width; ``COLUMNS`` or 110 when piped (a CI log)."""
+    columns = os.environ.get("COLUMNS", "")
+    if columns.isdigit() and int(columns) > 0:
+        return int(columns)
+    if _is_terminal(out):
+        return shutil.get_terminal_size((110, 24)).columns
+    return 110
+
+
+def print_report(report: Report, file: Any = None, *, style: str = "diagnostic") -> None:
+    """Print the report: colour on a terminal, plain text when piped.
 
     Example:
-        >>> print_report(report)  # doctest: +SKIP
+        >>> print_report(report, style="table")  # doctest: +SKIP
     """
-    from rich.console import Console
-
+    _check_style(style)
     out = file if file is not None else sys.stdout
-    if _console(out, color=False, width=None).is_terminal:
-        console = Console(file=out, highlight=False, soft_wrap=False, emoji=False)
-        plain = False
-    else:  # piped / CI log: no ANSI codes, ASCII table, a fixed readable width
-        width = int(os.environ["COLUMNS"]) if os.environ.get("COLUMNS", "").isdigit() else 110
-        console = _console(out, color=False, width=width)
-        plain = True
-    for part in _build(report, plain=plain):
-        console.print(part)
+    text = render_text(report, color=_wants_color(out), width=_width(out), style=style)
+    out.write(text)
+    flush = getattr(out, "flush", None)
+    if flush is not None:
+        flush()

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Optional, Union
 
 from gradwatch._severity import at_least
+from gradwatch._text import safe
 from gradwatch.report import Finding, Report
 
 __all__ = ["check_ids", "finding_text", "junit_xml", "write_junit"]
@@ -32,7 +33,7 @@ def _clean(text: str) -> str:
 
 
 def finding_text(f: Finding) -> str:
-    """A finding as a few indented lines: message, parameters, cause, steps, hint."""
+    """A finding as a few indented lines: message, parameters, cause, source lines, steps, hint."""
     lines = [f"[{f.severity}] {f.message}"]
     if f.params:
         lines.append("  parameters: " + ", ".join(f.params))
@@ -41,10 +42,13 @@ def finding_text(f: Finding) -> str:
     cause = f.details.get("cause") or f.details.get("origin")
     if cause:
         lines.append(f"  cause: {cause}")
+    for key, label in (("defined_at", "defined at"), ("called_at", "called at")):
+        if f.details.get(key):
+            lines.append(f"  {label}: {f.details[key]}")
     lines.append(f"  steps: {f.first_step}..{f.last_step} (seen {f.count}x)")
     if f.hint:
         lines.append(f"  hint: {f.hint}")
-    return "\n".join(lines)
+    return "\n".join(safe(line) for line in lines)  # names are untrusted: no raw escapes
 
 
 def check_ids(report: Report, extra: Iterable[str] = ()) -> list[str]:
