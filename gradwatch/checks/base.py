@@ -67,6 +67,9 @@ class StepView:
     world_size: int = 1
     scaler: bool = False
     layers: dict[str, LayerSample] = field(default_factory=dict)
+    # Whether parameter ``i`` (any watched one, also outside this step's ids) ever received
+    # a gradient while watched.
+    received: Callable[[int], bool] = field(default=lambda i: False)
     # ids of frozen (requires_grad=False) parameters of this optimizer whose values changed
     # across this step (observed steps only; exact change detection, no parameter copy)
     frozen_changed: list[int] = field(default_factory=list)

@@ -26,7 +26,13 @@ __all__ = ["Structure"]
 class Structure:
     """The watched layout of one model and its optimizers."""
 
-    def __init__(self, optimizers: list[torch.optim.Optimizer], tracker: Tracker) -> None:
+    def __init__(
+        self,
+        optimizers: list[torch.optim.Optimizer],
+        tracker: Tracker,
+        *,
+        ddp_find_unused: Optional[bool] = None,
+    ) -> None:
         self.index = ParamIndex()
         self.optimizers = optimizers
         self.tracker = tracker
@@ -36,6 +42,8 @@ class Structure:
         self._key: Any = None
         self._model_signature: tuple[int, ...] = ()
         self._lazy: list[weakref.ref[torch.Tensor]] = []
+        # The DDP wrapper's find_unused_parameters (None: not under a DDP wrapper we saw).
+        self.ddp_find_unused = ddp_find_unused
         self._frozen: list[weakref.ref[torch.Tensor]] = []  # frozen at the last scan
         self._generation = -1  # registry.generation() at the last scan
         registry.acquire()  # count registrations: layout changes without a walk per step
@@ -91,7 +99,7 @@ class Structure:
             set(optimizer_of),
             optimizer_of,
             bool(self.optimizers),
-            extra={"step": step},
+            extra={"step": step, "ddp_find_unused": self.ddp_find_unused},
         )
 
     def _rebuild_tracks(
