@@ -31,6 +31,15 @@ from gradwatch.core.unwatched import StepNesting, UnwatchedUpdates
 __all__ = ["StepPipeline"]
 
 
+def _fingerprint_track(track: Track) -> None:
+    """Fingerprints, not copies: a few numbers per tensor (core/sketch.py)."""
+    if track.frozen and not any(ParamIndex.uninitialized(p) for p in track.frozen):
+        track.frozen_fp = _fingerprint(track.frozen)
+    if not track.params or any(ParamIndex.uninitialized(p) for p in track.params):
+        return  # no update ratio while a lazy parameter has no values yet
+    track.fingerprint = _fingerprint(track.params)
+
+
 def _fingerprint(params: list[torch.Tensor]) -> Optional[Fingerprint]:
     try:
         return fingerprint(params)
@@ -138,14 +147,8 @@ class StepPipeline:
     def before_step(self, k: int) -> None:
         """Optimizer ``k`` is about to step: keep what the update ratio needs."""
         track = self.structure.track_of(k)
-        if track is None or not self.observed(track):
-            return
-        # Fingerprints, not copies: a few numbers per tensor (core/sketch.py).
-        if track.frozen and not any(ParamIndex.uninitialized(p) for p in track.frozen):
-            track.frozen_fp = _fingerprint(track.frozen)
-        if not track.params or any(ParamIndex.uninitialized(p) for p in track.params):
-            return  # no update ratio while a lazy parameter has no values yet
-        track.fingerprint = _fingerprint(track.params)
+        if track is not None and self.observed(track):
+            _fingerprint_track(track)
 
     def after_step(self, k: int) -> None:
         """Optimizer ``k`` stepped: judge the window that ends here."""
