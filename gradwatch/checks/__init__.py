@@ -8,6 +8,7 @@ from gradwatch.checks.coverage import FrozenInOptimizer, NotInOptimizer
 from gradwatch.checks.dead import DeadParam
 from gradwatch.checks.double_update import DoubleUpdate
 from gradwatch.checks.exploding import ExplodingGrad
+from gradwatch.checks.frozen_updated import FrozenParamUpdated
 from gradwatch.checks.ghost import GhostParam
 from gradwatch.checks.loss_disconnected import LossDisconnected
 from gradwatch.checks.nonfinite import NonfiniteGrad
@@ -31,6 +32,7 @@ ALL_CHECKS: list[type[Check]] = [
     StaleParam,
     NotInOptimizer,
     FrozenInOptimizer,
+    FrozenParamUpdated,
     NotObserved,
     LossDisconnected,
     DoubleUpdate,

@@ -80,6 +80,9 @@ class StepView:
     unregistered: list[tuple[str, str]] = field(default_factory=list)  # (path, module class)
     nan_trace: Optional[dict[str, Any]] = None  # the NaN probe's verdict for this window
     grads_assigned: Optional[Callable[[], bool]] = None  # a .grad replaced since the last step
+    # ids of frozen (requires_grad=False) parameters of this optimizer whose values changed
+    # across this step (observed steps only; exact change detection, no parameter copy)
+    frozen_changed: list[int] = field(default_factory=list)
 
     def by_layer(self) -> dict[str, list[int]]:
         """Positions into ``ids`` grouped by the parameters' layer, in first-seen order."""

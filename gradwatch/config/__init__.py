@@ -183,6 +183,7 @@ class ChecksConfig(BaseModel):
     stale_param: StaleParamConfig = Field(default_factory=StaleParamConfig)
     not_in_optimizer: CheckConfig = Field(default_factory=CheckConfig)
     frozen_in_optimizer: _InfoCheck = Field(default_factory=_InfoCheck)
+    frozen_param_updated: _ErrorCheck = Field(default_factory=_ErrorCheck)
     not_observed: _ErrorCheck = Field(default_factory=_ErrorCheck)
     loss_disconnected: _ErrorCheck = Field(default_factory=_ErrorCheck)
     double_update: _ErrorCheck = Field(default_factory=_ErrorCheck)

@@ -25,11 +25,27 @@ from gradwatch.core.index import ParamIndex
 from gradwatch.core.pipeline import Gathered, Track, gather, layer_samples
 from gradwatch.core.recorder import LayerRecorder
 from gradwatch.core.scaler import ScalerWatch
-from gradwatch.core.stats import flatten_cpu
+from gradwatch.core.sketch import Fingerprint, fingerprint
 from gradwatch.core.structure import Structure, group_signature
 from gradwatch.core.unwatched import StepNesting, UnwatchedUpdates
 
 __all__ = ["StepPipeline"]
+
+
+def _fingerprint_track(track: Track) -> None:
+    """Fingerprints, not copies: a few numbers per tensor (core/sketch.py)."""
+    if track.frozen and not any(ParamIndex.uninitialized(p) for p in track.frozen):
+        track.frozen_fp = _fingerprint(track.frozen)
+    if not track.params or any(ParamIndex.uninitialized(p) for p in track.params):
+        return  # no update ratio while a lazy parameter has no values yet
+    track.fingerprint = _fingerprint(track.params)
+
+
+def _fingerprint(params: list[torch.Tensor]) -> Optional[Fingerprint]:
+    try:
+        return fingerprint(params)
+    except (RuntimeError, TypeError, NotImplementedError):
+        return None  # a tensor type it cannot read (a sharded subclass): no update ratio
 
 
 class StepPipeline:
@@ -135,14 +151,8 @@ class StepPipeline:
     def before_step(self, k: int) -> None:
         """Optimizer ``k`` is about to step: keep what the update ratio needs."""
         track = self.structure.track_of(k)
-        if track is None or not self.observed(track) or not track.params:
-            return
-        if any(ParamIndex.uninitialized(p) for p in track.params):
-            return  # no update ratio while a lazy parameter has no values yet
-        with torch.no_grad():
-            track.snapshot_flat = flatten_cpu(track.params, copy=True)  # the CPU path
-            if track.snapshot_flat is None:
-                track.snapshot = list(torch._foreach_mul(track.params, 1.0))
+        if track is not None and self.observed(track):
+            _fingerprint_track(track)
 
     def after_step(self, k: int) -> None:
         """Optimizer ``k`` stepped: judge the window that ends here."""
@@ -201,7 +211,7 @@ class StepPipeline:
         self.tracker.snapshot(g.ids, g.grads)
         if self.tracker.want_pre and self.hooks.trimmed:
             self.hooks.restore_pre_hooks(structure.index)
-        track.snapshot = track.snapshot_flat = None
+        track.fingerprint = track.frozen_fp = None
         track.start = self.tracker.now()
         track.backward_at_start = self.backward_passes
         self.extra.window_closed(track.index)
@@ -276,6 +286,7 @@ class StepPipeline:
             scaler=self.scaler.scaler is not None,
             layers=layer_samples(g, numel, track) if observed else {},
             received=lambda i: tracker.last_seq[i] > 0,
+            frozen_changed=g.frozen_changed,
         )
 
     # -- the scaler ------------------------------------------------------------------------
