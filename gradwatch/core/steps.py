@@ -13,10 +13,9 @@ from torch import nn
 
 from gradwatch.checks import Check, RunView, StepView, StructureView
 from gradwatch.checks.nonfinite import NonfiniteGrad
-from gradwatch.checks.not_observed import emit_not_observed
 from gradwatch.config import GradWatchConfig
 from gradwatch.core.distributed import DistSync
-from gradwatch.core.evidence import Tracker
+from gradwatch.core.evidence import Tracker, make_cause
 from gradwatch.core.extra_evidence import ExtraEvidence
 from gradwatch.core.faults import Faults
 from gradwatch.core.findings import FindingLog
@@ -124,29 +123,22 @@ class StepPipeline:
         if not self.structure.optimizers and self.structure.tracks:
             self.decide(self.structure.tracks[0])
         elif not self.nesting.inside():  # an LBFGS closure's backward belongs to its step
-            self._look_for_unwatched_steps()
+            for track in self.structure.tracks:
+                if track.index is not None:
+                    self.unwatched.look(track, self.backward_passes, self.structure, self.findings)
 
-    def _look_for_unwatched_steps(self) -> None:
-        for track in self.structure.tracks:
-            if track.index is None or self.backward_passes - track.backward_at_start < 2:
-                continue
-            moved = self.unwatched.backward(track.index, track.params)
-            if moved < 2:
-                continue
-            opt = self.structure.optimizers[track.index]
-            emit_not_observed(
-                self.findings,
-                severity=self.config.check("not_observed").severity,
-                step=track.steps,
-                reason=f"optimizer_{track.index}_not_stepping",
-                message=f"The parameters of watched optimizer {track.index} "
-                f"({type(opt).__name__}) keep changing across backward passes, but its "
-                f"step() has not run for {self.backward_passes - track.backward_at_start} "
-                "passes: another optimizer object is training them, unwatched.",
-                hint="Was the optimizer re-created mid-run? gradwatch watches the object passed "
-                "to watch(): open a new watch() with the new optimizer (or pass all of them).",
-                details={"optimizer": track.index, "backward_passes": moved},
-            )
+    def step_pre(self, k: int) -> None:
+        """Optimizer ``k``'s pre-step hook (a nested ``super().step()`` is the same step)."""
+        if self.nesting.enter(k):
+            self.before_step(k)
+
+    def step_post(self, k: int) -> bool:
+        """Optimizer ``k``'s post-step hook; whether an outer step was judged."""
+        if not self.nesting.leave(k):
+            return False
+        self.step_calls += 1
+        self.after_step(k)
+        return True
 
     def before_step(self, k: int) -> None:
         """Optimizer ``k`` is about to step: keep what the update ratio needs."""
@@ -242,20 +234,7 @@ class StepPipeline:
         wanted = self.hooks.wanted
         numel = [index.params[i].numel for i in g.ids] if observed else []
 
-        def cause(i: int) -> str:
-            info = index.params[i]
-            if info.outside_model:
-                return "unknown"
-            since = tracker.fwd_since
-            if not any(since.get(o, start + 1) <= start for o in info.owners):
-                # Its forward hook was off (trimmed after trim_hooks_after) during this window.
-                wanted.add(info.layer)
-                return "unknown"
-            if any(tracker.fwd_grad.get(o, 0) > start for o in info.owners):
-                return "disconnected"
-            if any(tracker.fwd_nograd.get(o, 0) > start for o in info.owners):
-                return "no_grad"
-            return "not_called"
+        cause = make_cause(index, tracker, start, wanted)
 
         ranks = None
         ex = None
@@ -305,16 +284,7 @@ class StepPipeline:
 
     def finish(self, faults: list[str]) -> None:
         """The run is over: checks judge it as a whole once."""
-        tracker = self.tracker
-        view = RunView(
-            steps=self.steps,
-            backward_passes=self.backward_passes,
-            step_calls=self.step_calls,
-            forward_ran=bool(tracker.fwd_first),
-            forward_ran_with_grad=bool(tracker.fwd_grad),
-            has_optimizer=bool(self.structure.optimizers),
-            faults=faults,
-        )
+        view = run_view(self, faults)
         for check in self.checks:
             self.faults.guard(f"{check.id} check", check.on_run, view, self.findings)
 
@@ -322,3 +292,17 @@ class StepPipeline:
         self.model = None
         self.nesting.clear()
         self.structure.release()
+
+
+def run_view(pipe: StepPipeline, faults: list[str]) -> RunView:
+    """What the whole run showed, for the checks that judge it once at the end."""
+    tracker = pipe.tracker
+    return RunView(
+        steps=pipe.steps,
+        backward_passes=pipe.backward_passes,
+        step_calls=pipe.step_calls,
+        forward_ran=bool(tracker.fwd_first),
+        forward_ran_with_grad=bool(tracker.fwd_grad),
+        has_optimizer=bool(pipe.structure.optimizers),
+        faults=faults,
+    )

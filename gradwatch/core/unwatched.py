@@ -12,9 +12,14 @@ from __future__ import annotations
 
 import sys
 from types import FrameType
-from typing import Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import torch
+
+from gradwatch.checks.not_observed import emit_not_observed
+
+if TYPE_CHECKING:
+    from gradwatch.core.findings import FindingLog
 
 __all__ = ["StepNesting", "UnwatchedUpdates"]
 
@@ -104,3 +109,26 @@ class UnwatchedUpdates:
             self._count[k] = self._count.get(k, 0) + 1
         self._mark[k] = now
         return self._count.get(k, 0)
+
+    def look(self, track: Any, backward_passes: int, structure: Any, findings: FindingLog) -> None:
+        """After a backward pass with no step of ``track``'s optimizer: moved without it?"""
+        k = track.index
+        waiting = backward_passes - track.backward_at_start
+        if waiting < 2:
+            return
+        moved = self.backward(k, track.params)
+        if moved < 2:
+            return
+        opt = structure.optimizers[k]
+        emit_not_observed(
+            findings,
+            severity=findings.config.check("not_observed").severity,
+            step=track.steps,
+            reason=f"optimizer_{k}_not_stepping",
+            message=f"The parameters of watched optimizer {k} ({type(opt).__name__}) keep "
+            f"changing across backward passes, but its step() has not run for {waiting} "
+            "passes: another optimizer object is training them, unwatched.",
+            hint="Was the optimizer re-created mid-run? gradwatch watches the object passed "
+            "to watch(): open a new watch() with the new optimizer (or pass all of them).",
+            details={"optimizer": k, "backward_passes": moved},
+        )
