@@ -6,6 +6,7 @@ step hooks (or, without an optimizer, at the end of each backward pass).
 
 from __future__ import annotations
 
+from types import FrameType
 from typing import Optional
 
 import torch
@@ -127,9 +128,9 @@ class StepPipeline:
                 if track.index is not None:
                     self.unwatched.look(track, self.backward_passes, self.structure, self.findings)
 
-    def step_pre(self, k: int) -> None:
+    def step_pre(self, k: int, caller: FrameType) -> None:
         """Optimizer ``k``'s pre-step hook (a nested ``super().step()`` is the same step)."""
-        if self.nesting.enter(k):
+        if self.nesting.enter(k, caller):
             self.before_step(k)
 
     def step_post(self, k: int) -> bool:

@@ -36,14 +36,16 @@ class StepNesting:
         self._outer: dict[int, FrameType] = {}
         self._nested: dict[int, int] = {}
 
-    def enter(self, k: int) -> bool:
-        """At optimizer ``k``'s pre-step hook: whether this is an outer (real) step."""
+    def enter(self, k: int, caller: FrameType) -> bool:
+        """At optimizer ``k``'s pre-step hook: whether this is an outer (real) step.
+
+        ``caller`` is the frame that called the hook: torch's step wrapper of this call.
+        """
         outer = self._outer.get(k)
         if outer is not None and _on_stack(outer):
             self._nested[k] = self._nested.get(k, 0) + 1
             return False
-        frame = sys._getframe(2)  # torch's step wrapper (it calls the hook that calls us)
-        self._outer[k], self._nested[k] = frame, 0
+        self._outer[k], self._nested[k] = caller, 0
         return True
 
     def leave(self, k: int) -> bool:

@@ -17,6 +17,7 @@ Example:
 
 from __future__ import annotations
 
+import sys
 import weakref
 from collections.abc import Sequence
 from pathlib import Path
@@ -347,7 +348,7 @@ class Watcher:
                 return
             try:
                 if pre:
-                    me._pipe.step_pre(k)
+                    me._pipe.step_pre(k, sys._getframe(1))  # caller: torch's step wrapper
                 elif me._pipe.step_post(k):
                     me._refresh()
             except (GradWatchError, GradWatchWarning):
