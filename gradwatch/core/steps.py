@@ -6,7 +6,7 @@ step hooks (or, without an optimizer, at the end of each backward pass).
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 from torch import nn
@@ -21,9 +21,10 @@ from gradwatch.core.faults import Faults
 from gradwatch.core.findings import FindingLog
 from gradwatch.core.hooks import HookSet
 from gradwatch.core.index import ParamIndex
-from gradwatch.core.pipeline import Gathered, Track, gather, layer_samples
+from gradwatch.core.pipeline import Gathered, Track, gather, layer_samples, merge_shards
 from gradwatch.core.recorder import LayerRecorder
 from gradwatch.core.scaler import ScalerWatch
+from gradwatch.core.sharded import FSDP1_FLAT, FSDP1_ORIG, local
 from gradwatch.core.stats import flatten_cpu
 from gradwatch.core.structure import Structure, group_signature
 from gradwatch.core.unwatched import StepNesting, UnwatchedUpdates
@@ -63,6 +64,7 @@ class StepPipeline:
         self.step_calls = 0  # outer optimizer steps entered (judged or not)
         self.nesting = StepNesting()
         self.unwatched = UnwatchedUpdates()
+        self.sharded: Optional[str] = None  # the sharding engine (core/sharded.py), if any
 
     # -- layout ----------------------------------------------------------------------------
 
@@ -71,6 +73,8 @@ class StepPipeline:
         if self.model is None:
             return
         view = self.structure.sync(self.model, self.hooks, step)
+        for track in self.structure.tracks:
+            track.sharded = self.sharded
         if view is not None:
             self._on_structure(view, step)
 
@@ -136,6 +140,9 @@ class StepPipeline:
         if any(ParamIndex.uninitialized(p) for p in track.params):
             return  # no update ratio while a lazy parameter has no values yet
         with torch.no_grad():
+            if track.sharded is not None:  # this rank's shards only, never a gather
+                track.snapshot = [local(p).clone() for p in track.params]
+                return
             track.snapshot_flat = flatten_cpu(track.params, copy=True)  # the CPU path
             if track.snapshot_flat is None:
                 track.snapshot = list(torch._foreach_mul(track.params, 1.0))
@@ -174,6 +181,7 @@ class StepPipeline:
                 min_hooked_at=self.hooks.hooked_at,
                 last_hooked=self.hooks.last_hooked,
                 scaler_scale=self.scaler.scale_tensor(),
+                arrival=self._forward_arrival(track),
             )
         self._note_skips(self.scaler.note(g.scale), track.steps)
         view = self._view(track, g, observed)
@@ -237,8 +245,10 @@ class StepPipeline:
         ex = None
         if self.dist is not None:  # one all_gather: which rank missed what, and why
             device = track.params[0].device if track.params else None
-            ex = self.dist.exchange(g.ids, g.arrived, cause, tracker, device)
+            ex = self.dist.exchange(g.ids, g.arrived, cause, tracker, device, g.shard)
             ranks, g.arrived = ex.ranks_missing, ex.arrived
+            if ex.payload is not None:  # sharded: per-rank shard sums -> global values
+                merge_shards(g, ex.payload, observed, numel, tracker)
         return StepView(
             step=track.steps,
             optimizer=track.index,
@@ -262,6 +272,23 @@ class StepPipeline:
             scaler=self.scaler.scaler is not None,
             layers=layer_samples(g, numel, track) if observed else {},
         )
+
+    def _forward_arrival(self, track: Track) -> Optional[Callable[[int], bool]]:
+        """FSDP1: no hook sees an original parameter's gradient; its module's forward does.
+
+        A parameter counts as arrived when a module owning it ran with gradients enabled in
+        this window: a ghost whose module never ran (or ran under ``no_grad``) is caught, one
+        whose module ran without giving it a gradient is not (FSDP1 hands it a zero slice).
+        """
+        if self.sharded not in (FSDP1_ORIG, FSDP1_FLAT):
+            return None
+        owners = self.structure.index.params
+        fwd, start = self.tracker.fwd_grad, track.start
+
+        def arrived(i: int) -> bool:
+            return any(fwd.get(o, 0) > start for o in owners[i].owners)
+
+        return arrived
 
     # -- the scaler ------------------------------------------------------------------------
 

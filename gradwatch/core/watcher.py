@@ -37,6 +37,8 @@ from gradwatch.core.locations import Locations
 from gradwatch.core.persist import ReportRefresher
 from gradwatch.core.recorder import LayerRecorder
 from gradwatch.core.scaler import ScalerWatch
+from gradwatch.core.sharded import engine_of, flat_params, unwrap_fsdp1
+from gradwatch.core.sharded_report import report_layout
 from gradwatch.core.steps import StepPipeline
 from gradwatch.core.structure import Structure
 from gradwatch.errors import ConfigError, GradWatchError, GradWatchWarning
@@ -51,10 +53,12 @@ ConfigArg = Union[GradWatchConfig, dict[str, Any], str, Path, None]
 
 
 def unwrap(model: nn.Module) -> nn.Module:
-    """The user's module inside DDP/DataParallel/``torch.compile`` wrappers."""
+    """The user's module inside DDP/DataParallel/FSDP1/``torch.compile`` wrappers."""
     while True:
         if isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
             model = model.module
+        elif (inner := unwrap_fsdp1(model)) is not None:
+            model = inner
         elif hasattr(model, "_orig_mod") and isinstance(model._orig_mod, nn.Module):
             model = model._orig_mod
         else:
@@ -152,6 +156,8 @@ class Watcher:
             LayerRecorder(self.config.history, sinks),
             dist,
         )
+        self._pipe.sharded = engine_of(model)
+        self._flat = [weakref.ref(p) for p in flat_params(model)] if self._pipe.sharded else []
         self._refresher = ReportRefresher(
             self.config.report_path, self.config.report_every_n_steps, self._write_current
         )
@@ -218,6 +224,7 @@ class Watcher:
         self._attached = True
         try:
             self._pipe.sync(step=0)
+            self._watch_flat_params()
             for k, opt in enumerate(self._pipe.structure.optimizers):
                 self._hooks.add(opt.register_step_pre_hook(self._opt_hook(k, pre=True)))
                 self._hooks.add(opt.register_step_post_hook(self._opt_hook(k, pre=False)))
@@ -226,6 +233,26 @@ class Watcher:
             self.close()
             raise
         return self
+
+    def _watch_flat_params(self) -> None:
+        """FSDP1: its flat parameters' hooks mark the backward passes (see core/sharded.py)."""
+        for ref in self._flat:
+            p = ref()
+            if p is not None:
+                self._hooks.add(p.register_post_accumulate_grad_hook(self._flat_arrival()))
+        report_layout(self._pipe.sharded, self._log, self.config, self._pipe.structure)
+
+    def _flat_arrival(self) -> Callable[[torch.Tensor], None]:
+        on_arrival = self._arrival_callback()
+        on_error = self._faults.callback()
+
+        def hook(p: torch.Tensor) -> None:
+            try:
+                on_arrival()
+            except Exception as exc:
+                on_error("FSDP1 flat parameter hook", exc)
+
+        return hook
 
     def close(self) -> None:
         """Remove every hook, write the report where the config asks, drop the model."""

@@ -1,0 +1,54 @@
+"""What gradwatch can and cannot see under each sharding engine, said once as findings."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Optional
+
+from gradwatch.checks.not_observed import emit_not_observed
+from gradwatch.core.sharded import FSDP1_FLAT, FSDP1_ORIG
+
+if TYPE_CHECKING:
+    from gradwatch.config import GradWatchConfig
+    from gradwatch.core.findings import FindingLog
+    from gradwatch.core.structure import Structure
+
+__all__ = ["report_layout"]
+
+
+def report_layout(
+    engine: Optional[str], log: FindingLog, config: GradWatchConfig, structure: Structure
+) -> None:
+    """Emit the ``not_observed`` finding for what ``engine`` hides from gradwatch (if any).
+
+    FSDP1 flattened: nothing per layer (the report fails: the configured severity). FSDP1
+    ``use_orig_params``: a ghost whose module ran without giving it a gradient looks like a
+    zero gradient (``info``: the other checks run, only that cause is out of reach).
+    """
+    if engine == FSDP1_FLAT:
+        names = [n for info in structure.index.params for n in info.names]
+        emit_not_observed(
+            log,
+            severity=config.check("not_observed").severity,
+            step=0,
+            reason="fsdp1_flat_params",
+            message="FSDP1 with flattened parameters (use_orig_params=False): the model's "
+            f"{len(names)} flat parameter(s) hide every layer, so no per-layer check "
+            "(ghost parameters included) can run.",
+            hint="Wrap with FullyShardedDataParallel(..., use_orig_params=True) or use FSDP2 "
+            "(torch.distributed.fsdp.fully_shard): gradwatch then checks every layer.",
+            params=names,
+            details={"engine": engine},
+        )
+    elif engine == FSDP1_ORIG:
+        emit_not_observed(
+            log,
+            severity="info",
+            step=0,
+            reason="fsdp1_disconnected",
+            message="FSDP1 assigns gradients after its reduce-scatter and gives an unused "
+            "parameter a zero gradient: a ghost whose layer never ran (or ran under no_grad) "
+            "is named, one whose layer ran without giving it a gradient (disconnected) is not.",
+            hint="FSDP2 (torch.distributed.fsdp.fully_shard) keeps an unused parameter's "
+            "gradient None, so gradwatch sees every ghost there.",
+            details={"engine": engine},
+        )
