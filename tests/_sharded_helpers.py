@@ -7,6 +7,7 @@ the gradwatch warnings it emitted, the error that ended it) through the DDP help
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -56,12 +57,33 @@ def _build(engine: str, dead: bool) -> tuple[nn.Module, nn.Module, torch.optim.O
     return model, sharded, torch.optim.AdamW(sharded.parameters(), lr=1e-2)
 
 
-def _loop(model: nn.Module, opt: torch.optim.Optimizer, rank: int) -> None:
+def _loop(model: nn.Module, opt: torch.optim.Optimizer, rank: int, engine: str, out: Path) -> None:
     for step in range(STEPS):
         opt.zero_grad(set_to_none=step % 2 == 0)
         x, y = _data(rank, step)
         nn.functional.mse_loss(model(x), y).backward()
         opt.step()
+    if engine != "fsdp1_flat":
+        (out / f"{engine}.expected{rank}.json").write_text(json.dumps(_full_norms(model, engine)))
+
+
+def _full_norms(model: nn.Module, engine: str) -> dict[str, float]:
+    """Each layer's gradient L2 norm from the full (unsharded) gradients: the test's truth."""
+    sq: dict[str, float] = {}
+    if engine == "fsdp2":
+        for name, p in model.named_parameters():
+            if p.grad is not None:
+                layer = name.rsplit(".", 1)[0]
+                sq[layer] = sq.get(layer, 0.0) + float(p.grad.full_tensor().norm()) ** 2
+    else:
+        from torch.distributed.fsdp import FullyShardedDataParallel
+
+        with FullyShardedDataParallel.summon_full_params(model, with_grads=True):
+            for name, p in model.named_parameters():
+                layer = name.rsplit(".", 1)[0].replace("_fsdp_wrapped_module.", "")
+                if p.grad is not None and not layer.startswith("dead"):
+                    sq[layer] = sq.get(layer, 0.0) + float(p.grad.norm()) ** 2
+    return {k: v**0.5 for k, v in sq.items()}
 
 
 def sharded_worker(rank: int, port: int, out: str, config: dict[str, Any]) -> None:
@@ -83,7 +105,7 @@ def sharded_worker(rank: int, port: int, out: str, config: dict[str, Any]) -> No
                 rank,
                 lambda e=engine, m=mode: _build(e, m == "ghost"),  # type: ignore[misc]
                 config,
-                lambda model, opt: _loop(model, opt, rank),
+                lambda model, opt, e=engine: _loop(model, opt, rank, e, Path(out)),  # type: ignore[misc]
             )
     finally:
         dist.destroy_process_group()

@@ -249,6 +249,8 @@ class StepPipeline:
             ranks, g.arrived = ex.ranks_missing, ex.arrived
             if ex.payload is not None:  # sharded: per-rank shard sums -> global values
                 merge_shards(g, ex.payload, observed, numel, tracker)
+                for i, m in zip(g.ids, numel):  # the whole parameter's size, not the shard's
+                    index.params[i].numel = m
         return StepView(
             step=track.steps,
             optimizer=track.index,
