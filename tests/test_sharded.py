@@ -8,7 +8,6 @@ run, each layer's gradient norm from the *full* gradients (``full_tensor`` /
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest

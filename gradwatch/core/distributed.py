@@ -72,7 +72,9 @@ class DistSync:
         dist.all_gather(gathered, local)
         return torch.stack(gathered).cpu().tolist()  # type: ignore[no-any-return]
 
-    def _gather_float(self, values: list[float], device: Optional[torch.device]) -> list[list[float]]:
+    def _gather_float(
+        self, values: list[float], device: Optional[torch.device]
+    ) -> list[list[float]]:
         """``values`` of every rank (float64: codes and sums of squares alike stay exact)."""
         where = device if dist.get_backend() == "nccl" and device is not None else None
         local = torch.tensor(values, dtype=torch.float64, device=where or torch.device("cpu"))
