@@ -75,9 +75,9 @@ class DistSync:
     def _gather_float(
         self, values: list[float], device: Optional[torch.device]
     ) -> list[list[float]]:
-        """``values`` of every rank (float64: codes and sums of squares alike stay exact)."""
+        """``values`` of every rank (float32: the codes stay exact, the sums were float32)."""
         where = device if dist.get_backend() == "nccl" and device is not None else None
-        local = torch.tensor(values, dtype=torch.float64, device=where or torch.device("cpu"))
+        local = torch.tensor(values, dtype=torch.float32, device=where or torch.device("cpu"))
         gathered = [torch.empty_like(local) for _ in range(self.world_size)]
         dist.all_gather(gathered, local)
         return torch.stack(gathered).cpu().tolist()  # type: ignore[no-any-return]

@@ -99,8 +99,13 @@ def engine_of(model: nn.Module) -> Optional[str]:
         for mod in model.modules():
             if isinstance(mod, cls):
                 return FSDP1_ORIG if getattr(mod, "_use_orig_params", False) else FSDP1_FLAT
-    if _DTensor is not None and any(isinstance(p, _DTensor) for p in model.parameters()):
-        return FSDP2
+    for p in model.parameters():
+        if _DTensor is not None and isinstance(p, _DTensor):
+            return FSDP2
+        # FSDP1 marks what it flattened: seen from inside a wrapper (Lightning watches the
+        # LightningModule that its FSDP strategy wrapped) the mark is all there is.
+        if getattr(p, "_fsdp_flattened", False):
+            return FSDP1_FLAT if getattr(p, "_is_flat_param", False) else FSDP1_ORIG
     return None
 
 
