@@ -22,12 +22,15 @@ if TYPE_CHECKING:
     from gradwatch.cli.probe import Probe
     from gradwatch.config import GradWatchConfig
     from gradwatch.core.watcher import Watcher, watch
-    from gradwatch.report import Coverage, Finding, LayerStats, Report
+    from gradwatch.report import Coverage, Curvature, Finding, LayerCurvature, LayerStats, Report
     from gradwatch.vectors.parammap import ParamEntry, ParamMap, ParamMapError
+    from gradwatch.vectors.sensitivity import SensitivityError, sensitivity
 
 _LAZY = {
     "GradWatchConfig": "gradwatch.config",
     "Coverage": "gradwatch.report",
+    "Curvature": "gradwatch.report",
+    "LayerCurvature": "gradwatch.report",
     "Finding": "gradwatch.report",
     "LayerStats": "gradwatch.report",
     "Report": "gradwatch.report",
@@ -37,35 +40,45 @@ _LAZY = {
     "ParamMap": "gradwatch.vectors.parammap",
     "ParamEntry": "gradwatch.vectors.parammap",
     "ParamMapError": "gradwatch.vectors.parammap",
+    "sensitivity": "gradwatch.vectors.sensitivity",
+    "SensitivityError": "gradwatch.vectors.sensitivity",
 }
 
 __all__ = [
     "ConfigError",
     "Coverage",
+    "Curvature",
     "Finding",
     "GhostLayerError",
     "GradWatchConfig",
     "GradWatchError",
     "GradWatchWarning",
+    "LayerCurvature",
     "LayerStats",
     "ParamEntry",
     "ParamMap",
     "ParamMapError",
     "Probe",
     "Report",
+    "SensitivityError",
     "Watcher",
     "__version__",
+    "sensitivity",
     "watch",
 ]
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'gradwatch' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+# Hidden from type checkers: a module-level __getattr__ would make every `gradwatch.anything`
+# type-check as Any. They see the real names through the TYPE_CHECKING imports above.
+if not TYPE_CHECKING:
+
+    def __getattr__(name: str) -> Any:
+        module = _LAZY.get(name)
+        if module is None:
+            raise AttributeError(f"module 'gradwatch' has no attribute {name!r}")
+        value = getattr(importlib.import_module(module), name)
+        globals()[name] = value
+        return value
 
 
 def __dir__() -> list[str]:

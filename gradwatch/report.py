@@ -21,7 +21,15 @@ from gradwatch._text import safe
 from gradwatch.config import GradWatchConfig
 from gradwatch.errors import GhostLayerError, GradWatchError
 
-__all__ = ["SCHEMA_VERSION", "Coverage", "Finding", "LayerStats", "Report"]
+__all__ = [
+    "SCHEMA_VERSION",
+    "Coverage",
+    "Curvature",
+    "Finding",
+    "LayerCurvature",
+    "LayerStats",
+    "Report",
+]
 
 SCHEMA_VERSION = 1
 
@@ -130,6 +138,61 @@ class Coverage(BaseModel):
     optimizers: int = 0
 
 
+class LayerCurvature(BaseModel):
+    """Curvature of the loss in one layer's parameters: its diagonal block of the Hessian."""
+
+    model_config = _JSON
+
+    name: str
+    params: list[str]
+    numel: int
+    trace: float = Field(
+        description="Hutchinson estimate of the trace of the layer's Hessian block."
+    )
+    trace_stderr: float = Field(
+        description="Standard error of `trace` (sample std / sqrt(samples))."
+    )
+    trace_per_param: float = Field(description="trace / numel: the mean curvature per parameter.")
+    top_eigenvalue: float = Field(
+        description="Eigenvalue of largest magnitude of the block (power iteration; signed)."
+    )
+    power_iters: int = Field(description="Hessian-vector products the power iteration used.")
+
+
+class Curvature(BaseModel):
+    """Per-layer curvature from Hessian-vector products (``gradwatch.sensitivity``).
+
+    Example:
+        >>> curv = gradwatch.sensitivity(model, batch, loss_fn)  # doctest: +SKIP
+        >>> curv.ranked()[0].name  # doctest: +SKIP
+        'head'
+    """
+
+    model_config = _JSON
+
+    loss: float
+    samples: int
+    seed: int
+    hvps: int = Field(description="Hessian-vector products computed in total.")
+    layers: list[LayerCurvature] = Field(default_factory=list)
+
+    def ranked(self) -> list[LayerCurvature]:
+        """Layers by curvature per parameter, most sensitive first."""
+        return sorted(self.layers, key=lambda c: -abs(c.trace_per_param))
+
+    def table(self) -> str:
+        """A plain-text table, most sensitive layer first."""
+        rows = [
+            f"{'layer':<32} {'numel':>10} {'trace':>11} {'+/-':>9} {'per param':>10} {'top eig':>10}"
+        ]
+        for c in self.ranked():
+            rows.append(
+                f"{c.name[:32]:<32} {c.numel:>10,} {c.trace:>11.4g} {c.trace_stderr:>9.2g} "
+                f"{c.trace_per_param:>10.4g} {c.top_eigenvalue:>10.4g}"
+            )
+        return "\n".join(rows)
+
+
 class Report(BaseModel):
     """Everything a watcher found. ``Report.model_validate_json(report.model_dump_json())`` round-trips."""
 
@@ -148,6 +211,7 @@ class Report(BaseModel):
     layers: list[LayerStats] = Field(default_factory=list)
     coverage: Coverage = Field(default_factory=Coverage)
     param_map: Optional[dict[str, Any]] = None
+    curvature: Optional[Curvature] = None
 
     def failing(self) -> list[Finding]:
         """The findings at or above ``fail_on`` (except those a baseline accepted)."""
@@ -244,6 +308,12 @@ class Report(BaseModel):
         from gradwatch.render.html import write_html
 
         return write_html(self, Path(path))
+
+    def _repr_html_(self) -> str:
+        """Jupyter's rich display: status, findings table and coverage (no charts)."""
+        from gradwatch.render.html import notebook_html
+
+        return notebook_html(self)
 
     def __str__(self) -> str:
         return self.summary()

@@ -146,6 +146,12 @@ def _cmd_check(args: argparse.Namespace) -> int:
     extra: list[str] = []
     start = time.perf_counter()
     report = probe.run(args.steps, config=cfg)
+    if args.curvature:
+        report.curvature = probe.curvature(samples=args.curvature_samples)
+        if args.json != "-":  # stdout may be the JSON report
+            print(report.curvature.table())
+        if cfg.report_path is not None:  # the watcher wrote it without the curvature
+            _write(f"JSON report {cfg.report_path}", report.write, cfg.report_path)
     if args.overfit:
         losses = probe.overfit(args.overfit_steps)
         extra.append(LOSS_NOT_DECREASING)
@@ -320,6 +326,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     check.add_argument(
         "--overfit-steps", type=_positive, default=30, help="steps of --overfit (default: 30)"
+    )
+    check.add_argument(
+        "--curvature",
+        action="store_true",
+        help="after the steps, estimate each layer's Hessian trace and top eigenvalue on the "
+        "first batch (Hessian-vector products) and add them to the report",
+    )
+    check.add_argument(
+        "--curvature-samples",
+        type=_positive,
+        default=16,
+        help="Hutchinson probes per layer for --curvature (default: 16)",
     )
     _add_output_options(check)
     check.set_defaults(func=_cmd_check)

@@ -33,7 +33,7 @@ from gradwatch._severity import at_least
 from gradwatch.config import GradWatchConfig
 from gradwatch.core.watcher import watch
 from gradwatch.errors import ConfigError, GradWatchError
-from gradwatch.report import Finding, Report
+from gradwatch.report import Curvature, Finding, Report
 
 __all__ = [
     "LOSS_NOT_DECREASING",
@@ -192,6 +192,17 @@ class Probe:
                 # fail_fast stopped the loop at a finding: the report holds it.
                 pass
         return watcher.report()
+
+    def curvature(self, *, samples: int = 16, seed: int = 0) -> Curvature:
+        """Per-layer curvature of the loss on the first batch (:func:`gradwatch.sensitivity`).
+
+        Raises:
+            SensitivityError: one line when the loss or model does not support double
+                backward (it is a :class:`~gradwatch.ConfigError`).
+        """
+        from gradwatch.vectors.sensitivity import sensitivity
+
+        return sensitivity(self.model, self.first_batch(), self.loss_fn, samples=samples, seed=seed)
 
     def overfit(self, steps: int = 30) -> list[float]:
         """Train on the first batch only for ``steps`` steps; the loss before each update.

@@ -179,6 +179,16 @@ def make_param_hooks(
     return pre, post
 
 
+def _never_compiling() -> bool:
+    return False
+
+
+# ``torch.compiler.is_compiling`` (torch >= 2.3) is folded to a constant by dynamo.
+_is_compiling: Callable[[], bool] = getattr(
+    getattr(torch, "compiler", None), "is_compiling", _never_compiling
+)
+
+
 def make_forward_hook(
     tracker: Tracker,
     layer: str,
@@ -192,6 +202,12 @@ def make_forward_hook(
     t = tracker
 
     def forward_hook(module: Any, args: Any, output: Any) -> None:
+        if _is_compiling():
+            # Traced by dynamo, this body would be guarded on (the counter changes every
+            # call: a recompile each step until dynamo gives up and runs the model
+            # eagerly), and no runtime side effect survives inlining without a graph break.
+            # So a compiled model's layers leave no stamp: a ghost's cause reads "unknown".
+            return
         try:
             seq = next(t.counter)
             if torch.is_grad_enabled():

@@ -19,7 +19,9 @@ from gradwatch.core.evidence import Tracker, make_forward_hook, make_param_hooks
 from gradwatch.core.index import ParamIndex
 from gradwatch.core.sharded import clean_name
 
-__all__ = ["HookSet"]
+__all__ = ["COMPILED_WRAPPER", "HookSet"]
+
+COMPILED_WRAPPER = "<torch.compile wrapper>"  # never a module name (named_modules has no "<")
 
 OnError = Callable[[str, BaseException], None]
 
@@ -47,6 +49,8 @@ class HookSet:
         self.hooked_at: dict[int, int] = {}  # parameter -> event number it was hooked at
         self.last_hooked = 0
         self.trimmed = False
+        # A compiled model: never trimmed, forward hooks stamp nothing (compiled.py).
+        self.keep_all = False
         self.wanted: set[str] = set()  # layers whose forward hook should come back
 
     def add(self, handle: RemovableHandle) -> None:
@@ -99,7 +103,17 @@ class HookSet:
             return
         hook = ForwardStamp(make_forward_hook(self.tracker, layer, self._on_error), module)
         self.forward[layer] = module.register_forward_hook(hook)
-        self.tracker.fwd_since[layer] = self.tracker.now()
+        if not self.keep_all:  # compiled: no stamps, so a ghost's cause reads "unknown"
+            self.tracker.fwd_since[layer] = self.tracker.now()
+
+    def hook_compiled_wrapper(self, wrapper: nn.Module) -> None:
+        """Stamp, outside dynamo, that a ``torch.compile`` wrapper ran (and in which grad mode).
+
+        Its layers' hooks stamp nothing while compiled; the wrapper's own hook runs eagerly,
+        so "the model ran" (``not_observed``) still holds. Keyed by a name no layer has.
+        """
+        hook = make_forward_hook(self.tracker, COMPILED_WRAPPER, self._on_error)
+        self.other.append(wrapper.register_forward_hook(hook))
 
     def restore_wanted(self) -> None:
         """Forward hooks back on the layers a step asked for (a ghost seen while trimmed)."""

@@ -35,7 +35,6 @@ import torch
 from torch import nn
 
 if TYPE_CHECKING:
-    from gradwatch.core.evidence import Tracker
     from gradwatch.report import Finding
 
 __all__ = ["Locations", "call_site", "defined_at", "where"]
@@ -215,9 +214,11 @@ def _call_target(finding: Finding) -> Optional[str]:
 class Locations:
     """Adds ``defined_at``/``called_at`` to one watcher's findings (never raises)."""
 
-    def __init__(self, model: nn.Module, tracker: Tracker) -> None:
+    def __init__(self, model: nn.Module, called_at: dict[str, str], want_call: set[str]) -> None:
         self._model = weakref.ref(model)
-        self._tracker = tracker
+        # the forward hooks' evidence (core.evidence.Tracker): lines seen, layers asked for
+        self._called_at = called_at
+        self._want_call = want_call
         self._defined: dict[str, Optional[str]] = {}
 
     def annotate(self, finding: Finding) -> None:
@@ -238,8 +239,8 @@ class Locations:
                 details["defined_at"] = found
         target = _call_target(finding)
         if target is not None and "called_at" not in details:
-            site = self._tracker.called_at.get(target)
+            site = self._called_at.get(target)
             if site is not None:
                 details["called_at"] = site
             else:
-                self._tracker.want_call.add(target)
+                self._want_call.add(target)

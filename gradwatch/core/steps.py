@@ -212,6 +212,7 @@ class StepPipeline:
         limit = self.config.trim_hooks_after
         if (
             not self.hooks.trimmed
+            and not self.hooks.keep_all
             and limit is not None
             and not self.config.fail_fast
             and self.steps >= limit

@@ -28,12 +28,14 @@ from torch import nn
 from gradwatch.checks import ALL_CHECKS, Check
 from gradwatch.config import GradWatchConfig
 from gradwatch.core.build_report import build_report
+from gradwatch.core.compiled import is_compiled
 from gradwatch.core.distributed import DistSync
 from gradwatch.core.evidence import Tracker
 from gradwatch.core.faults import Faults
 from gradwatch.core.findings import FindingLog
 from gradwatch.core.hooks import HookSet
 from gradwatch.core.locations import Locations
+from gradwatch.core.optimizers import unwrap_optimizer
 from gradwatch.core.persist import ReportRefresher
 from gradwatch.core.recorder import LayerRecorder
 from gradwatch.core.scaler import ScalerWatch
@@ -68,21 +70,17 @@ def unwrap(model: nn.Module) -> nn.Module:
 def _optimizers(optimizer: OptimizerArg) -> list[torch.optim.Optimizer]:
     if optimizer is None:
         return []
-    if isinstance(optimizer, torch.optim.Optimizer):
-        opts = [optimizer]
-    elif isinstance(optimizer, Sequence) and not isinstance(optimizer, (str, bytes)):
+    if isinstance(optimizer, torch.optim.Optimizer) or hasattr(optimizer, "optimizer"):
+        return [unwrap_optimizer(optimizer)]
+    if isinstance(optimizer, Sequence) and not isinstance(optimizer, (str, bytes)):
         opts = list(optimizer)
     else:
         raise ConfigError(
             f"optimizer must be a torch.optim.Optimizer, a sequence of them or None, "
             f"not {type(optimizer).__name__}"
         )
-    for k, o in enumerate(opts):
-        if not isinstance(o, torch.optim.Optimizer):
-            raise ConfigError(
-                f"optimizer[{k}] is a {type(o).__name__}, not a torch.optim.Optimizer"
-            )
-    return opts
+    # Wrappers (accelerate, Lightning, ...) are followed to the optimizer that really steps.
+    return [unwrap_optimizer(o, f"optimizer[{k}]") for k, o in enumerate(opts)]
 
 
 def watch(
@@ -133,8 +131,13 @@ class Watcher:
         self._log = FindingLog(self.config)
         self._faults = Faults(self.config, self._log)
         self._tracker = Tracker()
-        self._log.locations = Locations(self._model, self._tracker)  # source lines of findings
+        self._log.locations = Locations(
+            self._model, self._tracker.called_at, self._tracker.want_call
+        )  # source lines of findings
         self._hooks = HookSet(self._tracker, self._arrival_callback(), self._faults.callback())
+        # Under torch.compile, hooks stay put: adding/removing one costs a recompile.
+        self._hooks.keep_all = is_compiled(model)
+        self._wrapper = weakref.ref(model) if hasattr(model, "_orig_mod") else None
         checks: list[Check] = [
             cls(self.config.check(cls.id), self.config)
             for cls in ALL_CHECKS
@@ -225,6 +228,9 @@ class Watcher:
         try:
             self._pipe.sync(step=0)
             self._watch_flat_params()
+            wrapper = self._wrapper() if self._wrapper is not None else None
+            if wrapper is not None:
+                self._hooks.hook_compiled_wrapper(wrapper)
             for k, opt in enumerate(self._pipe.structure.optimizers):
                 self._hooks.add(opt.register_step_pre_hook(self._opt_hook(k, pre=True)))
                 self._hooks.add(opt.register_step_post_hook(self._opt_hook(k, pre=False)))

@@ -1,7 +1,9 @@
 """PyTorch Lightning integration: one callback gives every gradwatch check.
 
-Importing this package needs ``pytorch_lightning`` (or ``lightning``): ``pip install
-gradwatch[lightning]``. ``import gradwatch`` itself never imports Lightning.
+Importing this package needs ``lightning`` or ``pytorch_lightning`` (``pip install
+gradwatch[lightning]`` installs the latter). With both installed, the callback is a
+``Callback`` of both, so either package's Trainer and LightningCLI accept it.
+``import gradwatch`` itself never imports Lightning.
 
 Example:
     >>> from gradwatch.lightning import GradWatchCallback
@@ -12,9 +14,16 @@ from __future__ import annotations
 
 from gradwatch.lightning.callback import (
     LIGHTNING_PACKAGE,
+    LIGHTNING_PACKAGES,
     LIGHTNING_VERSION,
     REPORT_NAME,
     GradWatchCallback,
 )
 
-__all__ = ["LIGHTNING_PACKAGE", "LIGHTNING_VERSION", "REPORT_NAME", "GradWatchCallback"]
+__all__ = [
+    "LIGHTNING_PACKAGE",
+    "LIGHTNING_PACKAGES",
+    "LIGHTNING_VERSION",
+    "REPORT_NAME",
+    "GradWatchCallback",
+]

@@ -18,20 +18,22 @@ Example:
 
 from __future__ import annotations
 
+import importlib
 import logging
-import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional, Union
 
 from gradwatch.config import GradWatchConfig
 from gradwatch.core.watcher import Watcher, watch
+from gradwatch.lightning._artifacts import upload_report
 from gradwatch.lightning._state import restore_state, watcher_state
 from gradwatch.report import Report
+from gradwatch.sinks.pending import PendingMetrics
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["REPORT_NAME", "GradWatchCallback"]
+__all__ = ["LIGHTNING_PACKAGES", "REPORT_NAME", "GradWatchCallback"]
 
 log = logging.getLogger("gradwatch.lightning")
 
@@ -39,68 +41,55 @@ REPORT_NAME = "gradwatch-report.json"
 INSTALL_HINT = "pip install gradwatch[lightning]"
 
 
-def _import_lightning() -> Any:
-    """``pytorch_lightning`` if installed, else ``lightning.pytorch``."""
-    try:
-        import pytorch_lightning as pl
+def _import_lightning() -> tuple[Any, ...]:
+    """Every installed Lightning: ``lightning.pytorch`` and/or ``pytorch_lightning``.
 
-        return pl
-    except ImportError:
-        pass
-    try:
-        import lightning.pytorch as pl  # type: ignore[no-redef]
-
-        return pl
-    except ImportError:
+    ``pip install lightning`` and ``pip install pytorch-lightning`` give two packages with two
+    distinct ``Callback`` classes; a Trainer accepts only its own. Both are often installed
+    side by side (``lightning`` pulls ``pytorch-lightning`` in through many plugins).
+    """
+    found = []
+    for name in ("lightning.pytorch", "pytorch_lightning"):
+        try:
+            found.append(importlib.import_module(name))
+        except ImportError:
+            continue
+    if not found:
         raise ImportError(
-            "gradwatch.lightning needs PyTorch Lightning (pytorch_lightning or lightning): "
+            "gradwatch.lightning needs PyTorch Lightning (lightning or pytorch_lightning): "
             f"{INSTALL_HINT}"
-        ) from None
+        )
+    return tuple(found)
 
 
-pl = _import_lightning()
+LIGHTNING_MODULES: tuple[Any, ...] = _import_lightning()
+LIGHTNING_PACKAGES: tuple[str, ...] = tuple(m.__name__ for m in LIGHTNING_MODULES)
+pl = LIGHTNING_MODULES[0]
 LIGHTNING_PACKAGE: str = pl.__name__
 LIGHTNING_VERSION: str = getattr(pl, "__version__", "unknown")
+# The callback subclasses the Callback of every installed Lightning, so that a Trainer (and a
+# LightningCLI ``class_path``) of either package accepts it. The two bases define the same
+# no-op hooks; Lightning calls hooks by name, so which one the MRO picks does not matter.
+_CALLBACK_BASES: tuple[type, ...] = tuple(m.Callback for m in LIGHTNING_MODULES)
 
 
-class _PendingMetrics:
-    """A gradwatch sink that holds the metrics of observed steps until Lightning can log them.
+def _report_dir(trainer: Any) -> Path:
+    """Where this fit's report goes: the first logger's versioned folder when it has one.
 
-    The core feeds sinks from inside ``optimizer.step()``, where ``LightningModule.log`` is
-    not allowed; the callback flushes at ``on_train_batch_end``. With several optimizers one
-    batch may bring several observed steps: their layers merge and the total is recomputed
-    over all of them.
+    CSV/TensorBoard loggers (of either Lightning) have a ``log_dir`` ending in ``version_N``;
+    loggers that keep runs elsewhere (MLflow, W&B) get ``<default_root_dir>/gradwatch/<run
+    id>`` and the report uploaded as an artifact as well, so that no run overwrites another.
+    Read without ``Trainer.log_dir``'s broadcast: safe on one rank, e.g. on error.
     """
-
-    def __init__(self) -> None:
-        self.metrics: dict[str, float] = {}
-
-    def log_metrics(self, step: int, metrics: dict[str, float]) -> None:
-        self.metrics.update(metrics)
-        layers = [v for k, v in self.metrics.items() if k.startswith("grad_norm/")]
-        if layers:
-            self.metrics["grad_norm_total"] = math.sqrt(sum(v * v for v in layers))
-
-    def take(self) -> dict[str, float]:
-        out, self.metrics = self.metrics, {}
-        return out
-
-    def close(self) -> None:
-        self.metrics = {}
-
-
-def _log_dir(trainer: Any) -> Path:
-    """``trainer.log_dir`` without its broadcast (safe to call on one rank, e.g. on error)."""
-    loggers = getattr(trainer, "loggers", None) or []
-    path: Optional[str] = None
-    if loggers:
-        first = loggers[0]
-        # Same rule as Trainer.log_dir: CSV/TensorBoard loggers have a versioned log_dir.
-        if isinstance(first, (pl.loggers.TensorBoardLogger, pl.loggers.CSVLogger)):
-            path = first.log_dir
-        else:
-            path = first.save_dir
-    return Path(path or trainer.default_root_dir)
+    root = Path(trainer.default_root_dir)
+    for logger in getattr(trainer, "loggers", None) or []:
+        log_dir = getattr(logger, "log_dir", None)
+        if isinstance(log_dir, str) and log_dir:
+            return Path(log_dir)
+        version = getattr(logger, "version", None)
+        if isinstance(version, (str, int)) and str(version):
+            return root / "gradwatch" / str(version)
+    return root
 
 
 def _send(trainer: Any, values: dict[str, float]) -> None:
@@ -116,18 +105,21 @@ def _send(trainer: Any, values: dict[str, float]) -> None:
         logger.log_metrics(values, step=step)
 
 
-class GradWatchCallback(pl.Callback):  # type: ignore[misc,name-defined]
+class GradWatchCallback(*_CALLBACK_BASES):  # type: ignore[misc]
     """Run gradwatch's checks during ``trainer.fit`` and report what they found.
 
     Args:
         config: a :class:`~gradwatch.GradWatchConfig`, a dict of its fields, or a path to a
             YAML/TOML/JSON file (a bad one raises :class:`~gradwatch.ConfigError` here).
         print_summary: print the one-screen summary on rank 0 when fit ends.
-        report_name: file name of the JSON report written to the Trainer's log dir when fit
-            ends (or raises), on rank 0; ``None`` writes none.
+        report_name: file name of the JSON report written when fit ends (or raises), on
+            rank 0, to the run's own folder (the logger's ``version_N/``, or
+            ``<default_root_dir>/gradwatch/<run id>/``) and logged as an artifact by loggers
+            that store files (MLflow, W&B); ``None`` writes none.
         log_metrics: send ``gradwatch/...`` metrics (per-layer gradient norms, total norm,
-            findings count) to the Trainer's loggers on observed steps (every
-            ``config.every_n_steps`` optimizer steps), at Lightning's own logging step.
+            findings count; a ghost layer's norm as 0) to the Trainer's loggers on observed
+            steps (every ``config.every_n_steps`` optimizer steps), at Lightning's own
+            logging step.
 
     Attributes:
         report: the :class:`~gradwatch.Report` of the last fit (also set when fit raised);
@@ -157,7 +149,7 @@ class GradWatchCallback(pl.Callback):  # type: ignore[misc,name-defined]
         self.report: Optional[Report] = None
         self.report_path: Optional[Path] = None
         self.watcher: Optional[Watcher] = None
-        self._sink = _PendingMetrics()
+        self._sink = PendingMetrics()
         self._restored: Optional[dict[str, Any]] = None
         self._saved: Optional[dict[str, Any]] = None
 
@@ -173,7 +165,7 @@ class GradWatchCallback(pl.Callback):  # type: ignore[misc,name-defined]
         """Attach the watcher to the module, the Trainer's optimizers and its GradScaler."""
         self._close(trainer)  # a previous fit that never reached its end
         scaler = getattr(trainer.strategy.precision_plugin, "scaler", None)
-        self._sink = _PendingMetrics()
+        self._sink = PendingMetrics()
         watcher = watch(
             pl_module,
             list(trainer.optimizers),
@@ -219,9 +211,14 @@ class GradWatchCallback(pl.Callback):  # type: ignore[misc,name-defined]
             return
         if self.report_name:
             try:
-                self.report_path = report.write(_log_dir(trainer) / self.report_name)
+                self.report_path = report.write(_report_dir(trainer) / self.report_name)
             except OSError as exc:  # a full disk must not turn a finished fit into a crash
                 log.warning("gradwatch could not write its report: %s", exc)
+        if self.report_path is not None:
+            try:
+                upload_report(list(getattr(trainer, "loggers", None) or []), self.report_path)
+            except Exception as exc:  # a tracking server down must not fail a finished fit
+                log.warning("gradwatch could not log its report as an artifact: %r", exc)
         if crashed and not report.findings:
             return
         if self.print_summary and not self.config.console:  # console=True: the core printed
@@ -246,7 +243,7 @@ class GradWatchCallback(pl.Callback):  # type: ignore[misc,name-defined]
         self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         """Send the metrics of this batch's observed steps to the Trainer's loggers."""
-        metrics = self._sink.take()
+        metrics = self._sink.take(self.watcher)
         if not metrics or self.watcher is None or not trainer.loggers:
             return
         values = {f"gradwatch/{k}": float(v) for k, v in metrics.items()}

@@ -24,7 +24,7 @@ from gradwatch.errors import ConfigError
 if TYPE_CHECKING:
     from gradwatch.report import Finding, Report
 
-__all__ = ["MissingExtraError", "render_html", "write_html"]
+__all__ = ["MissingExtraError", "notebook_html", "render_html", "write_html"]
 
 log = logging.getLogger("gradwatch")
 
@@ -49,6 +49,25 @@ img.chart{max-width:100%;height:auto;display:block;margin:8px 0;border:1px solid
 .empty{color:#777;font-style:italic}pre{background:#f7f7f7;padding:8px;overflow:auto;font-size:.8em}
 code{font-size:.95em}
 """
+
+
+# The notebook fragment's rules, each prefixed with its container's class on use.
+_NOTEBOOK_CSS = (
+    "h2{font-size:1.1em;margin:12px 0 4px}",
+    ".status{display:inline-block;padding:1px 8px;border-radius:4px;color:#fff;font-weight:600}",
+    ".failed{background:#c62828}",
+    ".passed{background:#2e7d32}",
+    "table{border-collapse:collapse;font-size:.88em}",
+    "th{border:1px solid #ddd;padding:3px 6px;text-align:left;vertical-align:top}",
+    "td{border:1px solid #ddd;padding:3px 6px;text-align:left;vertical-align:top}",
+    ".sev-error{color:#c62828;font-weight:700}",
+    ".sev-warning{color:#ef6c00;font-weight:700}",
+    ".sev-info{color:#1565c0}",
+    "dl.kv{display:grid;grid-template-columns:max-content auto;gap:2px 16px;margin:4px 0}",
+    "dl.kv dt{font-weight:600}",
+    "dl.kv dd{margin:0}",
+    ".empty{color:#777;font-style:italic}",
+)
 
 
 class MissingExtraError(ConfigError, ImportError):
@@ -219,7 +238,12 @@ def render_html(report: Report) -> str:
         MissingExtraError: when matplotlib is not installed (``pip install gradwatch[html]``).
     """
     _require_matplotlib()
-    from gradwatch.render.html_plots import gradient_flow, norm_timelines, update_ratios
+    from gradwatch.render.html_plots import (
+        curvature_bars,
+        gradient_flow,
+        norm_timelines,
+        update_ratios,
+    )
 
     title = f"gradwatch report: {'FAILED' if report.failed else 'passed'}"
     parts = [
@@ -228,6 +252,7 @@ def render_html(report: Report) -> str:
         _chart("Gradient flow", gradient_flow, report, "No layer statistics were recorded."),
         _chart("Gradient norm history", norm_timelines, report, "No norm history was recorded."),
         _chart("Update ratio", update_ratios, report, "No layer statistics were recorded."),
+        *([_chart("Curvature", curvature_bars, report, "")] if report.curvature else []),
         _coverage(report),
         _layers_table(report),
     ]
@@ -237,6 +262,29 @@ def render_html(report: Report) -> str:
         f"<title>{_e(title)}</title><style>{_CSS}</style></head><body>"
         + "\n".join(parts)
         + "</body></html>\n"
+    )
+
+
+def notebook_html(report: Report) -> str:
+    """A compact fragment for a notebook cell: status, findings table and coverage.
+
+    No charts (no matplotlib needed, nothing heavy in the notebook file); the page's CSS is
+    scoped under one class so it does not restyle the notebook.
+
+    Example:
+        >>> html_fragment = notebook_html(watcher.report())  # doctest: +SKIP
+    """
+    status = "failed" if report.failed else "passed"
+    scoped = "".join(f".gradwatch-report {rule}" for rule in _NOTEBOOK_CSS)
+    summary = (
+        f'<p><span class="status {status}">{status.upper()}</span> '
+        f"{_e(report.steps)} optimizer steps, {_e(report.backward_passes)} backward passes, "
+        f"{_e(len(report.findings))} finding(s), {len(report.failing())} at/above "
+        f"<code>fail_on={_e(report.fail_on)}</code></p>"
+    )
+    return (
+        f'<div class="gradwatch-report"><style>{scoped}</style>'
+        f"<strong>gradwatch report</strong>{summary}{_findings(report)}{_coverage(report)}</div>"
     )
 
 

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "UPDATE_RATIO_RULE",
+    "curvature_bars",
     "figure_png",
     "flagged_layers",
     "gradient_flow",
@@ -278,6 +279,53 @@ def update_ratios(report: Report) -> Optional[Figure]:
     _layer_ticks(ax, names, flags)
     ax.set_ylabel("update ratio (log)")
     ax.set_title("Update ratio per layer (green band: 1e-4 .. 1e-2)")
+    ax.grid(axis="y", alpha=0.3)
+    _legend(ax)
+    return fig
+
+
+def curvature_bars(report: Report) -> Optional[Figure]:
+    """Per-layer Hessian trace per parameter (bars, ± standard error) and top eigenvalue.
+
+    Both on log axes by magnitude; negative values (non-convex directions) in orange.
+    Returns ``None`` when the report has no curvature.
+    """
+    if report.curvature is None or not report.curvature.layers:
+        return None
+    rows = report.curvature.layers
+    names = [c.name for c in rows]
+    per = [abs(c.trace_per_param) for c in rows]
+    err = [c.trace_stderr / c.numel if c.numel else 0.0 for c in rows]
+    eig = [abs(c.top_eigenvalue) for c in rows]
+    floor, ceiling = _floor_ceiling([*per, *eig])
+    fig, ax = _new_figure(_per_layer_width(len(rows)), 4.2)
+    xs = list(range(len(rows)))
+    ok = [x for x in xs if _finite_pos(per[x])]
+    ax.bar(
+        ok,
+        [per[x] - floor for x in ok],
+        bottom=floor,
+        width=0.6,
+        color=[_BLUE if rows[x].trace_per_param > 0 else _ORANGE for x in ok],
+        yerr=[min(err[x], per[x] - floor) for x in ok],
+        capsize=2,
+        label="|trace| / numel (± std. error)",
+    )
+    good = [x for x in xs if _finite_pos(eig[x])]
+    ax.scatter(
+        good,
+        [eig[x] for x in good],
+        marker="D",
+        s=28,
+        color=_RED,
+        zorder=4,
+        label="|top eigenvalue|",
+    )
+    ax.set_yscale("log")
+    ax.set_ylim(floor, ceiling)
+    _layer_ticks(ax, names, {})
+    ax.set_ylabel("curvature (log)")
+    ax.set_title("Curvature per layer (Hessian blocks; orange: negative)")
     ax.grid(axis="y", alpha=0.3)
     _legend(ax)
     return fig

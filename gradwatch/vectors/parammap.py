@@ -17,141 +17,26 @@ Example:
 
 from __future__ import annotations
 
-import bisect
-import functools
-import hashlib
 import json
-import math
-import operator
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
-from typing import Any, Literal, Optional, SupportsIndex
+from typing import Any, Optional
 
-import torch
-from torch import Tensor, nn
+from torch import nn
 
-from gradwatch.vectors.quant import Scheme, dequantize_flat, quantize_flat
+from gradwatch.vectors._layout import ParamEntry, ParamMapError, Patterns, _collect, _patterns
+from gradwatch.vectors._ops import VectorOps
+from gradwatch.vectors._serial import (
+    bind_model,
+    layout_differences,
+    map_from_dict,
+    map_to_dict,
+    parse_json,
+)
+from gradwatch.vectors.shard import Shard
 
-__all__ = ["ParamEntry", "ParamMap", "ParamMapError"]
-
-Kind = Literal["param", "buffer"]
-Source = Literal["data", "grad"]
-Missing = Literal["error", "zeros"]
-
-_FORMAT = "gradwatch.vectors.parammap"
-_FORMAT_VERSION = 1
-_MAX_LISTED = 10
+__all__ = ["ParamEntry", "ParamMap", "ParamMapError", "Shard"]
 
 
-class ParamMapError(ValueError):
-    """A vector, module or document does not match a :class:`ParamMap`."""
-
-
-@dataclass(frozen=True)
-class ParamEntry:
-    """One distinct tensor of a :class:`ParamMap`.
-
-    Attributes:
-        names: every name the module exposes the tensor under; tied parameters have
-            several, the first (in ``named_parameters()`` order) is canonical.
-        offset: index of the tensor's first element in the flat vector.
-        numel: number of elements.
-        shape: the tensor's shape; elements are laid out in row-major order of it,
-            whatever the tensor's strides.
-        dtype: the tensor's dtype.
-        device: the tensor's device when the map was built or bound.
-        kind: ``"param"`` or ``"buffer"``.
-        requires_grad: whether the tensor required grad when the map was built.
-
-    Example:
-        >>> ParamMap.from_module(torch.nn.Linear(3, 2))["bias"].offset
-        6
-    """
-
-    names: tuple[str, ...]
-    offset: int
-    numel: int
-    shape: tuple[int, ...]
-    dtype: torch.dtype
-    device: torch.device
-    kind: Kind
-    requires_grad: bool
-
-    @property
-    def name(self) -> str:
-        """The canonical (first) name."""
-        return self.names[0]
-
-    @property
-    def end(self) -> int:
-        """One past the index of the tensor's last element in the flat vector."""
-        return self.offset + self.numel
-
-
-def _dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
-def _parse_dtype(name: object) -> torch.dtype:
-    dtype = getattr(torch, name, None) if isinstance(name, str) else None
-    if not isinstance(dtype, torch.dtype):
-        raise ParamMapError(f"unknown dtype {name!r} in parameter map document")
-    return dtype
-
-
-def _listed(names: Sequence[str]) -> str:
-    shown = ", ".join(repr(n) for n in names[:_MAX_LISTED])
-    more = len(names) - _MAX_LISTED
-    return shown + (f" and {more} more" if more > 0 else "")
-
-
-def _unravel(index: int, shape: Sequence[int]) -> tuple[int, ...]:
-    coords = []
-    for size in reversed(shape):
-        index, rem = divmod(index, size)
-        coords.append(rem)
-    return tuple(reversed(coords))
-
-
-def _fingerprint(entries: Sequence[ParamEntry]) -> str:
-    # Devices and requires_grad are left out: moving or freezing a model keeps its layout.
-    doc = [[list(e.names), list(e.shape), _dtype_name(e.dtype), e.kind] for e in entries]
-    digest = hashlib.sha256(json.dumps(doc, separators=(",", ":")).encode()).hexdigest()
-    return f"sha256:{digest}"
-
-
-def _collect(
-    module: nn.Module, trainable_only: bool, include_buffers: bool
-) -> tuple[list[ParamEntry], list[Tensor]]:
-    groups: dict[int, tuple[list[str], Tensor, Kind]] = {}
-    named: list[tuple[str, Tensor, Kind]] = [
-        (n, p, "param")
-        for n, p in module.named_parameters(remove_duplicate=False)
-        if p.requires_grad or not trainable_only
-    ]
-    if include_buffers:
-        named += [(n, b, "buffer") for n, b in module.named_buffers(remove_duplicate=False)]
-    for name, tensor, kind in named:
-        if nn.parameter.is_lazy(tensor):
-            raise ParamMapError(
-                f"{kind} {name!r} is uninitialized (lazy module); run a forward first"
-            )
-        # Tied tensors are the same object under several names: one entry, all names.
-        groups.setdefault(id(tensor), ([], tensor, kind))[0].append(name)
-    entries, tensors, offset = [], [], 0
-    for names, t, kind in groups.values():
-        shape = tuple(t.shape)
-        entries.append(
-            ParamEntry(
-                tuple(names), offset, t.numel(), shape, t.dtype, t.device, kind, t.requires_grad
-            )
-        )
-        tensors.append(t)
-        offset += t.numel()
-    return entries, tensors
-
-
-class ParamMap:
+class ParamMap(VectorOps):
     """Ordered memory map of a module's parameters (and optionally buffers) in one vector.
 
     Build it with :meth:`from_module` (bound to the module's tensors) or
@@ -160,6 +45,10 @@ class ParamMap:
     A bound map holds the tensors, not the module: after replacing a parameter
     object, build a new map (changes of shape or dtype in place are detected).
 
+    The layout, :meth:`flatten`, :meth:`unflatten` and :meth:`locate` come from
+    :mod:`gradwatch.vectors._core`; quantization, shards, sketches and
+    :meth:`all_reduce_grads` from :mod:`gradwatch.vectors._ops`.
+
     Example:
         >>> model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU())
         >>> pmap = ParamMap.from_module(model)
@@ -167,329 +56,60 @@ class ParamMap:
         (2, 6, ['0.weight', '0.bias'])
     """
 
-    def __init__(
-        self,
-        entries: Sequence[ParamEntry],
-        *,
-        trainable_only: bool = True,
-        include_buffers: bool = False,
-    ) -> None:
-        """Create an unbound map from entries (normally use :meth:`from_module`).
-
-        Args:
-            entries: contiguous entries in flat order, starting at offset 0.
-            trainable_only: the option the entries were collected with.
-            include_buffers: the option the entries were collected with.
-
-        Raises:
-            ParamMapError: if offsets, sizes, kinds or names are inconsistent.
-        """
-        offset = 0
-        by_name: dict[str, int] = {}
-        for i, e in enumerate(entries):
-            if e.offset != offset or e.numel != math.prod(e.shape) or e.numel < 0:
-                raise ParamMapError(
-                    f"entry {e.name!r} has offset {e.offset}/numel {e.numel}, expected {offset}/{math.prod(e.shape)}"
-                )
-            if e.kind not in ("param", "buffer") or not e.names:
-                raise ParamMapError(f"entry {i} has kind {e.kind!r} and names {e.names!r}")
-            for n in e.names:
-                if by_name.setdefault(n, i) != i:
-                    raise ParamMapError(f"name {n!r} appears in two entries")
-            offset += e.numel
-        self._entries = tuple(entries)
-        self._by_name = by_name
-        self._offsets = [e.offset for e in self._entries]
-        self._numel = offset
-        self._fingerprint = _fingerprint(self._entries)
-        self._trainable_only = trainable_only
-        self._include_buffers = include_buffers
-        self._tensors: Optional[tuple[Tensor, ...]] = None
-
     @classmethod
     def from_module(
-        cls, model: nn.Module, *, trainable_only: bool = True, include_buffers: bool = False
+        cls,
+        model: nn.Module,
+        *,
+        include: Patterns = None,
+        exclude: Patterns = None,
+        trainable_only: bool = True,
+        include_buffers: bool = False,
     ) -> ParamMap:
-        """Map ``model``'s parameters, bound to its tensors.
+        """Map ``model``'s parameters (or the subset the patterns select), bound to its tensors.
+
+        ``include``/``exclude`` are ``fnmatch`` patterns (case-sensitive, ``*`` crosses
+        dots) over parameter names; a tied tensor is selected when any of its names
+        matches and dropped when any matches ``exclude``. The selection is recorded in
+        the JSON map, so :meth:`bind` maps the same subset of another instance: that is
+        how an adapter (LoRA weights, a head) travels between copies of a base model.
 
         Args:
             model: the module to map.
+            include: keep only tensors with a name matching one of these patterns.
+            exclude: drop tensors with a name matching one of these patterns.
             trainable_only: skip parameters with ``requires_grad=False``.
             include_buffers: append ``named_buffers()`` after the parameters.
 
         Returns:
             A bound map.
 
+        Raises:
+            ParamMapError: an ``include`` pattern that matches nothing (or only frozen
+                parameters while ``trainable_only``), or a malformed pattern.
+
         Example:
             >>> ParamMap.from_module(torch.nn.BatchNorm1d(3), include_buffers=True).names
             ['weight', 'bias', 'running_mean', 'running_var', 'num_batches_tracked']
+            >>> ParamMap.from_module(torch.nn.Linear(3, 2), exclude="bias").names
+            ['weight']
         """
-        entries, tensors = _collect(model, trainable_only, include_buffers)
-        pmap = cls(entries, trainable_only=trainable_only, include_buffers=include_buffers)
+        inc, exc = _patterns("include", include), _patterns("exclude", exclude)
+        entries, tensors = _collect(model, trainable_only, include_buffers, inc, exc)
+        pmap = cls(
+            entries,
+            trainable_only=trainable_only,
+            include_buffers=include_buffers,
+            include=inc,
+            exclude=exc,
+        )
         pmap._tensors = tuple(tensors)
         return pmap
-
-    # --- container protocol -------------------------------------------------------
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    def __iter__(self) -> Iterator[ParamEntry]:
-        return iter(self._entries)
-
-    def __contains__(self, name: object) -> bool:
-        return name in self._by_name
-
-    def __getitem__(self, name: str) -> ParamEntry:
-        """The entry holding parameter ``name`` (any of a tied tensor's names)."""
-        try:
-            return self._entries[self._by_name[name]]
-        except KeyError:
-            raise KeyError(f"no parameter named {name!r} in the map") from None
-
-    def __repr__(self) -> str:
-        state = "bound" if self.is_bound else "unbound"
-        return f"ParamMap({len(self)} entries, {self._numel} elements, {state}, {self._fingerprint[:19]})"
-
-    @property
-    def entries(self) -> tuple[ParamEntry, ...]:
-        """All entries in flat order."""
-        return self._entries
-
-    @property
-    def names(self) -> list[str]:
-        """Canonical names in flat order."""
-        return [e.name for e in self._entries]
-
-    @property
-    def numel(self) -> int:
-        """Total number of elements of the flat vector."""
-        return self._numel
-
-    @property
-    def dtype(self) -> torch.dtype:
-        """The dtype :meth:`flatten` uses by default: all entry dtypes promoted together."""
-        dtypes = [e.dtype for e in self._entries] or [torch.float32]
-        return functools.reduce(torch.promote_types, dtypes)
-
-    @property
-    def fingerprint(self) -> str:
-        """``sha256:`` digest of the names, shapes, dtypes and kinds, in order."""
-        return self._fingerprint
-
-    @property
-    def is_bound(self) -> bool:
-        """Whether the map holds tensors to flatten from and write to."""
-        return self._tensors is not None
-
-    # --- checks ---------------------------------------------------------------------
-    def _bound(self, what: str) -> tuple[Tensor, ...]:
-        if self._tensors is None:
-            raise ParamMapError(
-                f"{what} needs tensors: this map was loaded from JSON; call bind(model) first"
-            )
-        for e, t in zip(self._entries, self._tensors):
-            if tuple(t.shape) != e.shape or t.dtype != e.dtype:
-                raise ParamMapError(
-                    f"{e.kind} {e.name!r} changed from {_dtype_name(e.dtype)}{list(e.shape)} to "
-                    f"{_dtype_name(t.dtype)}{list(t.shape)} since the map was built; build a new map"
-                )
-        return self._tensors
-
-    def _no_buffers(self, what: str) -> None:
-        buffers = [e.name for e in self._entries if e.kind == "buffer"]
-        if buffers:
-            raise ParamMapError(
-                f"{what} needs parameters only, but the map has buffers {_listed(buffers)}; build it with include_buffers=False"
-            )
-
-    # --- flatten / unflatten ------------------------------------------------------------
-    def flatten(
-        self,
-        source: Source = "data",
-        dtype: Optional[torch.dtype] = None,
-        device: Optional[torch.device | str] = None,
-        *,
-        missing: Missing = "error",
-    ) -> Tensor:
-        """Copy every mapped tensor (or its gradient) into one new 1-D vector.
-
-        Works for non-contiguous tensors (each is read in row-major order of its shape).
-
-        Args:
-            source: ``"data"`` for the values, ``"grad"`` for the gradients.
-            dtype: the vector's dtype; default :attr:`dtype` (entry dtypes promoted).
-            device: the vector's device; default the tensors' device (they must agree).
-            missing: for ``"grad"``, ``"error"`` when a gradient is ``None``, or
-                ``"zeros"`` to fill its span with zeros.
-
-        Returns:
-            A new vector of :attr:`numel` elements that shares no memory with the model.
-
-        Raises:
-            ParamMapError: missing gradients (all named), meta tensors, tensors on
-                several devices without ``device``, or an unbound map.
-
-        Example:
-            >>> pmap = ParamMap.from_module(torch.nn.Linear(3, 2))
-            >>> pmap.flatten("grad", missing="zeros").abs().sum().item()
-            0.0
-        """
-        if source not in ("data", "grad"):
-            raise ParamMapError(f"source must be 'data' or 'grad', not {source!r}")
-        if missing not in ("error", "zeros"):
-            raise ParamMapError(f"missing must be 'error' or 'zeros', not {missing!r}")
-        tensors = self._bound("flatten")
-        for e, t in zip(self._entries, tensors):
-            if t.device.type == "meta":
-                raise ParamMapError(f"{e.kind} {e.name!r} is on the meta device and holds no data")
-        if source == "grad":
-            self._no_buffers("flatten(source='grad')")
-            pieces: list[Optional[Tensor]] = [t.grad for t in tensors]
-            absent = [e.name for e, g in zip(self._entries, pieces) if g is None]
-            if absent and missing == "error":
-                raise ParamMapError(
-                    f"missing gradients for {_listed(absent)}; run backward() first or pass missing='zeros'"
-                )
-        else:
-            pieces = [t.detach() for t in tensors]
-        out_dtype = dtype if dtype is not None else self.dtype
-        if device is None:
-            devices = list(dict.fromkeys(t.device for t in tensors))
-            if len(devices) > 1:
-                raise ParamMapError(
-                    f"tensors are on several devices ({', '.join(map(str, devices))}); pass device="
-                )
-            device = devices[0] if devices else torch.device("cpu")
-        if not pieces:
-            return torch.empty(0, dtype=out_dtype, device=device)
-        flat = [
-            torch.zeros(e.numel, dtype=out_dtype, device=device)
-            if p is None
-            else (p.to_dense() if p.layout != torch.strided else p)
-            .reshape(-1)
-            .to(device, out_dtype)
-            for e, p in zip(self._entries, pieces)
-        ]
-        return torch.cat(flat)
-
-    def unflatten(self, vec: Tensor, target: Source = "data") -> None:
-        """Write ``vec`` back into the mapped tensors (or their ``.grad``), in place.
-
-        Everything is checked before anything is written, so an error leaves the model
-        untouched. ``vec``'s dtype must hold every entry's dtype without loss (a float32
-        vector may fill bfloat16 weights, not float64 ones); its device must match each
-        tensor's. Gradients that are ``None`` are created.
-
-        Args:
-            vec: 1-D vector of :attr:`numel` elements.
-            target: ``"data"`` or ``"grad"``.
-
-        Raises:
-            ParamMapError: a one-line message naming the first mismatching parameter.
-
-        Example:
-            >>> model = torch.nn.Linear(3, 2)
-            >>> pmap = ParamMap.from_module(model)
-            >>> pmap.unflatten(torch.ones(8), "grad")
-            >>> model.bias.grad.tolist()
-            [1.0, 1.0]
-        """
-        if target not in ("data", "grad"):
-            raise ParamMapError(f"target must be 'data' or 'grad', not {target!r}")
-        tensors = self._bound("unflatten")
-        if not isinstance(vec, Tensor) or vec.dim() != 1 or vec.layout != torch.strided:
-            what = f"shape {tuple(vec.shape)}" if isinstance(vec, Tensor) else type(vec).__name__
-            raise ParamMapError(f"unflatten needs a dense 1-D tensor, got {what}")
-        if target == "grad":
-            self._no_buffers("unflatten(target='grad')")
-        n = vec.numel()
-        if n < self._numel:
-            e = next(e for e in self._entries if e.end > n)
-            raise ParamMapError(
-                f"vector has {n} elements, the map needs {self._numel}: {e.kind} {e.name!r} "
-                f"(elements {e.offset}..{e.end - 1}) does not fit"
-            )
-        if n > self._numel:
-            last = f"the last entry {self._entries[-1].name!r}" if self._entries else "an empty map"
-            raise ParamMapError(
-                f"vector has {n} elements, the map needs {self._numel}: {n - self._numel} extra after {last}"
-            )
-        for e, t in zip(self._entries, tensors):
-            if vec.device != t.device:
-                raise ParamMapError(
-                    f"vector is on {vec.device} but {e.kind} {e.name!r} is on {t.device}"
-                )
-            if t.device.type == "meta":
-                raise ParamMapError(f"{e.kind} {e.name!r} is on the meta device and holds no data")
-            if torch.promote_types(vec.dtype, t.dtype) != vec.dtype:
-                raise ParamMapError(
-                    f"a {_dtype_name(vec.dtype)} vector cannot hold {e.kind} {e.name!r} "
-                    f"({_dtype_name(t.dtype)}) without loss; flatten with a wider dtype"
-                )
-        with torch.no_grad():
-            for e, t, chunk in zip(
-                self._entries, tensors, vec.split([e.numel for e in self._entries])
-            ):
-                src = chunk.view(e.shape)
-                if target == "data":
-                    t.copy_(src)
-                elif t.grad is None or t.grad.layout != torch.strided:
-                    grad = torch.empty_like(t)  # keeps the parameter's strides
-                    grad.copy_(src)
-                    t.grad = grad
-                else:
-                    t.grad.copy_(src)
-
-    # --- lookup -------------------------------------------------------------------------
-    def locate(self, index: SupportsIndex) -> tuple[str, tuple[int, ...]]:
-        """Name the parameter and element behind a flat index.
-
-        Args:
-            index: position in the flat vector (an int or an integer 0-d tensor).
-
-        Returns:
-            ``(name, coords)``: the canonical name and the element's index tuple.
-
-        Raises:
-            ParamMapError: if ``index`` is outside ``[0, numel)``.
-
-        Example:
-            >>> ParamMap.from_module(torch.nn.Linear(3, 2)).locate(6)
-            ('bias', (0,))
-        """
-        i = operator.index(index)
-        if not 0 <= i < self._numel:
-            raise ParamMapError(f"flat index {i} is outside the map's {self._numel} elements")
-        e = self._entries[bisect.bisect_right(self._offsets, i) - 1]
-        return e.name, _unravel(i - e.offset, e.shape)
 
     # --- documents ----------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         """The memory map as a JSON-serialisable dict (see :meth:`to_json`)."""
-        entries = [
-            {
-                "names": list(e.names),
-                "offset": e.offset,
-                "numel": e.numel,
-                "shape": list(e.shape),
-                "dtype": _dtype_name(e.dtype),
-                "device": str(e.device),
-                "kind": e.kind,
-                "requires_grad": e.requires_grad,
-            }
-            for e in self._entries
-        ]
-        return {
-            "format": _FORMAT,
-            "version": _FORMAT_VERSION,
-            "fingerprint": self._fingerprint,
-            "numel": self._numel,
-            "flat_dtype": _dtype_name(self.dtype),
-            "offsets_in": "elements",
-            "trainable_only": self._trainable_only,
-            "include_buffers": self._include_buffers,
-            "entries": entries,
-        }
+        return map_to_dict(self._entries, self._fingerprint, self.dtype, self._options())
 
     def to_json(self, indent: Optional[int] = 2) -> str:
         """The memory map as a JSON document another program can read.
@@ -506,36 +126,7 @@ class ParamMap:
     @classmethod
     def from_dict(cls, doc: dict[str, Any]) -> ParamMap:
         """Load an unbound map from :meth:`to_dict` output, verifying its fingerprint."""
-        try:
-            if doc.get("format") != _FORMAT or doc.get("version") != _FORMAT_VERSION:
-                raise ParamMapError(
-                    f"not a gradwatch parameter map v{_FORMAT_VERSION} (format {doc.get('format')!r}, version {doc.get('version')!r})"
-                )
-            entries = [
-                ParamEntry(
-                    tuple(str(n) for n in d["names"]),
-                    int(d["offset"]),
-                    int(d["numel"]),
-                    tuple(int(s) for s in d["shape"]),
-                    _parse_dtype(d["dtype"]),
-                    torch.device(d["device"]),
-                    d["kind"],
-                    bool(d["requires_grad"]),
-                )
-                for d in doc["entries"]
-            ]
-            pmap = cls(
-                entries,
-                trainable_only=bool(doc["trainable_only"]),
-                include_buffers=bool(doc["include_buffers"]),
-            )
-        except (KeyError, TypeError, RuntimeError, AttributeError) as exc:
-            raise ParamMapError(f"malformed parameter map document: {exc!r}") from exc
-        if doc.get("fingerprint") != pmap.fingerprint or doc.get("numel") != pmap.numel:
-            raise ParamMapError(
-                "parameter map document is corrupt: fingerprint or numel does not match its entries"
-            )
-        return pmap
+        return map_from_dict(cls, doc)
 
     @classmethod
     def from_json(cls, text: str | bytes) -> ParamMap:
@@ -546,18 +137,13 @@ class ParamMap:
             >>> pmap.is_bound
             False
         """
-        try:
-            doc = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ParamMapError(f"parameter map is not valid JSON: {exc}") from exc
-        if not isinstance(doc, dict):
-            raise ParamMapError("parameter map document must be a JSON object")
-        return cls.from_dict(doc)
+        return cls.from_dict(parse_json(text))
 
     def check_compatible(self, model: nn.Module) -> list[str]:
         """List how ``model``'s layout differs from this map (empty when compatible).
 
-        The model is mapped with this map's ``trainable_only``/``include_buffers``;
+        The model is mapped with this map's ``trainable_only``/``include_buffers`` and
+        ``include``/``exclude`` selection;
         devices do not count.
 
         Example:
@@ -565,130 +151,21 @@ class ParamMap:
             >>> pmap.check_compatible(torch.nn.Linear(3, 4))
             ["'weight': shape [2, 3] in the map, [4, 3] in the model", "'bias': shape [2] in the map, [4] in the model"]
         """
-        other = ParamMap.from_module(
-            model, trainable_only=self._trainable_only, include_buffers=self._include_buffers
-        )
-        if other.fingerprint == self._fingerprint:
-            return []
-        mine = {e.name: e for e in self._entries}
-        theirs = {e.name: e for e in other._entries}
-        diffs = [f"{n!r} is missing from the model" for n in mine if n not in theirs]
-        diffs += [f"the model has an extra {theirs[n].kind} {n!r}" for n in theirs if n not in mine]
-        for name, a in mine.items():
-            b = theirs.get(name)
-            if b is None:
-                continue
-            for field in ("names", "shape", "dtype", "kind"):
-                va, vb = getattr(a, field), getattr(b, field)
-                if va != vb:
-                    fmt = _dtype_name if field == "dtype" else list
-                    diffs.append(f"{name!r}: {field} {fmt(va)} in the map, {fmt(vb)} in the model")
-        common = [n for n in mine if n in theirs]
-        if common != [n for n in theirs if n in mine]:
-            diffs.append("the entries are in a different order")
-        return diffs
+        return layout_differences(self._entries, self._fingerprint, model, self._options())
 
     def bind(self, model: nn.Module) -> ParamMap:
         """Attach ``model``'s tensors (after checking the layout); returns ``self``.
 
         Raises:
-            ParamMapError: listing the differences when the model does not match.
+            ParamMapError: one line naming the first difference (and how many more) when
+                the model does not match; :meth:`check_compatible` lists them all.
 
         Example:
             >>> doc = ParamMap.from_module(torch.nn.Linear(3, 2)).to_json()
             >>> ParamMap.from_json(doc).bind(torch.nn.Linear(3, 2)).is_bound
             True
         """
-        diffs = self.check_compatible(model)
-        if diffs:
-            raise ParamMapError(f"model does not match the map: {'; '.join(diffs[:_MAX_LISTED])}")
-        entries, tensors = _collect(model, self._trainable_only, self._include_buffers)
+        entries, tensors = bind_model(self._entries, self._fingerprint, model, self._options())
         self._entries = tuple(entries)  # same layout; devices and requires_grad refreshed
         self._tensors = tuple(tensors)
         return self
-
-    # --- quantization -------------------------------------------------------------------
-    def _spans(self) -> list[tuple[str, int, int]]:
-        return [(e.name, e.offset, e.numel) for e in self._entries]
-
-    def quantize(
-        self, dtype: torch.dtype = torch.int8, scheme: Scheme = "affine", *, source: Source = "data"
-    ) -> tuple[Tensor, dict[str, Any]]:
-        """Quantize the flat vector with a scale and zero point per parameter.
-
-        Args:
-            dtype: ``torch.int8`` or ``torch.uint8``.
-            scheme: ``"affine"`` (range widened to include 0, integer zero point) or
-                ``"symmetric"`` (zero point 0 for int8, 128 for uint8).
-            source: quantize ``"data"`` or ``"grad"``.
-
-        Returns:
-            ``(qvec, metadata)``; metadata is a JSON-serialisable dict. The round-trip
-            error of each element is at most half its parameter's ``scale``.
-
-        Example:
-            >>> pmap = ParamMap.from_module(torch.nn.Linear(3, 2))
-            >>> qvec, meta = pmap.quantize(torch.uint8)
-            >>> (pmap.dequantize(qvec, meta) - pmap.flatten()).abs().max().item() < 0.01
-            True
-        """
-        try:
-            return quantize_flat(
-                self.flatten(source), self._spans(), dtype, scheme, self._fingerprint
-            )
-        except ParamMapError:
-            raise
-        except ValueError as exc:
-            raise ParamMapError(str(exc)) from exc
-
-    def dequantize(self, qvec: Tensor, metadata: dict[str, Any]) -> Tensor:
-        """Invert :meth:`quantize`; works on unbound maps too (checked by fingerprint).
-
-        Returns:
-            A float vector (the dtype :meth:`flatten` gave) for :meth:`unflatten`.
-
-        Example:
-            >>> pmap = ParamMap.from_module(torch.nn.Linear(3, 2))
-            >>> pmap.dequantize(*pmap.quantize()).shape
-            torch.Size([8])
-        """
-        try:
-            return dequantize_flat(qvec, metadata, self._spans(), self._fingerprint)
-        except ValueError as exc:
-            raise ParamMapError(str(exc)) from exc
-
-    # --- distributed --------------------------------------------------------------------
-    def all_reduce_grads(
-        self, group: Any = None, average: bool = True, *, missing: Missing = "error"
-    ) -> Tensor:
-        """Sum (or average) gradients across ranks with one collective, in place.
-
-        One ``all_reduce`` on the flat gradient replaces one per parameter; the result
-        is written back into each ``.grad``. Every rank must hold the same layout.
-
-        Args:
-            group: process group (default: the world).
-            average: divide by the group's size, as DDP does.
-            missing: ``"zeros"`` to treat absent gradients as zeros (they get created).
-
-        Returns:
-            The reduced flat gradient.
-
-        Raises:
-            ParamMapError: if ``torch.distributed`` is not initialized, or as
-                :meth:`flatten`/:meth:`unflatten`.
-
-        Example:
-            >>> loss.backward()  # doctest: +SKIP
-            >>> pmap.all_reduce_grads()  # doctest: +SKIP
-        """
-        import torch.distributed as dist
-
-        if not (dist.is_available() and dist.is_initialized()):
-            raise ParamMapError("all_reduce_grads needs torch.distributed to be initialized")
-        vec = self.flatten("grad", missing=missing)
-        dist.all_reduce(vec, op=dist.ReduceOp.SUM, group=group)
-        if average:
-            vec.div_(dist.get_world_size(group))
-        self.unflatten(vec, "grad")
-        return vec
