@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 from torch import nn
@@ -42,7 +42,9 @@ __all__ = [
     "combine",
     "engine_of",
     "flat_params",
+    "hook_flat_params",
     "local",
+    "local_copies",
     "local_norms",
     "payload",
     "unwrap_fsdp1",
@@ -121,10 +123,39 @@ def flat_params(model: nn.Module) -> list[torch.Tensor]:
     return out
 
 
+def hook_flat_params(
+    flat: Sequence[Callable[[], Optional[torch.Tensor]]],
+    add: Callable[[Any], None],
+    on_arrival: Callable[[], None],
+    on_error: Callable[[str, BaseException], None],
+) -> None:
+    """FSDP1: a hook on each flat parameter marks the backward passes (``add`` keeps handles).
+
+    No hook on an original parameter fires under FSDP1; the flat parameter is the autograd
+    leaf, so its post-accumulate hook runs once per backward.
+    """
+
+    def hook(p: torch.Tensor) -> None:
+        try:
+            on_arrival()
+        except Exception as exc:
+            on_error("FSDP1 flat parameter hook", exc)
+
+    for ref in flat:
+        p = ref()
+        if p is not None:
+            add(p.register_post_accumulate_grad_hook(hook))
+
+
 def local(t: torch.Tensor) -> torch.Tensor:
     """This rank's shard of ``t`` (``t`` itself when it is not a DTensor)."""
     inner = getattr(t, "_local_tensor", None)
     return inner if isinstance(inner, torch.Tensor) else t
+
+
+def local_copies(params: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """Copies of this rank's shards (what the update ratio compares against after a step)."""
+    return [local(p).detach().clone() for p in params]
 
 
 def local_norms(tensors: Sequence[torch.Tensor], ords: Sequence[float]) -> list[Chunk]:

@@ -1,18 +1,40 @@
-"""What gradwatch can and cannot see under each sharding engine, said once as findings."""
+"""What gradwatch can and cannot see under each sharding engine: evidence and findings."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 from gradwatch.checks.not_observed import emit_not_observed
 from gradwatch.core.sharded import FSDP1_FLAT, FSDP1_ORIG
 
 if TYPE_CHECKING:
     from gradwatch.config import GradWatchConfig
+    from gradwatch.core.evidence import Tracker
     from gradwatch.core.findings import FindingLog
+    from gradwatch.core.index import ParamIndex
     from gradwatch.core.structure import Structure
 
-__all__ = ["report_layout"]
+__all__ = ["forward_arrival", "report_layout"]
+
+
+def forward_arrival(
+    engine: Optional[str], index: ParamIndex, tracker: Tracker, start: int
+) -> Optional[Callable[[int], bool]]:
+    """FSDP1: no hook sees an original parameter's gradient; its module's forward does.
+
+    A parameter counts as arrived when a module owning it ran with gradients enabled since
+    event ``start``: a ghost whose module never ran (or ran under ``no_grad``) is caught,
+    one whose module ran without giving it a gradient is not (FSDP1 hands it a zero slice).
+    ``None`` (the hooks' evidence holds) for every other engine.
+    """
+    if engine not in (FSDP1_ORIG, FSDP1_FLAT):
+        return None
+    params, fwd = index.params, tracker.fwd_grad
+
+    def arrived(i: int) -> bool:
+        return any(fwd.get(o, 0) > start for o in params[i].owners)
+
+    return arrived
 
 
 def report_layout(

@@ -6,7 +6,7 @@ step hooks (or, without an optimizer, at the end of each backward pass).
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Optional
 
 import torch
 from torch import nn
@@ -24,7 +24,8 @@ from gradwatch.core.index import ParamIndex
 from gradwatch.core.pipeline import Gathered, Track, gather, layer_samples, merge_shards
 from gradwatch.core.recorder import LayerRecorder
 from gradwatch.core.scaler import ScalerWatch
-from gradwatch.core.sharded import FSDP1_FLAT, FSDP1_ORIG, local
+from gradwatch.core.sharded import local_copies
+from gradwatch.core.sharded_report import forward_arrival
 from gradwatch.core.stats import flatten_cpu
 from gradwatch.core.structure import Structure, group_signature
 from gradwatch.core.unwatched import StepNesting, UnwatchedUpdates
@@ -141,7 +142,7 @@ class StepPipeline:
             return  # no update ratio while a lazy parameter has no values yet
         with torch.no_grad():
             if track.sharded is not None:  # this rank's shards only, never a gather
-                track.snapshot = [local(p).clone() for p in track.params]
+                track.snapshot = local_copies(track.params)
                 return
             track.snapshot_flat = flatten_cpu(track.params, copy=True)  # the CPU path
             if track.snapshot_flat is None:
@@ -181,7 +182,7 @@ class StepPipeline:
                 min_hooked_at=self.hooks.hooked_at,
                 last_hooked=self.hooks.last_hooked,
                 scaler_scale=self.scaler.scale_tensor(),
-                arrival=self._forward_arrival(track),
+                arrival=forward_arrival(self.sharded, structure.index, self.tracker, track.start),
             )
         self._note_skips(self.scaler.note(g.scale), track.steps)
         view = self._view(track, g, observed)
@@ -275,23 +276,6 @@ class StepPipeline:
             scaler=self.scaler.scaler is not None,
             layers=layer_samples(g, numel, track) if observed else {},
         )
-
-    def _forward_arrival(self, track: Track) -> Optional[Callable[[int], bool]]:
-        """FSDP1: no hook sees an original parameter's gradient; its module's forward does.
-
-        A parameter counts as arrived when a module owning it ran with gradients enabled in
-        this window: a ghost whose module never ran (or ran under ``no_grad``) is caught, one
-        whose module ran without giving it a gradient is not (FSDP1 hands it a zero slice).
-        """
-        if self.sharded not in (FSDP1_ORIG, FSDP1_FLAT):
-            return None
-        owners = self.structure.index.params
-        fwd, start = self.tracker.fwd_grad, track.start
-
-        def arrived(i: int) -> bool:
-            return any(fwd.get(o, 0) > start for o in owners[i].owners)
-
-        return arrived
 
     # -- the scaler ------------------------------------------------------------------------
 

@@ -39,7 +39,7 @@ from gradwatch.core.optimizers import unwrap_optimizer
 from gradwatch.core.persist import ReportRefresher
 from gradwatch.core.recorder import LayerRecorder
 from gradwatch.core.scaler import ScalerWatch
-from gradwatch.core.sharded import engine_of, flat_params, unwrap_fsdp1
+from gradwatch.core.sharded import engine_of, flat_params, hook_flat_params, unwrap_fsdp1
 from gradwatch.core.sharded_report import report_layout
 from gradwatch.core.steps import StepPipeline
 from gradwatch.core.structure import Structure
@@ -227,7 +227,10 @@ class Watcher:
         self._attached = True
         try:
             self._pipe.sync(step=0)
-            self._watch_flat_params()
+            hook_flat_params(
+                self._flat, self._hooks.add, self._arrival_callback(), self._faults.callback()
+            )
+            report_layout(self._pipe.sharded, self._log, self.config, self._pipe.structure)
             wrapper = self._wrapper() if self._wrapper is not None else None
             if wrapper is not None:
                 self._hooks.hook_compiled_wrapper(wrapper)
@@ -239,26 +242,6 @@ class Watcher:
             self.close()
             raise
         return self
-
-    def _watch_flat_params(self) -> None:
-        """FSDP1: its flat parameters' hooks mark the backward passes (see core/sharded.py)."""
-        for ref in self._flat:
-            p = ref()
-            if p is not None:
-                self._hooks.add(p.register_post_accumulate_grad_hook(self._flat_arrival()))
-        report_layout(self._pipe.sharded, self._log, self.config, self._pipe.structure)
-
-    def _flat_arrival(self) -> Callable[[torch.Tensor], None]:
-        on_arrival = self._arrival_callback()
-        on_error = self._faults.callback()
-
-        def hook(p: torch.Tensor) -> None:
-            try:
-                on_arrival()
-            except Exception as exc:
-                on_error("FSDP1 flat parameter hook", exc)
-
-        return hook
 
     def close(self) -> None:
         """Remove every hook, write the report where the config asks, drop the model."""
