@@ -17,7 +17,11 @@ import torch.distributed as dist
 from _dist_helpers import STEPS, WORLD, _data, _run
 from torch import nn
 
-ENGINES = ("fsdp2", "fsdp1_orig", "fsdp1_flat")
+ENGINES = ("fsdp2", "fsdp1_orig", "fsdp1_flat", "fsdp1_inner")
+"""``fsdp1_inner``: FSDP1 ``use_orig_params=True`` with ``watch()`` given the module inside the
+wrapper, as Lightning's callback does (its FSDP strategy wraps the LightningModule)."""
+
+_WRAPPER: dict[str, nn.Module] = {}  # fsdp1_inner: the wrapper the loop must call
 SCENARIOS = tuple(f"{e}_{m}" for e in ENGINES for m in ("ghost", "clean"))
 
 
@@ -46,7 +50,7 @@ def _shard(engine: str, model: nn.Module) -> nn.Module:
     from torch.distributed.fsdp import FullyShardedDataParallel
 
     return FullyShardedDataParallel(
-        model, use_orig_params=engine == "fsdp1_orig", device_id=torch.device("cpu")
+        model, use_orig_params=engine != "fsdp1_flat", device_id=torch.device("cpu")
     )
 
 
@@ -54,10 +58,16 @@ def _build(engine: str, dead: bool) -> tuple[nn.Module, nn.Module, torch.optim.O
     torch.manual_seed(0)  # same initial weights on every rank
     model = Model(dead)
     sharded = _shard(engine, model)
-    return model, sharded, torch.optim.AdamW(sharded.parameters(), lr=1e-2)
+    opt = torch.optim.AdamW(sharded.parameters(), lr=1e-2)
+    if engine == "fsdp1_inner":
+        _WRAPPER["model"] = sharded
+        return model, model, opt
+    return model, sharded, opt
 
 
 def _loop(model: nn.Module, opt: torch.optim.Optimizer, rank: int, engine: str, out: Path) -> None:
+    if engine == "fsdp1_inner":
+        model = _WRAPPER.pop("model")
     for step in range(STEPS):
         opt.zero_grad(set_to_none=step % 2 == 0)
         x, y = _data(rank, step)

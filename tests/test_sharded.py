@@ -29,7 +29,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
         name: [json.loads((out / f"{name}.rank{r}.json").read_text()) for r in range(WORLD)]
         for name in SCENARIOS
     }
-    for engine in ("fsdp2", "fsdp1_orig"):
+    for engine in ("fsdp2", "fsdp1_orig", "fsdp1_inner"):
         found[f"{engine}_expected"] = [
             json.loads((out / f"{engine}.expected{r}.json").read_text()) for r in range(WORLD)
         ]
@@ -40,7 +40,7 @@ def _failing(report: dict[str, Any]) -> list[dict[str, Any]]:
     return [f for f in report["findings"] if f["severity"] in ("warning", "error")]
 
 
-@pytest.mark.parametrize("engine", ["fsdp2", "fsdp1_orig"])
+@pytest.mark.parametrize("engine", ["fsdp2", "fsdp1_orig", "fsdp1_inner"])
 def test_ghost_named_with_the_users_names_cause_and_ranks(runs: Runs, engine: str) -> None:
     for rec in runs[f"{engine}_ghost"]:
         assert rec["error"] is None, rec.get("traceback")
@@ -59,7 +59,7 @@ def test_ghost_named_with_the_users_names_cause_and_ranks(runs: Runs, engine: st
     assert runs[f"{engine}_ghost"][1]["warnings"] == []  # rank 0 reports
 
 
-@pytest.mark.parametrize("engine", ["fsdp2", "fsdp1_orig"])
+@pytest.mark.parametrize("engine", ["fsdp2", "fsdp1_orig", "fsdp1_inner"])
 def test_clean_twin_passes_with_global_statistics(runs: Runs, engine: str) -> None:
     """Shard norms combined across ranks equal the norms of the full gradients, on both ranks."""
     expected = runs[f"{engine}_expected"][0]
@@ -80,8 +80,9 @@ def test_clean_twin_passes_with_global_statistics(runs: Runs, engine: str) -> No
         assert layers["head"]["update_ratio"] is not None
 
 
-def test_fsdp1_orig_says_disconnected_ghosts_are_out_of_reach(runs: Runs) -> None:
-    for rec in runs["fsdp1_orig_clean"]:
+@pytest.mark.parametrize("engine", ["fsdp1_orig", "fsdp1_inner"])
+def test_fsdp1_orig_says_disconnected_ghosts_are_out_of_reach(runs: Runs, engine: str) -> None:
+    for rec in runs[f"{engine}_clean"]:
         (note,) = [f for f in rec["report"]["findings"] if f["check"] == "not_observed"]
         assert note["severity"] == "info"
         assert note["details"]["reason"] == "fsdp1_disconnected"

@@ -43,6 +43,7 @@ __all__ = [
     "engine_of",
     "flat_params",
     "hook_flat_params",
+    "hook_layer_outputs",
     "local",
     "local_copies",
     "local_norms",
@@ -145,6 +146,41 @@ def hook_flat_params(
         p = ref()
         if p is not None:
             add(p.register_post_accumulate_grad_hook(hook))
+
+
+def hook_layer_outputs(
+    model: nn.Module,
+    add: Callable[[Any], None],
+    on_arrival: Callable[[], None],
+    on_error: Callable[[str, BaseException], None],
+) -> None:
+    """FSDP1 watched from inside its wrapper (no flat parameter in reach, e.g. Lightning):
+    a gradient reaching any layer's output marks the backward pass instead.
+
+    One tensor hook per layer call under grad mode: the cost is paid under FSDP1 only.
+    """
+
+    def grad_hook(grad: torch.Tensor) -> None:
+        try:
+            on_arrival()
+        except Exception as exc:
+            on_error("FSDP1 layer output hook", exc)
+
+    def forward_hook(module: nn.Module, args: Any, output: Any) -> None:
+        try:
+            if not torch.is_grad_enabled():
+                return
+            outs = output if isinstance(output, (tuple, list)) else (output,)
+            for t in outs:
+                if isinstance(t, torch.Tensor) and t.requires_grad:
+                    t.register_hook(grad_hook)
+                    return
+        except Exception as exc:
+            on_error("FSDP1 layer forward hook", exc)
+
+    for mod in model.modules():
+        if mod._parameters:
+            add(mod.register_forward_hook(forward_hook))
 
 
 def local(t: torch.Tensor) -> torch.Tensor:

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Optional
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Callable, Optional
+
+import torch
+from torch import nn
 
 from gradwatch.checks.not_observed import emit_not_observed
-from gradwatch.core.sharded import FSDP1_FLAT, FSDP1_ORIG
+from gradwatch.core.sharded import FSDP1_FLAT, FSDP1_ORIG, hook_flat_params, hook_layer_outputs
 
 if TYPE_CHECKING:
     from gradwatch.config import GradWatchConfig
@@ -14,7 +18,25 @@ if TYPE_CHECKING:
     from gradwatch.core.index import ParamIndex
     from gradwatch.core.structure import Structure
 
-__all__ = ["forward_arrival", "report_layout"]
+__all__ = ["forward_arrival", "hook_backward", "report_layout"]
+
+
+def hook_backward(
+    engine: Optional[str],
+    model: nn.Module,
+    flat: Sequence[Callable[[], Optional[torch.Tensor]]],
+    add: Callable[[Any], None],
+    on_arrival: Callable[[], None],
+    on_error: Callable[[str, BaseException], None],
+) -> None:
+    """FSDP1: mark backward passes from its flat parameters, or (none in reach: the model
+    was watched from inside its wrapper, as Lightning does) from the layers' outputs."""
+    if engine not in (FSDP1_ORIG, FSDP1_FLAT):
+        return
+    if flat:
+        hook_flat_params(flat, add, on_arrival, on_error)
+    else:
+        hook_layer_outputs(model, add, on_arrival, on_error)
 
 
 def forward_arrival(

@@ -39,8 +39,8 @@ from gradwatch.core.optimizers import unwrap_optimizer
 from gradwatch.core.persist import ReportRefresher
 from gradwatch.core.recorder import LayerRecorder
 from gradwatch.core.scaler import ScalerWatch
-from gradwatch.core.sharded import engine_of, flat_params, hook_flat_params, unwrap_fsdp1
-from gradwatch.core.sharded_report import report_layout
+from gradwatch.core.sharded import engine_of, flat_params, unwrap_fsdp1
+from gradwatch.core.sharded_report import hook_backward, report_layout
 from gradwatch.core.steps import StepPipeline
 from gradwatch.core.structure import Structure
 from gradwatch.errors import ConfigError, GradWatchError, GradWatchWarning
@@ -227,8 +227,13 @@ class Watcher:
         self._attached = True
         try:
             self._pipe.sync(step=0)
-            hook_flat_params(
-                self._flat, self._hooks.add, self._arrival_callback(), self._faults.callback()
+            hook_backward(
+                self._pipe.sharded,
+                model,
+                self._flat,
+                self._hooks.add,
+                self._arrival_callback(),
+                self._faults.callback(),
             )
             report_layout(self._pipe.sharded, self._log, self.config, self._pipe.structure)
             wrapper = self._wrapper() if self._wrapper is not None else None
