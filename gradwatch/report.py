@@ -9,8 +9,6 @@ Example:
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 from typing import Any, Optional, Union
 
@@ -261,23 +259,18 @@ class Report(BaseModel):
         raise cls(f"gradwatch found {len(failing)} problem(s): {lines}")
 
     def write(self, path: Union[str, Path]) -> Path:
-        """Write the JSON report atomically (temp file + rename) and return its path."""
-        target = Path(path)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                fh.write(self.model_dump_json(indent=2))
-                fh.flush()
-                os.fsync(fh.fileno())
-            umask = os.umask(0)
-            os.umask(umask)
-            os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes it 0600; a report is for reading
-            os.replace(tmp, target)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        return target
+        """Write the JSON report atomically (temp file + rename) and return its path.
+
+        A symlink's target is updated; a path that is not a regular file (a device, a FIFO,
+        a folder) is refused. See :func:`gradwatch.report_io.write_text_atomic`.
+
+        Raises:
+            ConfigError: ``path`` is not a regular file.
+            OSError: the write failed; a previous report at ``path`` is left whole.
+        """
+        from gradwatch.report_io import write_text_atomic
+
+        return write_text_atomic(path, self.model_dump_json(indent=2), what="JSON report")
 
     @classmethod
     def read(cls, path: Union[str, Path]) -> Report:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +23,7 @@ from torch import nn
 import gradwatch
 import gradwatch.core.pipeline
 import gradwatch.core.steps
-import gradwatch.report
+import gradwatch.report_io
 from gradwatch.checks.ghost import GhostParam
 from gradwatch.checks.vanishing import VanishingGrad
 
@@ -301,39 +302,45 @@ def test_fault_in_forward_hook_under_no_grad_is_contained(monkeypatch: pytest.Mo
     assert [f.details["where"] for f in w.report().by_check("internal_error")] == ["forward hook"]
 
 
-def test_unwritable_report_path_does_not_raise_at_exit(tmp_path: Path) -> None:
-    blocker = tmp_path / "not-a-dir"
-    blocker.write_text("a file where a folder should be")
+def _block(folder: Path) -> None:
+    """Make ``folder`` unusable after watching started (a report_path unwritable at attach
+    is refused then: see tests/test_report_io.py)."""
+    shutil.rmtree(folder)  # it may hold a refreshed report already
+    folder.write_text("a file where a folder should be")
+
+
+def test_report_path_unwritable_at_exit_does_not_raise(tmp_path: Path) -> None:
+    folder = tmp_path / "out"
     model = make_model()
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     with (
         pytest.warns(gradwatch.GradWatchWarning, match="internal_error"),
-        gradwatch.watch(model, opt, config={"report_path": str(blocker / "report.json")}) as w,
+        gradwatch.watch(model, opt, config={"report_path": str(folder / "report.json")}) as w,
     ):
         train(model, opt)
+        _block(folder)
     (err,) = w.report().by_check("internal_error")
     assert err.details["where"] == "report writing"
     assert w.report().steps == STEPS
 
 
-def test_unwritable_report_path_does_not_hide_the_users_error(tmp_path: Path) -> None:
-    blocker = tmp_path / "not-a-dir"
-    blocker.write_text("x")
+def test_report_path_unwritable_at_exit_does_not_hide_the_users_error(tmp_path: Path) -> None:
+    folder = tmp_path / "out"
     model = make_model()
     with (
         pytest.raises(KeyError, match="the user's own bug"),
-        gradwatch.watch(model, config={"report_path": str(blocker / "r.json")}),
+        gradwatch.watch(model, config={"report_path": str(folder / "r.json")}),
     ):
+        _block(folder)
         raise KeyError("the user's own bug")
 
 
-def test_unwritable_report_path_raises_when_strict(tmp_path: Path) -> None:
-    blocker = tmp_path / "not-a-dir"
-    blocker.write_text("x")
+def test_report_path_unwritable_at_exit_raises_when_strict(tmp_path: Path) -> None:
+    folder = tmp_path / "out"
     model = make_model()
-    cfg = {"report_path": str(blocker / "r.json"), "on_internal_error": "raise"}
+    cfg = {"report_path": str(folder / "r.json"), "on_internal_error": "raise"}
     with pytest.raises(OSError), gradwatch.watch(model, config=cfg):
-        pass
+        _block(folder)
 
 
 def test_sink_keeps_receiving_after_a_fault_elsewhere(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -401,7 +408,7 @@ def test_report_write_failing_midway_leaves_old_file_and_no_temp(
             raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(
-        gradwatch.report.os, "fdopen", lambda *a, **k: HalfWriter(real_fdopen(*a, **k))
+        gradwatch.report_io.os, "fdopen", lambda *a, **k: HalfWriter(real_fdopen(*a, **k))
     )
     with pytest.raises(OSError, match="No space"):
         report.write(target)

@@ -131,11 +131,6 @@ def test_every_public_name_is_visible_to_mypy(checked: dict[str, list[str]]) -> 
     assert checked["names.py"] == []
 
 
-@pytest.mark.xfail(
-    reason="gradwatch/config declares defaults as Field(value, ...); mypy without the pydantic "
-    "plugin needs Field(default=value, ...) to see them as optional keywords",
-    strict=True,
-)
 def test_config_keywords_type_check_without_the_pydantic_plugin(
     checked: dict[str, list[str]],
 ) -> None:

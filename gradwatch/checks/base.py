@@ -67,6 +67,9 @@ class StepView:
     world_size: int = 1
     scaler: bool = False
     layers: dict[str, LayerSample] = field(default_factory=dict)
+    # Whether parameter ``i`` (any watched one, also outside this step's ids) ever received
+    # a gradient while watched.
+    received: Callable[[int], bool] = field(default=lambda i: False)
 
     def by_layer(self) -> dict[str, list[int]]:
         """Positions into ``ids`` grouped by the parameters' layer, in first-seen order."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from gradwatch.checks.base import Check, StructureView
+from gradwatch.checks.base import Check, StepView, StructureView
 from gradwatch.checks.docs import CheckDoc
 
 if TYPE_CHECKING:
@@ -19,11 +19,18 @@ def _by_layer(view: StructureView, idxs: list[int]) -> dict[str, list[int]]:
 
 
 class NotInOptimizer(Check):
-    """A trainable parameter of the model that no watched optimizer holds."""
+    """A trainable parameter of the model that no watched optimizer holds.
+
+    ``warning`` once one of them receives a gradient (it is trained by mistake, or the
+    optimizer was built over another copy of the model); until then ``info``: an
+    EMA/SWA copy (``AveragedModel``) kept in the model with ``requires_grad=True`` is
+    updated by hand and never receives one.
+    """
 
     id = "not_in_optimizer"
     doc = CheckDoc(
-        summary="A trainable parameter of the model is in no watched optimizer.",
+        summary="A trainable parameter of the model is in no watched optimizer (warning once "
+        "it receives gradients, info while it never has).",
         why="It gets gradients (costing compute) but never changes; the model trains with a "
         "part frozen at its initial values.",
         causes=(
@@ -36,7 +43,12 @@ class NotInOptimizer(Check):
         severity="warning",
     )
 
+    def __init__(self, config, watch_config) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(config, watch_config)
+        self._idle: dict[str, list[int]] = {}  # layer -> orphans, no gradient seen yet
+
     def on_structure(self, view: StructureView, log: FindingLog) -> None:
+        self._idle = {}
         if not view.has_optimizer:
             return
         orphans = [
@@ -45,16 +57,43 @@ class NotInOptimizer(Check):
             if i not in view.in_optimizer and not view.index.params[i].outside_model
         ]
         for layer, idxs in _by_layer(view, orphans).items():
+            finding = log.get(self.id, layer)
+            if finding is not None and finding.details.get("receives_grad"):
+                continue  # already seen receiving gradients
+            self._idle[layer] = idxs
+            if finding is not None:
+                continue
+            log.emit(
+                self.id,
+                severity="info",
+                step=int(view.extra.get("step", 0)),
+                message=f"{len(idxs)} trainable parameter(s) of '{layer}' are in no optimizer "
+                "(no gradient so far: an EMA/SWA copy?).",
+                hint="Harmless for a copy updated by hand (AveragedModel, EMA); freeze it with "
+                "requires_grad_(False) to say so. If it should train, add it to the optimizer.",
+                params=view.index.names(idxs),
+                module=layer,
+            )
+
+    def on_step(self, view: StepView, log: FindingLog) -> None:
+        if not self._idle:
+            return
+        for layer, idxs in list(self._idle.items()):
+            if not any(view.received(i) for i in idxs):
+                continue
+            del self._idle[layer]
             log.emit(
                 self.id,
                 severity=self.severity,
-                step=int(view.extra.get("step", 0)),
+                step=view.step,
                 message=f"{len(idxs)} trainable parameter(s) of '{layer}' are in no optimizer: "
                 "they get gradients but never change.",
                 hint="Build the optimizer from model.parameters() after the model is complete, "
-                "or add them with optimizer.add_param_group(); freeze them if intended.",
+                "or add them with optimizer.add_param_group(); for a teacher/EMA copy, detach "
+                "its output or freeze it (requires_grad_(False)).",
                 params=view.index.names(idxs),
                 module=layer,
+                details={"receives_grad": True},
             )
 
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from gradwatch.checks.base import Check, StepView
+from gradwatch.checks.base import Check, StepView, StructureView
 from gradwatch.checks.docs import CheckDoc
+from gradwatch.config import GhostParamConfig
 
 if TYPE_CHECKING:
     from gradwatch.core.findings import FindingLog
@@ -23,13 +24,20 @@ HINTS = {
     "a parameter used outside its module). Check that it contributes to the loss.",
 }
 INTERMITTENT = (
-    " It is missing in some steps only (a branch taken sometimes): DDP needs "
-    "find_unused_parameters=True for this."
+    " It is missing in some steps only (a branch taken sometimes: MoE routing, LayerDrop), "
+    "which is fine in one process; DDP needs find_unused_parameters=True for it."
 )
 
 
 class GhostParam(Check):
-    """Names parameters that received no gradient between two steps of their optimizer."""
+    """Names parameters that received no gradient between two steps of their optimizer.
+
+    A permanent ghost (never received a gradient) has the check's ``severity``. An
+    intermittent one (MoE routing, LayerDrop) has ``intermittent_severity`` (``info``) in a
+    single process or under DDP with ``find_unused_parameters=True``, and ``severity`` under
+    DDP without it, where it crashes the job. A layer first reported as permanent that later
+    receives a gradient is rewritten as intermittent.
+    """
 
     id = "ghost_param"
     doc = CheckDoc(
@@ -37,8 +45,9 @@ class GhostParam(Check):
         "others did.",
         why="The optimizer holds it but it never learns: it keeps its initial values, wastes "
         "memory, and under DDP without find_unused_parameters=True the job crashes with "
-        "'Expected to have finished reduction'. An intermittent ghost (a branch taken "
-        "sometimes) is fine in one process but not under that DDP setting.",
+        "'Expected to have finished reduction'. A permanent ghost is an error; an intermittent one "
+        "(MoE routing, LayerDrop: a branch taken sometimes) is info in one process or under "
+        "DDP with find_unused_parameters=True, and an error under DDP without it.",
         causes=(
             "not_called: a layer built in __init__ that forward() never calls (a forgotten "
             "auxiliary head, a renamed attribute).",
@@ -53,6 +62,21 @@ class GhostParam(Check):
         "freeze it (requires_grad_(False)) if it is not meant to train, or use "
         "checkpoint(..., use_reentrant=False).",
     )
+    config: GhostParamConfig
+
+    def __init__(self, config, watch_config) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(config, watch_config)
+        self._ddp_strict = False  # under DDP without find_unused_parameters
+        self._flagged: dict[str, list[int]] = {}  # layer -> its ghosts at their last report
+        self._pos: tuple[object, dict[int, int]] = (None, {})
+
+    def on_structure(self, view: StructureView, log: FindingLog) -> None:
+        self._ddp_strict = view.extra.get("ddp_find_unused") is False
+
+    def _severity(self, intermittent: bool) -> str:
+        if intermittent and not self._ddp_strict:
+            return self.config.intermittent_severity
+        return self.severity
 
     def on_step(self, view: StepView, log: FindingLog) -> None:
         if view.ranks_missing is not None:
@@ -61,7 +85,11 @@ class GhostParam(Check):
             missing = [not a for a in view.arrived]
         # No gradient anywhere (on any rank: under DDP ``arrived`` is global) is a step
         # without backward, not a ghost.
-        if not any(missing) or not any(view.arrived):
+        if not any(view.arrived):
+            return
+        if self._flagged:
+            self._revise(view, missing, log)
+        if not any(missing):
             return
         for layer, positions in view.by_layer().items():
             ghosts = [k for k in positions if missing[k]]
@@ -84,19 +112,54 @@ class GhostParam(Check):
                 ranks = sorted({r for k in ghosts for r in view.ranks_missing[k]})
                 details["ranks"] = ranks
                 details["world_size"] = view.world_size
-            names = view.index.names([view.ids[k] for k in ghosts])
-            when = f"in {lost} of {lost + seen} steps" if intermittent else f"at step {view.step}"
+            ids = [view.ids[k] for k in ghosts]
+            names = view.index.names(ids)
             where = ""
             if view.ranks_missing is not None and len(details["ranks"]) < view.world_size:  # type: ignore[arg-type]
                 where = f" on rank(s) {details['ranks']}"
+            self._flagged[layer] = ids
             log.emit(
                 self.id,
-                severity=self.severity,
+                severity=self._severity(intermittent),
                 step=view.step,
-                message=f"{len(names)} parameter{'' if len(names) == 1 else 's'} of '{layer}' got no gradient {when}{where} "
-                f"(cause: {cause}).",
+                message=_message(len(names), layer, lost, seen, view.step, where, cause),
                 hint=HINTS.get(cause, HINTS["unknown"]) + (INTERMITTENT if intermittent else ""),
                 params=names,
                 module=layer,
                 details=details,
             )
+
+    def _revise(self, view: StepView, missing: list[bool], log: FindingLog) -> None:
+        """Reported layers whose ghosts got a gradient now: intermittent, with the latest counts.
+
+        Keeps a finding true at any time: a layer missing at step 0 only is not left
+        described as a permanent ghost, and ``steps_seen`` keeps counting.
+        """
+        ids = view.ids
+        if self._pos[0] is not ids:  # the track's id list is reused while the layout holds
+            self._pos = (ids, {i: k for k, i in enumerate(ids)})
+        pos = self._pos[1]
+        for layer, ghost_ids in self._flagged.items():
+            ks = [pos[i] for i in ghost_ids if i in pos]
+            if not ks or any(missing[k] for k in ks):
+                continue
+            k0 = ks[0]
+            seen, lost = view.seen[k0], view.missing[k0]
+            finding = log.get(self.id, layer)
+            if finding is None:
+                continue
+            cause = str(finding.details.get("cause", "unknown"))
+            log.revise(
+                self.id,
+                layer,
+                severity=self._severity(True),
+                message=_message(len(finding.params), layer, lost, seen, view.step, "", cause),
+                hint=HINTS.get(cause, HINTS["unknown"]) + INTERMITTENT,
+                details={"steps_missing": lost, "steps_seen": seen, "intermittent": True},
+            )
+
+
+def _message(n: int, layer: str, lost: int, seen: int, step: int, where: str, cause: str) -> str:
+    when = f"in {lost} of {lost + seen} steps" if seen else f"at step {step}"
+    noun = "parameter" if n == 1 else "parameters"
+    return f"{n} {noun} of '{layer}' got no gradient {when}{where} (cause: {cause})."

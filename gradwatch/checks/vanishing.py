@@ -1,16 +1,43 @@
-"""``vanishing_grad``: a layer's mean |grad| stays below ``min_mean_abs`` (and is not zero)."""
+"""``vanishing_grad``: a layer's gradient is tiny, in absolute terms and for its own scale.
+
+Rule (see :class:`~gradwatch.config.VanishingGradConfig`): mean |grad| below
+``min_mean_abs`` (not zero) *and* a relative scale below ``relative`` x the smallest one
+among the layers whose gradients are not tiny, on that step. The relative scale is the layer's update
+ratio ``|Δθ|/|θ|`` when the step's update was measured, else its gradient norm over its
+parameter norm (no optimizer). Without a healthy layer to compare, the absolute rule decides.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import math
+from typing import TYPE_CHECKING, Optional
 
 from gradwatch.checks._patience import Streaks
-from gradwatch.checks.base import Check, StepView
+from gradwatch.checks.base import Check, LayerSample, StepView
 from gradwatch.checks.docs import CheckDoc
 from gradwatch.config import VanishingGradConfig
 
 if TYPE_CHECKING:
     from gradwatch.core.findings import FindingLog
+
+MIN_LAYERS = 3  # update ratios of fewer layers: fall back to the gradient ratio
+
+
+def relative_scales(layers: dict[str, LayerSample]) -> tuple[str, dict[str, float]]:
+    """Per layer, its scale-free size on this step: ``("update", ...)`` or ``("grad", ...)``.
+
+    The update ratio when at least ``MIN_LAYERS`` layers have one (an optimizer stepped and
+    the update was measured), else the gradient-to-parameter norm ratio; a layer whose
+    parameters are all zero has neither.
+    """
+    updates = {
+        name: s.delta_norm / s.param_norm
+        for name, s in layers.items()
+        if s.delta_norm is not None and s.param_norm
+    }
+    if len(updates) >= MIN_LAYERS:
+        return "update", updates
+    return "grad", {name: s.norm / s.param_norm for name, s in layers.items() if s.param_norm}
 
 
 class VanishingGrad(Check):
@@ -18,8 +45,9 @@ class VanishingGrad(Check):
 
     id = "vanishing_grad"
     doc = CheckDoc(
-        summary="A layer's mean absolute gradient stays below min_mean_abs for patience "
-        "observed steps, without being exactly zero.",
+        summary="A layer's mean absolute gradient stays below min_mean_abs (not zero) and its "
+        "update ratio (without an optimizer: grad/param norm ratio) below relative x that of "
+        "the slowest healthy layer, for patience observed steps.",
         why="The layer effectively stops learning; in deep stacks it is usually the early "
         "layers, so the network trains as if it were shallow.",
         causes=(
@@ -30,7 +58,10 @@ class VanishingGrad(Check):
         fix="Use residual connections, normalisation layers, ReLU-family activations or a "
         "better initialisation.",
         severity="warning",
-        silence=("Lower the threshold: checks: {vanishing_grad: {min_mean_abs: 1e-9}}.",),
+        silence=(
+            "Lower the thresholds: checks: {vanishing_grad: {min_mean_abs: 1e-9, "
+            "relative: 0.001}}.",
+        ),
     )
     config: VanishingGradConfig
 
@@ -40,20 +71,47 @@ class VanishingGrad(Check):
 
     def on_step(self, view: StepView, log: FindingLog) -> None:
         limit = self.config.min_mean_abs
+        tiny = {
+            layer: s for layer, s in view.layers.items() if s.finite and 0.0 < s.mean_abs < limit
+        }
+        kind = ""
+        scales: dict[str, float] = {}
+        ref: Optional[float] = None
+        if tiny:
+            kind, scales = relative_scales(view.layers)
+            # The reference: the slowest layer whose gradients are not tiny. Not a median over
+            # every layer (in a deep saturated chain most layers vanish and would excuse one
+            # another), nor over the healthy ones (LayerScale's gammas, whose ratio is
+            # lr/1e-5, would pull it far above the linear layers').
+            healthy = [
+                v
+                for k, v in scales.items()
+                if view.layers[k].mean_abs >= limit and math.isfinite(v) and v > 0
+            ]
+            ref = min(healthy) if healthy else None
         for layer, s in view.layers.items():
-            tiny = s.finite and 0.0 < s.mean_abs < limit
-            if self._streaks.hit(layer, tiny) < self.config.patience:
+            hit = layer in tiny
+            scale = scales.get(layer)
+            if hit and ref is not None and scale is not None:
+                hit = scale < self.config.relative * ref
+            if self._streaks.hit(layer, hit) < self.config.patience:
                 continue
+            details: dict[str, object] = {"mean_abs": s.mean_abs, "min_mean_abs": limit}
+            versus = ""
+            if ref is not None and scale is not None:
+                name = "update ratio" if kind == "update" else "grad/param norm ratio"
+                details.update({kind + "_ratio": scale, "reference_" + kind + "_ratio": ref})
+                versus = f", {name} {scale:.3g} vs {ref:.3g} for the slowest healthy layer"
             log.emit(
                 self.id,
                 severity=self.severity,
                 step=view.step,
-                message=f"layer '{layer}': mean |grad| {s.mean_abs:.3g} below {limit:g} for "
-                f"{self.config.patience}+ observed steps.",
+                message=f"layer '{layer}': mean |grad| {s.mean_abs:.3g} below {limit:g}"
+                f"{versus}, for {self.config.patience}+ observed steps.",
                 hint="Gradients die before reaching this layer: use residual connections, "
                 "normalisation, ReLU/GELU instead of saturating sigmoid/tanh, or a better "
                 "initialisation.",
                 params=view.index.names([view.ids[k] for k in s.positions]),
                 module=layer,
-                details={"mean_abs": s.mean_abs, "min_mean_abs": limit},
+                details=details,
             )

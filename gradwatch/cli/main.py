@@ -1,7 +1,9 @@
 """The ``gradwatch`` command: ``check`` a model in CI, show a saved ``report``, print a ``schema``.
 
 Exit codes: 0 clean, 1 findings at or above ``fail_on``, 2 usage, config or target errors
-(one line on stderr naming the cause; ``--verbose`` adds the traceback).
+(one line on stderr naming the cause; ``--verbose`` adds the traceback). ``check`` runs the
+probe in a child process (see ``_isolate``): a ``sys.exit``/``os._exit``/crash inside it or
+a run past ``--timeout`` is exit 2, never a pass.
 
 Example:
     $ gradwatch check examples/ci_ghost.py:build --junit gradwatch.xml
@@ -19,7 +21,6 @@ import importlib.util
 import json
 import os
 import sys
-import time
 import traceback
 from collections.abc import Sequence
 from pathlib import Path
@@ -31,10 +32,18 @@ from gradwatch._version import __version__
 __all__ = ["CliError", "build_parser", "load_target", "main"]
 
 PROG = "gradwatch"
+DEFAULT_TIMEOUT = 900.0  # a probe is a few steps: 15 min is a hang, long before CI's 6 h
 
 
 class CliError(Exception):
-    """A one-line reason to exit with status 2 (bad target, file or option)."""
+    """A one-line reason to exit with status 2 (bad target, file or option).
+
+    ``detail`` replaces the traceback ``--verbose`` prints (the probe's child process's).
+    """
+
+    def __init__(self, line: str, *, detail: str = "") -> None:
+        super().__init__(line)
+        self.detail = detail
 
 
 # -- targets -------------------------------------------------------------------------------
@@ -112,6 +121,8 @@ def load_target(target: str) -> Any:
         probe = obj()
     except Exception as exc:
         raise CliError(f"factory {target!r} raised {_first_line(exc)}") from exc
+    except SystemExit as exc:  # sys.exit(0) in a factory must not end the run as a pass
+        raise CliError(f"factory {target!r} called sys.exit({exc.code!r})") from exc
     if not isinstance(probe, Probe):
         raise CliError(f"factory {target!r} returned {type(probe).__name__}, not a gradwatch.Probe")
     return probe
@@ -130,43 +141,47 @@ def _write(what: str, fn: Any, *args: Any, **kwargs: Any) -> None:
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
-    from gradwatch.cli.probe import (
-        LOSS_NOT_DECREASING,
-        add_finding,
-        loss_not_decreasing,
-        resolve_config,
-    )
+    from gradwatch.cli._isolate import IsolationError, run_isolated
+    from gradwatch.cli.probe import LOSS_NOT_DECREASING, add_finding, loss_not_decreasing
     from gradwatch.render.junit import write_junit
+    from gradwatch.report import Report
 
-    baseline = _load_baseline(args.baseline)
-    probe = load_target(args.target)
-    source = args.config if args.config is not None else probe.config
-    # The report lists every finding: a warning per finding on top is noise unless asked for.
-    cfg = resolve_config(source, ignore=args.ignore, fail_on=args.fail_on, warn=args.verbose)
+    baseline = _load_baseline(args.baseline)  # before any training: a bad path fails fast
+    to_stdout = args.json == "-"
+    out = sys.stderr if to_stdout else sys.stdout  # stdout carries the JSON then
+    request = {k: getattr(args, k) for k in ("target", "steps", "config", "ignore", "fail_on")}
+    for key in ("verbose", "overfit", "overfit_steps", "curvature", "curvature_samples"):
+        request[key] = getattr(args, key)
+    try:
+        result = run_isolated(request, timeout=args.timeout or None, stdout_to_stderr=to_stdout)
+    except IsolationError as exc:
+        raise CliError(str(exc), detail=exc.detail) from None
+    report = Report.model_validate_json(result["report"])
     extra: list[str] = []
-    start = time.perf_counter()
-    report = probe.run(args.steps, config=cfg)
-    if args.curvature:
-        report.curvature = probe.curvature(samples=args.curvature_samples)
-        if args.json != "-":  # stdout may be the JSON report
-            print(report.curvature.table())
-        if cfg.report_path is not None:  # the watcher wrote it without the curvature
-            _write(f"JSON report {cfg.report_path}", report.write, cfg.report_path)
-    if args.overfit:
-        losses = probe.overfit(args.overfit_steps)
+    if report.curvature is not None:
+        print(report.curvature.table(), file=out)
+        path = report.config.report_path
+        if path is not None:  # the watcher wrote it without the curvature
+            _write(f"JSON report {path}", report.write, path)
+    losses: Optional[list[float]] = result["losses"]
+    if losses is not None:
         extra.append(LOSS_NOT_DECREASING)
         finding = loss_not_decreasing(losses)
         if finding is not None:
             add_finding(report, finding)
-            if cfg.report_path is not None:  # the watcher wrote it before the overfit phase
-                _write(f"JSON report {cfg.report_path}", report.write, cfg.report_path)
+            path = report.config.report_path
+            if path is not None:  # the watcher wrote it before the overfit phase
+                _write(f"JSON report {path}", report.write, path)
         print(
-            f"overfit: loss {losses[0]:.4g} -> {losses[-1]:.4g} over {len(losses)} steps on one batch"
+            f"overfit: loss {losses[0]:.4g} -> {losses[-1]:.4g} over {len(losses)} steps "
+            "on one batch",
+            file=out,
         )
-    elapsed = time.perf_counter() - start
     report = _with_baseline(report, baseline)
-    report.print(style=args.style)
-    if args.json is not None:
+    report.print(file=out, style=args.style)
+    if to_stdout:
+        print(report.model_dump_json(indent=2), flush=True)
+    elif args.json is not None:
         _write(f"JSON report {args.json}", report.write, args.json)
     if args.junit is not None:
         _write(
@@ -175,7 +190,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
             report,
             args.junit,
             extra_checks=extra,
-            time=elapsed,
+            time=result["elapsed"],
         )
     _write_sarif(report, args.sarif, extra)
     return 1 if report.failed else 0
@@ -270,6 +285,16 @@ def _positive(text: str) -> int:
     return value
 
 
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (subcommands ``check``, ``report``, ``schema``)."""
     common = argparse.ArgumentParser(add_help=False)
@@ -301,7 +326,18 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help="config file (.yaml/.toml/.json); replaces the Probe's config",
     )
-    check.add_argument("--json", metavar="OUT", help="write the JSON report here")
+    check.add_argument(
+        "--json",
+        metavar="OUT",
+        help="write the JSON report here ('-': stdout; the summary then goes to stderr)",
+    )
+    check.add_argument(
+        "--timeout",
+        metavar="SECONDS",
+        type=_seconds,
+        default=DEFAULT_TIMEOUT,
+        help=f"stop the probe and exit 2 after this long (default: {DEFAULT_TIMEOUT:g}; 0: none)",
+    )
     check.add_argument(
         "--junit", metavar="OUT", help="write JUnit XML here (one test case per check)"
     )
@@ -386,7 +422,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except (CliError, ConfigError) as exc:
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         print(f"{PROG}: error: {reason}", file=sys.stderr)
-        if args.verbose:
+        detail = getattr(exc, "detail", "")
+        if args.verbose and detail:
+            print(detail, file=sys.stderr, end="")
+        elif args.verbose:
             traceback.print_exception(type(exc), exc, exc.__traceback__)
         return 2
     except KeyboardInterrupt:

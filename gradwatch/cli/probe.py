@@ -223,6 +223,8 @@ def _call(what: str, fn: Callable[..., Any], *args: Any) -> Any:
     except Exception as exc:
         text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         raise ProbeError(f"{what}: {type(exc).__name__}" + (f": {text}" if text else "")) from exc
+    except SystemExit as exc:  # sys.exit(0) in a loss_fn is a bug, never a finished run
+        raise ProbeError(f"{what}: it called sys.exit({exc.code!r})") from exc
 
 
 def loss_not_decreasing(losses: list[float], *, ratio: float = 0.9) -> Optional[Finding]:

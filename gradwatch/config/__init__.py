@@ -12,7 +12,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    ValidationError,
+    field_validator,
+)
 
 from gradwatch._severity import FailOn, Severity
 from gradwatch.config._errors import format_validation_error
@@ -24,12 +33,16 @@ __all__ = [
     "ChecksConfig",
     "DeadParamConfig",
     "ExplodingGradConfig",
+    "GhostParamConfig",
     "GradWatchConfig",
     "StaleParamConfig",
     "VanishingGradConfig",
 ]
 
-_STRICT = ConfigDict(extra="forbid", validate_assignment=True)
+# Thresholds must be finite (``.inf`` would silently switch a check off); ints and bools are
+# strict (``every_n_steps: true`` is a mistake, not 1; ``warn: 1`` is not a boolean). Floats
+# accept ints, and the YAML loader reads ``1e-7`` as a number (see ``_files``).
+_STRICT = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 class CheckConfig(BaseModel):
@@ -37,56 +50,94 @@ class CheckConfig(BaseModel):
 
     model_config = _STRICT
 
-    enabled: bool = Field(True, description="Run this check.")
-    severity: Severity = Field("warning", description="Severity of its findings.")
+    enabled: StrictBool = Field(default=True, description="Run this check.")
+    severity: Severity = Field(default="warning", description="Severity of its findings.")
 
 
 class _ErrorCheck(CheckConfig):
-    severity: Severity = Field("error", description="Severity of its findings.")
+    severity: Severity = Field(default="error", description="Severity of its findings.")
 
 
 class _InfoCheck(CheckConfig):
-    severity: Severity = Field("info", description="Severity of its findings.")
+    severity: Severity = Field(default="info", description="Severity of its findings.")
+
+
+class GhostParamConfig(_ErrorCheck):
+    """``ghost_param``: a trainable parameter got no gradient in a step while others did."""
+
+    intermittent_severity: Severity = Field(
+        default="info",
+        description="Severity of an intermittent ghost (missing in some steps, present in "
+        "others: MoE routing, LayerDrop) in a single process or under DDP with "
+        "find_unused_parameters=True. Under DDP without it (the job crashes) and for a "
+        "permanent ghost: `severity`.",
+    )
 
 
 class ExplodingGradConfig(CheckConfig):
     """``exploding_grad``: absolute and relative limits on a layer's gradient L2 norm."""
 
-    max_norm: Optional[float] = Field(
-        1e4, gt=0, description="A layer gradient norm above this fires (null: no absolute limit)."
+    max_norm: Optional[StrictFloat] = Field(
+        default=1e4,
+        gt=0,
+        description="A layer gradient norm above this fires (null: no absolute limit).",
     )
-    spike_factor: float = Field(
-        100.0,
+    spike_factor: StrictFloat = Field(
+        default=100.0,
         gt=1,
         description="A layer norm above spike_factor x its running median (of the kept history) fires.",
     )
-    warmup: int = Field(
-        10, ge=1, description="Observed steps of a layer before the spike rule applies."
+    warmup: StrictInt = Field(
+        default=10, ge=1, description="Observed steps of a layer before the spike rule applies."
     )
 
 
 class VanishingGradConfig(CheckConfig):
-    """``vanishing_grad``: a layer's mean |grad| stays tiny but non-zero."""
+    """``vanishing_grad``: a layer's gradient is tiny in absolute terms *and* for its own scale.
 
-    min_mean_abs: float = Field(
-        1e-7,
+    A layer vanishes on an observed step when its mean |grad| is below ``min_mean_abs`` (not
+    zero) and its update ratio ``|Δθ|/|θ|`` (with an optimizer; without one, its gradient
+    norm over its parameter norm) is below ``relative`` x the smallest such ratio among the
+    model's layers whose gradients are not tiny (the slowest healthy layer).
+    Adam-family optimizers rescale small gradients, so a layer with tiny gradients that
+    still moves like the others (attention query/key projections at initialisation,
+    LayerScale blocks) is healthy; under SGD, or with gradients so small that Adam's ``eps``
+    swamps them (a deep saturated sigmoid chain), its update falls behind and it fires.
+    Without such a layer to compare with, the absolute rule alone decides.
+    """
+
+    min_mean_abs: StrictFloat = Field(
+        default=1e-7,
         gt=0,
-        description="Mean absolute gradient over a layer below this counts as vanishing "
+        description="A layer whose mean absolute gradient is at or above this never vanishes "
         "(1e-7, as SageMaker Debugger's rule).",
     )
-    patience: int = Field(3, ge=1, description="Consecutive observed steps before it fires.")
+    relative: StrictFloat = Field(
+        default=0.01,
+        gt=0,
+        description="...and it vanishes only when its update ratio (without an optimizer: "
+        "gradient norm / parameter norm) is below this fraction of the smallest such ratio "
+        "among the model's layers whose mean |grad| is at least min_mean_abs, on that step.",
+    )
+    patience: StrictInt = Field(
+        default=3, ge=1, description="Consecutive observed steps before it fires."
+    )
 
 
 class DeadParamConfig(CheckConfig):
     """``dead_param``: every gradient of a layer is exactly zero."""
 
-    patience: int = Field(3, ge=1, description="Consecutive observed steps before it fires.")
+    patience: StrictInt = Field(
+        default=3, ge=1, description="Consecutive observed steps before it fires."
+    )
 
 
 class StaleParamConfig(CheckConfig):
     """``stale_param``: finite non-zero gradients, yet the layer's values did not change."""
 
-    patience: int = Field(3, ge=1, description="Consecutive observed steps before it fires.")
+    patience: StrictInt = Field(
+        default=3, ge=1, description="Consecutive observed steps before it fires."
+    )
 
 
 class ChecksConfig(BaseModel):
@@ -94,7 +145,7 @@ class ChecksConfig(BaseModel):
 
     model_config = _STRICT
 
-    ghost_param: _ErrorCheck = Field(default_factory=_ErrorCheck)
+    ghost_param: GhostParamConfig = Field(default_factory=GhostParamConfig)
     missing_zero_grad: _ErrorCheck = Field(default_factory=_ErrorCheck)
     step_without_grad: _ErrorCheck = Field(default_factory=_ErrorCheck)
     nonfinite_grad: _ErrorCheck = Field(default_factory=_ErrorCheck)
@@ -119,23 +170,23 @@ class GradWatchConfig(BaseModel):
     model_config = _STRICT
 
     fail_on: FailOn = Field(
-        "error",
+        default="error",
         description="A finding at or above this severity fails the report ('never': never).",
     )
-    fail_fast: bool = Field(
-        False,
+    fail_fast: StrictBool = Field(
+        default=False,
         description="Raise GradWatchError at the optimizer step where the first error-level "
         "finding is seen, instead of warning.",
     )
-    every_n_steps: int = Field(
-        10,
+    every_n_steps: StrictInt = Field(
+        default=10,
         ge=1,
         description="Statistics cadence in optimizer steps (norms, update ratios, exploding/"
         "vanishing/dead/stale). Ghost, zero_grad and NaN/Inf checks run every step whatever "
         "it is. 10 keeps the default overhead near one clip_grad_norm_ pass.",
     )
-    trim_hooks_after: Optional[int] = Field(
-        8,
+    trim_hooks_after: Optional[StrictInt] = Field(
+        default=8,
         ge=0,
         description="Every hook stays on for the first N optimizer steps. After that, forward "
         "hooks (a ghost's cause) stay only on layers that were ghosts, and value-check hooks "
@@ -147,29 +198,40 @@ class GradWatchConfig(BaseModel):
         default_factory=list,
         description="fnmatch patterns over parameter names whose findings are silenced.",
     )
-    history: int = Field(
-        256, ge=1, le=100_000, description="Norm samples kept per layer for plots."
+    history: StrictInt = Field(
+        default=256, ge=1, le=100_000, description="Norm samples kept per layer for plots."
     )
     report_path: Optional[Path] = Field(
-        None, description="Write the JSON report here when the watcher exits."
+        default=None, description="Write the JSON report here when the watcher exits."
     )
-    report_every_n_steps: int = Field(
-        100,
+    report_every_n_steps: StrictInt = Field(
+        default=100,
         ge=1,
         description="With report_path: the file is also rewritten (atomically) every N steps, "
         "whenever a finding appears or changes severity, and on SIGTERM, so a preempted or "
         "killed job leaves a report.",
     )
-    console: bool = Field(False, description="Print the console summary when the watcher exits.")
-    warn: bool = Field(
-        True, description="Emit one GradWatchWarning per (check, parameter) as findings appear."
+    console: StrictBool = Field(
+        default=False, description="Print the console summary when the watcher exits."
+    )
+    warn: StrictBool = Field(
+        default=True,
+        description="Emit one GradWatchWarning per (check, parameter) as findings appear.",
     )
     on_internal_error: Literal["warn", "raise"] = Field(
-        "warn",
+        default="warn",
         description="A fault inside gradwatch's own hooks: 'warn' contains it and training "
         "goes on; 'raise' re-raises (for tests).",
     )
     checks: ChecksConfig = Field(default_factory=ChecksConfig)
+
+    @field_validator("report_path")
+    @classmethod
+    def _no_nul(cls, value: Optional[Path]) -> Optional[Path]:
+        # A NUL byte cannot be in a file name: it would fail only when the report is written.
+        if value is not None and "\x00" in str(value):
+            raise ValueError("a path cannot contain a NUL byte")
+        return value
 
     @classmethod
     def from_file(cls, path: Union[str, Path]) -> GradWatchConfig:

@@ -25,6 +25,24 @@ def _submodel(model: type[BaseModel], loc: tuple[Any, ...]) -> Optional[type[Bas
     return current if isinstance(current, type) and issubclass(current, BaseModel) else None
 
 
+def clip(text: str, limit: int = 120) -> str:
+    """``text`` cut to ``limit`` characters, saying how long it was (errors echo user input)."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text)} characters)"
+
+
+def show(value: Any, limit: int = 120) -> str:
+    """A bounded ``repr`` of a user's value, safe for any size (``repr`` of a 5000-digit int
+    raises)."""
+    if isinstance(value, str) and len(value) > limit:
+        return f"{value[:limit]!r}... ({len(value)} characters)"
+    try:
+        return clip(repr(value), limit)
+    except ValueError:
+        return f"<{type(value).__name__} too large to show>"
+
+
 def format_validation_error(exc: ValidationError, model: type[BaseModel], *, source: str) -> str:
     """One line: ``source: field.path: problem (got value); allowed: ...``."""
     parts = []
@@ -35,9 +53,11 @@ def format_validation_error(exc: ValidationError, model: type[BaseModel], *, sou
         if err.get("type") == "extra_forbidden":
             owner = _submodel(model, loc)
             allowed = ", ".join(owner.model_fields) if owner else ""
-            parts.append(f"unknown key {field!r}" + (f" (allowed: {allowed})" if allowed else ""))
+            parts.append(
+                f"unknown key {show(field)}" + (f" (allowed: {allowed})" if allowed else "")
+            )
             continue
         got = err.get("input")
-        shown = "" if isinstance(got, (dict, list)) else f" (got {got!r})"
-        parts.append(f"{field}: {msg}{shown}")
+        shown = "" if isinstance(got, (dict, list)) else f" (got {show(got)})"
+        parts.append(f"{clip(field)}: {clip(msg)}{shown}")
     return f"{source}: " + "; ".join(parts)

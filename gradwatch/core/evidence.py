@@ -33,6 +33,9 @@ def _dead() -> None:
 
 Ref = Callable[[], Optional[torch.Tensor]]
 
+# The autograd graph task running now (-1 outside backward): one end callback per task.
+task_id: Callable[[], int] = torch._C._current_graph_task_id
+
 
 class Tracker:
     """Per-parameter hot state, grown as parameters are registered."""
@@ -58,6 +61,8 @@ class Tracker:
         self.pending: set[int] = set()  # parameters whose dirty flag is an unresolved tensor
         self.want_pre: set[int] = set()  # parameters whose resets only values can tell
         self.backward_queued = False  # the end-of-backward callback is queued
+        self.task = -2  # the graph task whose end callback is queued (see core/backward.py)
+        self.leader = -1  # the parameter that arrived first in the latest graph task
         self.want_call: set[str] = set()  # flagged layers whose caller's line is wanted
         self.called_at: dict[str, str] = {}  # layer -> "file:line" that called it
 
@@ -168,10 +173,22 @@ def make_param_hooks(
                 and (g._base is not None or ver < t.snap_ver[i] + 2)
             ):
                 t.want_pre.add(i)  # accumulated into the step's gradient: reset or not?
+            elif t.pending and i in t.pending:
+                # No value check here (trimmed): a flag core/resets.py raised at an earlier
+                # backward's start is void when the gradient was reset since (a GAN's G).
+                # Fresh and reaching here: replaced or zero_()'d since the step.
+                if (
+                    t.fresh[i]
+                    or t.acc_ref[i]() is not g
+                    or (g._base is None and ver != t.acc_ver[i] + 1)
+                ):
+                    t.dirty[i] = False
+                    t.pending.discard(i)
             t.last_seq[i] = next(t.counter)
             t.acc_ref[i], t.acc_ver[i] = weakref.ref(g), ver
             t.fresh[i] = False
-            if not t.backward_queued:
+            if t.task != task_id():  # first arrival in this graph task (nested ones too)
+                t.leader = i
                 on_arrival()
         except Exception as exc:
             on_error("post-accumulate hook", exc)

@@ -108,6 +108,8 @@ class FindingLog:
             if severity != finding.severity:
                 fields["severity"] = severity
                 self.revision += 1
+            if hint:
+                fields["hint"] = hint  # the latest state's advice (an intermittent ghost's)
             if names != finding.params:
                 finding.params.extend(n for n in names if n not in finding.params)
             if details:
@@ -117,18 +119,48 @@ class FindingLog:
         self._surface(finding, names or [ident[1] or finding.check])
         return finding
 
+    def get(self, check: str, key: str) -> Optional[Finding]:
+        """The live finding of ``(check, key)`` (its layer, or the key it was emitted with)."""
+        return self._findings.get((check, key))
+
+    def revise(
+        self,
+        check: str,
+        key: str,
+        *,
+        severity: str,
+        message: str,
+        hint: str,
+        details: dict[str, Any],
+    ) -> Optional[Finding]:
+        """Rewrite a finding to the latest state without counting an occurrence.
+
+        A ghost that later receives a gradient is intermittent: its severity, message, hint
+        and details change, its count and steps do not. A warning already emitted stays.
+        """
+        finding = self._findings.get((check, key))
+        if finding is None:
+            return None
+        fields = finding.__dict__
+        if severity != finding.severity:
+            fields["severity"] = severity
+            self.revision += 1
+        fields["message"] = message
+        fields["hint"] = hint
+        finding.details.update(details)
+        self._surface(finding, finding.params or [key])
+        return finding
+
     def _surface(self, finding: Finding, names: list[str]) -> None:
+        if finding.severity == "info":
+            return  # marked only once it warns: an info finding raised later still warns
         fresh = [n for n in names if (finding.check, n) not in self._warned]
         if not fresh:
             return
         self._warned.update((finding.check, n) for n in fresh)
         if finding.severity == "error" and self.config.fail_fast:
             self._fail_fast.append(finding)
-        if (
-            self.emit_warnings
-            and finding.severity != "info"
-            and finding.check not in self.quiet_checks
-        ):
+        if self.emit_warnings and finding.check not in self.quiet_checks:
             level = _user_stacklevel()
             where = finding.details.get("defined_at")
             for name in fresh:

@@ -132,7 +132,10 @@ class HookSet:
         for layer in [name for name in self.forward if name not in keep_layers]:
             self.forward.pop(layer).remove()
             tracker.fwd_since.pop(layer, None)
-        for i in [i for i in self.pre if i not in tracker.want_pre]:
+        # The first parameter to arrive keeps its own: core/resets.py checks the others at
+        # its arrival, when its gradient is already accumulated.
+        keep = tracker.want_pre | {tracker.leader}
+        for i in [i for i in self.pre if i not in keep]:
             self.pre.pop(i).remove()
             tracker.has_pre[i] = False
         tracker.want_pre.clear()

@@ -275,6 +275,7 @@ class StepPipeline:
             world_size=self.dist.world_size if self.dist is not None else 1,
             scaler=self.scaler.scaler is not None,
             layers=layer_samples(g, numel, track) if observed else {},
+            received=lambda i: tracker.last_seq[i] > 0,
         )
 
     # -- the scaler ------------------------------------------------------------------------

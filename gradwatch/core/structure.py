@@ -25,7 +25,13 @@ __all__ = ["Structure"]
 class Structure:
     """The watched layout of one model and its optimizers."""
 
-    def __init__(self, optimizers: list[torch.optim.Optimizer], tracker: Tracker) -> None:
+    def __init__(
+        self,
+        optimizers: list[torch.optim.Optimizer],
+        tracker: Tracker,
+        *,
+        ddp_find_unused: Optional[bool] = None,
+    ) -> None:
         self.index = ParamIndex()
         self.optimizers = optimizers
         self.tracker = tracker
@@ -35,6 +41,8 @@ class Structure:
         self._key: Any = None
         self._model_signature: tuple[int, ...] = ()
         self._lazy: list[weakref.ref[torch.Tensor]] = []
+        # The DDP wrapper's find_unused_parameters (None: not under a DDP wrapper we saw).
+        self.ddp_find_unused = ddp_find_unused
 
     def track_of(self, k: Optional[int]) -> Optional[Track]:
         """The track of optimizer ``k`` (``None``: the backward-pass track)."""
@@ -84,7 +92,7 @@ class Structure:
             set(optimizer_of),
             optimizer_of,
             bool(self.optimizers),
-            extra={"step": step},
+            extra={"step": step, "ddp_find_unused": self.ddp_find_unused},
         )
 
     def _rebuild_tracks(self, trainable: list[int], optimizer_of: dict[int, list[int]]) -> None:

@@ -27,6 +27,7 @@ from torch import nn
 
 from gradwatch.checks import ALL_CHECKS, Check
 from gradwatch.config import GradWatchConfig
+from gradwatch.core.backward import BackwardEnds
 from gradwatch.core.build_report import build_report
 from gradwatch.core.compiled import is_compiled
 from gradwatch.core.distributed import DistSync
@@ -38,6 +39,7 @@ from gradwatch.core.locations import Locations
 from gradwatch.core.optimizers import unwrap_optimizer
 from gradwatch.core.persist import ReportRefresher
 from gradwatch.core.recorder import LayerRecorder
+from gradwatch.core.resets import sweep_resets
 from gradwatch.core.scaler import ScalerWatch
 from gradwatch.core.sharded import engine_of, flat_params, unwrap_fsdp1
 from gradwatch.core.sharded_report import hook_backward, report_layout
@@ -45,6 +47,7 @@ from gradwatch.core.steps import StepPipeline
 from gradwatch.core.structure import Structure
 from gradwatch.errors import ConfigError, GradWatchError, GradWatchWarning
 from gradwatch.report import Report
+from gradwatch.report_io import check_report_path, write_watched_report
 
 __all__ = ["Watcher", "watch"]
 
@@ -65,6 +68,23 @@ def unwrap(model: nn.Module) -> nn.Module:
             model = model._orig_mod
         else:
             return model
+
+
+def ddp_find_unused(model: nn.Module) -> Optional[bool]:
+    """``find_unused_parameters`` of the DDP wrapper in ``model`` (``None``: no DDP wrapper).
+
+    Read before unwrapping: an intermittent ghost is harmless with it and crashes DDP
+    without it.
+    """
+    while True:
+        if isinstance(model, nn.parallel.DistributedDataParallel):
+            return bool(model.find_unused_parameters)
+        if isinstance(model, nn.DataParallel):
+            model = model.module
+        elif hasattr(model, "_orig_mod") and isinstance(model._orig_mod, nn.Module):
+            model = model._orig_mod
+        else:
+            return None
 
 
 def _optimizers(optimizer: OptimizerArg) -> list[torch.optim.Optimizer]:
@@ -127,10 +147,12 @@ class Watcher:
         if not isinstance(model, nn.Module):
             raise ConfigError(f"watch() needs a torch.nn.Module, got {type(model).__name__}")
         self.config = GradWatchConfig.coerce(config)
+        find_unused = ddp_find_unused(model)
         self._model: Optional[nn.Module] = unwrap(model)
         self._log = FindingLog(self.config)
         self._faults = Faults(self.config, self._log)
         self._tracker = Tracker()
+        self._ends = BackwardEnds(self._tracker, self._end_callback(), self._faults.callback())
         self._log.locations = Locations(
             self._model, self._tracker.called_at, self._tracker.want_call
         )  # source lines of findings
@@ -150,7 +172,7 @@ class Watcher:
         self._pipe = StepPipeline(
             self._model,
             self.config,
-            Structure(_optimizers(optimizer), self._tracker),
+            Structure(_optimizers(optimizer), self._tracker, ddp_find_unused=find_unused),
             self._hooks,
             checks,
             self._log,
@@ -223,6 +245,7 @@ class Watcher:
                 "exit it first (one watcher per model)"
             )
         _check_model(model)
+        check_report_path(self.config.report_path)  # now, not after the whole run
         _ACTIVE[model] = self
         self._attached = True
         try:
@@ -263,6 +286,7 @@ class Watcher:
         finally:
             self._refresher.uninstall()
             self._hooks.remove_all()
+            self._ends.remove()
             if self._model is not None and _ACTIVE.get(self._model) is self:
                 del _ACTIVE[self._model]
             try:
@@ -290,13 +314,15 @@ class Watcher:
         path = self.config.report_path
         if path is not None:
             # Same place as the write at exit: an unwritable path is one fault, not two.
-            self._faults.guard("report writing", lambda: self._build_report().write(path))
+            self._faults.guard(
+                "report writing", lambda: write_watched_report(self._build_report(), path)
+            )
 
     def _write_outputs(self) -> None:
         if self._final is None:
             return
         if self.config.report_path is not None:
-            self._final.write(self.config.report_path)
+            write_watched_report(self._final, self.config.report_path)
         if self.config.console and self._rank0:
             self._final.print()
 
@@ -307,12 +333,22 @@ class Watcher:
 
         def on_arrival() -> None:
             me = wself()
-            if me is None or me._tracker.backward_queued:
-                return
-            me._tracker.backward_queued = True
-            torch.autograd.Variable._execution_engine.queue_callback(me._on_backward_end)
+            if me is not None:
+                me._ends.arrived()
+                if me._hooks.trimmed and me._pipe.structure.optimizers:
+                    sweep_resets(me._tracker, me._pipe.structure.tracks)
 
         return on_arrival
+
+    def _end_callback(self) -> Callable[[], None]:
+        wself = weakref.ref(self)
+
+        def on_end() -> None:
+            me = wself()
+            if me is not None and not me._closed:
+                me._on_backward_end()
+
+        return on_end
 
     def _on_backward_end(self) -> None:
         try:

@@ -14,8 +14,6 @@ from __future__ import annotations
 import html
 import logging
 import math
-import os
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
@@ -304,17 +302,6 @@ def write_html(report: Report, path: Path) -> Path:
     Example:
         >>> write_html(watcher.report(), Path("report.html"))  # doctest: +SKIP
     """
-    target = Path(path)
-    if target.is_dir():
-        raise ConfigError(f"HTML report path '{target}' is a directory, not a file")
-    page = render_html(report)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(page)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return target
+    from gradwatch.report_io import write_text_atomic
+
+    return write_text_atomic(path, render_html(report), what="HTML report")

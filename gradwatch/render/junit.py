@@ -137,8 +137,12 @@ def write_junit(
     extra_checks: Iterable[str] = (),
     time: Optional[float] = None,
 ) -> Path:
-    """Write :func:`junit_xml` to ``path`` (parent folders created) and return the path."""
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(junit_xml(report, extra_checks=extra_checks, time=time), encoding="utf-8")
-    return target
+    """Write :func:`junit_xml` to ``path`` atomically (parent folders created); return the path.
+
+    As :meth:`Report.write`: a symlink's target is updated, a non-regular file is refused
+    (``ConfigError``), a failed write leaves the old file whole.
+    """
+    from gradwatch.report_io import write_text_atomic
+
+    xml = junit_xml(report, extra_checks=extra_checks, time=time)
+    return write_text_atomic(path, xml, what="JUnit XML")

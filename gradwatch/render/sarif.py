@@ -151,9 +151,12 @@ def sarif_log(report: Report, *, extra_checks: Iterable[str] = ()) -> dict[str, 
 def write_sarif(
     report: Report, path: Union[str, Path], *, extra_checks: Iterable[str] = ()
 ) -> Path:
-    """Write :func:`sarif_log` as JSON to ``path`` (parent folders created); return the path."""
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
+    """Write :func:`sarif_log` as JSON to ``path`` atomically (parent folders created).
+
+    As :meth:`Report.write`: a symlink's target is updated, a non-regular file is refused
+    (``ConfigError``), a failed write leaves the old file whole. Returns ``path``.
+    """
+    from gradwatch.report_io import write_text_atomic
+
     text = json.dumps(sarif_log(report, extra_checks=extra_checks), indent=2)
-    target.write_text(text + "\n", encoding="utf-8")
-    return target
+    return write_text_atomic(path, text + "\n", what="SARIF")

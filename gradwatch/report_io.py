@@ -1,0 +1,142 @@
+"""Writing report files safely: atomic, through symlinks, never onto a device or a FIFO.
+
+Every output file gradwatch writes (the JSON report, JUnit XML, HTML) goes through
+:func:`write_text_atomic`: the text is written to a temporary file in the target's own
+folder and renamed over the target, so a full disk or a crash leaves the previous file
+whole. A symlink is followed (its target is updated, the link stays); a target that exists
+and is not a regular file (``/dev/stdout``, ``/dev/full``, a FIFO, a folder) is refused with
+a one-line :class:`~gradwatch.errors.ConfigError` instead of being replaced (as root, a
+rename would replace the device node itself).
+
+Example:
+    >>> from gradwatch.report_io import write_text_atomic
+    >>> write_text_atomic("out/report.json", "{}")  # doctest: +SKIP
+    PosixPath('out/report.json')
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Optional, Union
+
+from gradwatch.errors import ConfigError
+
+if TYPE_CHECKING:
+    from gradwatch.report import Report
+
+__all__ = ["check_report_path", "resolve_output", "write_text_atomic", "write_watched_report"]
+
+_KINDS = {
+    stat.S_IFDIR: "a directory",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+    stat.S_IFIFO: "a FIFO",
+    stat.S_IFSOCK: "a socket",
+}
+
+
+def _kind(mode: int) -> str:
+    return _KINDS.get(stat.S_IFMT(mode), "not a regular file")
+
+
+def resolve_output(path: Union[str, Path], *, what: str = "output") -> Path:
+    """The file that writing ``path`` must replace: symlinks followed, non-regular refused.
+
+    Raises:
+        ConfigError: ``path`` holds a NUL byte, or exists and is not a regular file (or a
+            symlink to one).
+    """
+    text = os.fspath(path)
+    if "\x00" in text:
+        raise ConfigError(f"{what} path {text!r} contains a NUL byte")
+    try:
+        st: Optional[os.stat_result] = os.stat(text)  # follows links as the kernel does
+    except FileNotFoundError:
+        st = None  # a new file, or a dangling symlink whose target gets created
+    except NotADirectoryError:
+        raise ConfigError(f"cannot write {what} {text!r}: a parent is not a directory") from None
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        hint = " (use '-' for standard output where the option allows it)"
+        raise ConfigError(
+            f"cannot write {what} {text!r}: it is {_kind(st.st_mode)}, not a regular file"
+            + (hint if stat.S_ISCHR(st.st_mode) or stat.S_ISFIFO(st.st_mode) else "")
+        )
+    real = Path(os.path.realpath(text))
+    if st is not None:
+        # /proc/self/fd/N and similar "magic" links resolve to names that are not the file.
+        real_st = os.stat(real) if real.exists() else None
+        if real_st is None or (real_st.st_dev, real_st.st_ino) != (st.st_dev, st.st_ino):
+            raise ConfigError(f"cannot write {what} {text!r}: cannot resolve it to a file path")
+    return real
+
+
+def write_text_atomic(path: Union[str, Path], text: str, *, what: str = "output") -> Path:
+    """Write ``text`` to ``path`` atomically (temp file in the same folder, then rename).
+
+    Parent folders are created. A symlink's target is updated; an existing file keeps its
+    permission bits; a new one gets ``0666 & ~umask``, as ``open()`` would give it.
+
+    Returns:
+        ``path`` as given.
+
+    Raises:
+        ConfigError: ``path`` is not a regular file (see :func:`resolve_output`).
+        OSError: the write failed (full disk, permissions); the old file is untouched.
+    """
+    real = resolve_output(path, what=what)
+    real.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        mode = stat.S_IMODE(os.stat(real).st_mode)
+    except FileNotFoundError:
+        umask = os.umask(0)
+        os.umask(umask)
+        mode = 0o666 & ~umask
+    fd, tmp = tempfile.mkstemp(prefix=f".{real.name}.", suffix=".tmp", dir=real.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())  # the rename must not land before the data does
+        os.chmod(tmp, mode)  # mkstemp makes it 0600; a report is for reading
+        os.replace(tmp, real)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return Path(path)
+
+
+def check_report_path(path: Optional[Union[str, Path]]) -> None:
+    """Fail now, not at the end of training, when ``report_path`` cannot be written.
+
+    It is refused when it is not a regular file, or when its folder cannot be created or
+    cannot take a new file (what :func:`write_text_atomic` needs). Nothing is left behind
+    but the folder.
+
+    Raises:
+        ConfigError: one line naming the path and the reason.
+    """
+    if path is None:
+        return
+    real = resolve_output(path, what="report_path")
+    try:
+        real.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{real.name}.", suffix=".tmp", dir=real.parent)
+        os.close(fd)
+        os.unlink(tmp)
+    except OSError as exc:
+        raise ConfigError(
+            f"report_path {os.fspath(path)!r} cannot be written: {exc.strerror or exc}"
+        ) from None
+
+
+def write_watched_report(report: Report, path: Union[str, Path]) -> Path:
+    """``report.write(path)`` for the watcher (refreshes and exit): a path that went bad during
+    the run is a contained fault (``OSError``), not a ``ConfigError`` raised into training."""
+    try:
+        return report.write(path)
+    except ConfigError as exc:
+        raise OSError(errno.EINVAL, str(exc)) from None
