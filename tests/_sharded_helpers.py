@@ -119,3 +119,25 @@ def sharded_worker(rank: int, port: int, out: str, config: dict[str, Any]) -> No
             )
     finally:
         dist.destroy_process_group()
+
+
+def late_worker(rank: int, port: int, out: str) -> None:
+    """One process: ``fully_shard`` called after ``watch()`` (and after the optimizer)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    import gradwatch
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=1)
+    try:
+        model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 1))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        with gradwatch.watch(model, opt, config={"console": False}) as watcher:
+            fully_shard(model, mesh=init_device_mesh("cpu", (1,)))
+            for _ in range(3):
+                opt.zero_grad()
+                model(torch.randn(2, 4)).sum().backward()
+                opt.step()
+        Path(out, "late.json").write_text(watcher.report().model_dump_json())
+    finally:
+        dist.destroy_process_group()

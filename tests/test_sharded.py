@@ -8,12 +8,13 @@ run, each layer's gradient norm from the *full* gradients (``full_tensor`` /
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch.multiprocessing as mp
 from _dist_helpers import STEPS, WORLD, free_port
-from _sharded_helpers import SCENARIOS, sharded_worker
+from _sharded_helpers import SCENARIOS, late_worker, sharded_worker
 
 pytestmark = pytest.mark.slow
 
@@ -100,3 +101,14 @@ def test_fsdp1_flattened_never_passes_silently(runs: Runs, mode: str) -> None:
         assert finding["details"]["reason"] == "fsdp1_flat_params"
         assert finding["params"] == ["_flat_param"]
         assert "use_orig_params=True" in finding["hint"]
+
+
+def test_sharding_after_watch_fails_the_report_with_one_line(tmp_path: Path) -> None:
+    """fully_shard after watch(): the hooks hold the old tensors; the report must not pass."""
+
+    mp.spawn(late_worker, args=(free_port(), str(tmp_path)), nprocs=1, join=True)
+    report = json.loads((tmp_path / "late.json").read_text())
+    assert report["failed"] is True
+    (finding,) = [f for f in report["findings"] if f["check"] == "not_observed"]
+    assert finding["details"]["reason"] == "sharded_after_watch"
+    assert "Shard first" in finding["hint"]

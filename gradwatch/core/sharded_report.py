@@ -9,7 +9,13 @@ import torch
 from torch import nn
 
 from gradwatch.checks.not_observed import emit_not_observed
-from gradwatch.core.sharded import FSDP1_FLAT, FSDP1_ORIG, hook_flat_params, hook_layer_outputs
+from gradwatch.core.sharded import (
+    FSDP1_FLAT,
+    FSDP1_ORIG,
+    engine_of,
+    hook_flat_params,
+    hook_layer_outputs,
+)
 
 if TYPE_CHECKING:
     from gradwatch.config import GradWatchConfig
@@ -18,7 +24,29 @@ if TYPE_CHECKING:
     from gradwatch.core.index import ParamIndex
     from gradwatch.core.structure import Structure
 
-__all__ = ["forward_arrival", "hook_backward", "report_layout"]
+__all__ = ["forward_arrival", "hook_backward", "late_sharding", "report_layout"]
+
+
+def late_sharding(
+    engine: Optional[str], model: nn.Module, log: FindingLog, config: GradWatchConfig, step: int
+) -> None:
+    """The model was sharded after ``watch()`` began (seen at a layout re-read): say so.
+
+    ``fully_shard`` replaces every parameter with a DTensor: the hooks, and an optimizer
+    created before it, still hold the old tensors, which no backward reaches any more.
+    """
+    if engine is not None or engine_of(model) is None:
+        return
+    emit_not_observed(
+        log,
+        severity=config.check("not_observed").severity,
+        step=step,
+        reason="sharded_after_watch",
+        message="The model was sharded (fully_shard / FSDP) after watch() began: gradwatch "
+        "(and any optimizer created before sharding) holds the parameters from before.",
+        hint="Shard first, then create the optimizer from the sharded model's parameters, "
+        "then call watch().",
+    )
 
 
 def hook_backward(

@@ -25,7 +25,7 @@ from gradwatch.core.pipeline import Gathered, Track, gather, layer_samples, merg
 from gradwatch.core.recorder import LayerRecorder
 from gradwatch.core.scaler import ScalerWatch
 from gradwatch.core.sharded import local_copies
-from gradwatch.core.sharded_report import forward_arrival
+from gradwatch.core.sharded_report import forward_arrival, late_sharding
 from gradwatch.core.stats import flatten_cpu
 from gradwatch.core.structure import Structure, group_signature
 from gradwatch.core.unwatched import StepNesting, UnwatchedUpdates
@@ -73,6 +73,7 @@ class StepPipeline:
         """Re-read the layout; checks see it when it changed."""
         if self.model is None:
             return
+        late_sharding(self.sharded, self.model, self.findings, self.config, step)
         view = self.structure.sync(self.model, self.hooks, step)
         for track in self.structure.tracks:
             track.sharded = self.sharded
@@ -293,6 +294,8 @@ class StepPipeline:
 
     def finish(self, faults: list[str]) -> None:
         """The run is over: checks judge it as a whole once."""
+        if self.model is not None:  # a short run may never have re-read the layout
+            late_sharding(self.sharded, self.model, self.findings, self.config, self.steps)
         tracker = self.tracker
         view = RunView(
             steps=self.steps,
