@@ -311,9 +311,17 @@ def _gather_sharded(
 
 
 def merge_shards(
-    g: Gathered, rows: list[list[float]], observed: bool, numel: list[int], t: Tracker
+    g: Gathered,
+    rows: list[list[float]],
+    observed: bool,
+    numel: list[int],
+    t: Tracker,
+    index: ParamIndex,
 ) -> None:
-    """Make ``g``'s per-rank shard values global (every rank's :func:`payload` rows)."""
+    """Make ``g``'s per-rank shard values global (every rank's :func:`payload` rows).
+
+    ``numel`` and the index's sizes become the whole parameters', not this rank's shards.
+    """
     n = len(g.ids)
     if not n:
         return
@@ -324,6 +332,8 @@ def merge_shards(
             g.stats[key] = c[key]
     if numel:
         numel[:] = c["numel"]
+        for i, m in zip(g.ids, numel):
+            index.params[i].numel = m
     g.nonfinite = [v is not None and not math.isfinite(v) for v in g.grad_norm]
     g.order = [t.last_seq[i] for i in g.ids] if any(g.nonfinite) else []
     if any(g.arrived) and all(g.grad_norm[j] in (None, 0.0) for j in range(n) if g.arrived[j]):

@@ -251,9 +251,7 @@ class StepPipeline:
             ex = self.dist.exchange(g.ids, g.arrived, cause, tracker, device, g.shard)
             ranks, g.arrived = ex.ranks_missing, ex.arrived
             if ex.payload is not None:  # sharded: per-rank shard sums -> global values
-                merge_shards(g, ex.payload, observed, numel, tracker)
-                for i, m in zip(g.ids, numel):  # the whole parameter's size, not the shard's
-                    index.params[i].numel = m
+                merge_shards(g, ex.payload, observed, numel, tracker, index)
         return StepView(
             step=track.steps,
             optimizer=track.index,

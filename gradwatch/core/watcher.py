@@ -250,15 +250,7 @@ class Watcher:
         self._attached = True
         try:
             self._pipe.sync(step=0)
-            hook_backward(
-                self._pipe.sharded,
-                model,
-                self._flat,
-                self._hooks.add,
-                self._arrival_callback(),
-                self._faults.callback(),
-            )
-            report_layout(self._pipe.sharded, self._log, self.config, self._pipe.structure)
+            _attach_sharded(self, model)
             wrapper = self._wrapper() if self._wrapper is not None else None
             if wrapper is not None:
                 self._hooks.hook_compiled_wrapper(wrapper)
@@ -398,6 +390,14 @@ class Watcher:
 
     def _build_report(self) -> Report:
         return build_report(self._pipe)
+
+
+def _attach_sharded(w: Watcher, model: nn.Module) -> None:
+    """Sharded engines: backward-pass evidence FSDP1 needs, and what the layout hides."""
+    pipe = w._pipe
+    on_arrival, on_error = w._arrival_callback(), w._faults.callback()
+    hook_backward(pipe.sharded, model, w._flat, w._hooks.add, on_arrival, on_error)
+    report_layout(pipe.sharded, w._log, w.config, pipe.structure)
 
 
 def _check_model(model: nn.Module) -> None:
