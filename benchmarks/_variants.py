@@ -19,6 +19,7 @@ import gradwatch
 __all__ = ["VARIANTS", "Variant", "make_variants"]
 
 STAT_CHECKS = ("exploding_grad", "vanishing_grad", "dead_param", "stale_param")
+NEW_CHECKS = ("loss_disconnected", "double_update", "unregistered_param", "clipped_while_scaled")
 
 # name -> one-line description (the order is the table's order)
 VARIANTS: dict[str, str] = {
@@ -30,6 +31,8 @@ VARIANTS: dict[str, str] = {
     "gradwatch_default": "gradwatch.watch() with the default config",
     "gradwatch_every_step": "gradwatch with every statistic every step (every_n_steps=1)",
     "gradwatch_hooks_only": "gradwatch with the statistic checks off and every_n_steps=10**9",
+    "gradwatch_without_new": "gradwatch default minus the second-round checks (loss_disconnected, "
+    "double_update, unregistered_param, clipped_while_scaled, NaN origin tracing)",
 }
 
 
@@ -120,6 +123,10 @@ def gradwatch_config(name: str) -> dict[str, Any]:
         return {"every_n_steps": 1}
     if name == "gradwatch_hooks_only":
         return {"every_n_steps": 10**9, "checks": {c: {"enabled": False} for c in STAT_CHECKS}}
+    if name == "gradwatch_without_new":
+        off: dict[str, Any] = {c: {"enabled": False} for c in NEW_CHECKS}
+        off["nonfinite_grad"] = {"trace_steps": 0}
+        return {"checks": off}
     raise KeyError(name)
 
 

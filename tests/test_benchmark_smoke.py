@@ -20,6 +20,7 @@ EXPECTED = [
     "gradwatch_default",
     "gradwatch_every_step",
     "gradwatch_hooks_only",
+    "gradwatch_without_new",
 ]
 
 

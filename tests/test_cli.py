@@ -28,6 +28,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 import gradwatch
+from gradwatch.checks import ALL_CHECKS
 
 def mse(model, batch):
     x, y = batch

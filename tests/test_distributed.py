@@ -109,9 +109,12 @@ def test_bucket_view_gradients_missing_zero_grad_fires(raw: Raw) -> None:
 
 
 def test_step_without_backward_is_no_ghost_on_any_rank(raw: Raw) -> None:
+    """A second step() with no backward since is no ghost: it applies one gradient twice."""
     for rec in raw["double_step"]:
         assert rec["error"] is None
-        assert [f["check"] for f in rec["report"]["findings"]] == []
+        assert [f["check"] for f in rec["report"]["findings"]] == ["double_update"]
+        (f,) = rec["report"]["findings"]
+        assert f["details"]["optimizers"] == [{"index": 0, "class": "SGD"}]
         assert rec["report"]["steps"] == 8
 
 

@@ -160,3 +160,32 @@ def test_counter_sees_a_per_parameter_item_loop(syncs: SyncCounter) -> None:
     to_host(values)
     assert syncs.reset() == ["tolist"]
     assert len([v.item() for v in values]) == 6 and syncs.reset() == []  # test frames do not count
+
+
+def test_fingerprints_and_frozen_updates_stay_on_device(syncs: SyncCounter) -> None:
+    """Copy-free change detection (small and large tensors, frozen ones) adds no transfer."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 300), nn.Tanh(), nn.Linear(300, 300), nn.Linear(300, 4))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+    def frozen_seen(w: gradwatch.Watcher) -> None:
+        report = w.report()
+        assert report.by_check("frozen_param_updated"), [f.line() for f in report.findings]
+        ratios = [layer.update_ratio for layer in report.layers if layer.trainable]
+        assert ratios and all(r is not None and r > 0 for r in ratios)
+
+    torch.manual_seed(1)
+    data = [(torch.randn(16, 8), torch.randn(16, 4)) for _ in range(4)]
+    per_step = []
+    with gradwatch.watch(model, opt, config={"every_n_steps": 1}) as w:
+        for s in range(10):
+            if s == 3:
+                model[2].requires_grad_(False)  # 90,000 elements: the sampled (large) path
+            x, y = data[s % len(data)]
+            syncs.reset()
+            opt.zero_grad(set_to_none=False)  # the frozen weights keep a zero gradient
+            nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+            per_step.append(syncs.reset())
+        frozen_seen(w)
+    _assert_bound(per_step, 1)

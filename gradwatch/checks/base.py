@@ -70,6 +70,19 @@ class StepView:
     # Whether parameter ``i`` (any watched one, also outside this step's ids) ever received
     # a gradient while watched.
     received: Callable[[int], bool] = field(default=lambda i: False)
+    # Evidence of the newer checks (defaults: nothing known).
+    model_ran: Optional[str] = None  # "grad" / "no_grad": the model's forward ran in the window
+    backward_called: Optional[bool] = (
+        None  # an integration saw backward() requested (None: unknown)
+    )
+    acc_state: Optional[Callable[[int], tuple[int, Any]]] = None  # i -> (last accumulation, grad)
+    scaled_edits: Optional[list[int]] = None  # parameters whose grads changed while scaled
+    unregistered: list[tuple[str, str]] = field(default_factory=list)  # (path, module class)
+    nan_trace: Optional[dict[str, Any]] = None  # the NaN probe's verdict for this window
+    grads_assigned: Optional[Callable[[], bool]] = None  # a .grad replaced since the last step
+    # ids of frozen (requires_grad=False) parameters of this optimizer whose values changed
+    # across this step (observed steps only; exact change detection, no parameter copy)
+    frozen_changed: list[int] = field(default_factory=list)
 
     def by_layer(self) -> dict[str, list[int]]:
         """Positions into ``ids`` grouped by the parameters' layer, in first-seen order."""

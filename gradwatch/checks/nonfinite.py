@@ -1,29 +1,79 @@
-"""``nonfinite_grad``: NaN/Inf in a gradient, with the parameter where it started."""
+"""``nonfinite_grad``: NaN/Inf in a gradient, with the place where it was born."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Optional
 
 from gradwatch.checks.base import Check, StepView
 from gradwatch.checks.docs import CheckDoc
+from gradwatch.config import NonfiniteGradConfig
 
 if TYPE_CHECKING:
     from gradwatch.core.findings import FindingLog
+    from gradwatch.core.index import ParamIndex
+
+HINT_BACKWARD = (
+    "Look at the operation that consumes this parameter: sqrt/log/div at 0 (also inside "
+    "torch.where, whose untaken branch still back-propagates), overflow in fp16 (use a "
+    "GradScaler or bf16), or a too-high learning rate."
+)
+HINT_FORWARD = (
+    "The forward pass of '{module}' turned finite inputs into NaN/Inf: a division by a zero "
+    "norm (add an eps), log/sqrt of 0 or of a negative value, or fp16 logits overflowing "
+    "(compute them in float32, or scale before the softmax)."
+)
+HINT_LOSS = (
+    "Every module output was finite but the gradient reaching the model's output was not: "
+    "the loss computation made it (log(0), division by a zero count, a NaN target). Clamp "
+    "its inputs (e.g. log(p.clamp_min(1e-12))) or use the library loss (cross_entropy)."
+)
+HINT_WEIGHTS = (
+    " The weights were already non-finite at the next step (the optimizer applied the NaN), so "
+    "the forward origin cannot be traced: run with a GradScaler (it skips such steps) or stop "
+    "at the first NaN to trace it."
+)
+
+
+def _first_param(index: ParamIndex, module: str) -> Optional[str]:
+    """The first parameter owned by ``module`` or by a module inside it."""
+    for layer, ids in index.layers.items():
+        if ids and (layer == module or module == "(root)" or layer.startswith(module + ".")):
+            return index.params[ids[0]].name
+    return None
 
 
 class NonfiniteGrad(Check):
-    """Names the first parameter, in backward order, whose gradient went non-finite."""
+    """A gradient holds NaN/Inf; ``details.phase`` says where it was born.
+
+    Meaning: some parameter's gradient is not finite; an optimizer step with it writes NaN
+    into the weights.
+
+    Causes and phases: ``forward`` (a module whose inputs were finite produced a non-finite
+    output: a normaliser dividing by a zero norm, overflowing fp16 logits),
+    ``loss`` (the model's output was finite, the loss made it: ``log(0)``),
+    ``backward`` (everything finite in the forward: e.g. ``sqrt`` at 0, whose derivative is
+    infinite). ``details.origin_module`` names the module, ``details.origin`` its first
+    parameter. The phase is traced by per-module device-side flags armed after the first
+    non-finite gradient, so it is known at the latest at the next step where it recurs
+    (``phase: null`` until then, or when the weights were already corrupted).
+
+    Fix: see the hint of the phase found. With a ``GradScaler``, a step it skips is ``info``.
+    """
 
     id = "nonfinite_grad"
+    config: NonfiniteGradConfig
+
     doc = CheckDoc(
-        summary="A gradient holds NaN or Inf; details.origin names the first parameter, in "
-        "backward order, where it appeared.",
+        summary="A gradient holds NaN or Inf; details.phase says where it was born (forward: "
+        "details.origin_module is the first module whose finite inputs gave a non-finite "
+        "output; loss; backward: details.origin is the first parameter in backward order).",
         why="One NaN step poisons the weights (and Adam's state) for good: the loss turns NaN "
         "and the run is lost, often long after the cause.",
         causes=(
             "sqrt/log/division at 0, also inside torch.where, whose untaken branch still "
             "back-propagates.",
-            "fp16 overflow without a GradScaler.",
+            "A normaliser dividing by a zero norm, log(0) in a hand-written loss.",
+            "fp16 overflow (logits, attention scores), with or without a GradScaler.",
             "A learning rate so high that activations overflow.",
         ),
         fix="Look at the operation that consumes details.origin; guard the input (clamp, eps), "
@@ -31,9 +81,15 @@ class NonfiniteGrad(Check):
         "expected and reported as info.",
     )
 
+    def __init__(self, config, watch_config) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(config, watch_config)
+        self._trace: Optional[dict[str, Any]] = None
+        self._episode: Optional[tuple[str, Any]] = None  # (finding key, origin) of this run
+
     def on_step(self, view: StepView, log: FindingLog) -> None:
         bad = [k for k, b in enumerate(view.nonfinite) if b]
         if not bad:
+            self._episode = None  # a finite step ends the run of non-finite ones
             return
         # Backward visits parameters from the loss outwards; the earliest arrival is the origin,
         # the later ones inherited the NaN/Inf from it.
@@ -41,34 +97,94 @@ class NonfiniteGrad(Check):
         origin_k = min(arrived_bad, key=lambda k: view.order[k])
         origin = view.index.params[view.ids[origin_k]]
         names = view.index.names([view.ids[k] for k in bad])
+        new = view.nan_trace
+        if self._episode is None:
+            # One finding per run of consecutive non-finite steps, keyed by where it started:
+            # once an update spread the NaN into the weights, backward order starts elsewhere.
+            self._episode = (origin.layer, origin)
+            self._trace = new
+        elif new is not None and (new.get("phase") or self._trace is None):
+            self._trace = new  # a conclusive trace replaces an inconclusive one
+        key, origin = self._episode
+        trace = self._trace or {}
+        phase = trace.get("phase")
+        module = origin.layer
+        origin_name: Optional[str] = origin.name
+        if phase == "forward":
+            module = trace["origin_module"]
+            origin_name = _first_param(view.index, module)
+            where = f"it is born in the forward pass of '{module}' (finite inputs, NaN/Inf output)"
+            hint = HINT_FORWARD.format(module=module)
+        elif phase == "loss":
+            module = "(loss)"
+            where = "it is born in the loss, after the model (the model's output was finite)"
+            hint = HINT_LOSS
+        elif phase == "backward":
+            where = f"it is born in the backward pass at '{origin.name}' (the forward was finite)"
+            hint = HINT_BACKWARD
+        else:
+            where = f"it starts at '{origin.name}' (first in backward order)"
+            hint = HINT_BACKWARD + (HINT_WEIGHTS if trace.get("weights_nonfinite") else "")
+            if not trace and self.config.trace_steps > 0:
+                where += "; its forward origin is traced when it recurs"
+        details: dict[str, Any] = {
+            "origin": origin_name,
+            "origin_layer": origin.layer,
+            "origin_module": module,
+            "phase": phase,
+            "nonfinite_params": len(names),
+        }
+        if trace.get("weights_nonfinite"):
+            details["weights_nonfinite"] = True
         log.emit(
             self.id,
             severity=self.severity,
             step=view.step,
-            message=f"non-finite gradient (NaN/Inf) in {len(names)} parameter(s); it starts at "
-            f"'{origin.name}' (first in backward order).",
-            hint="Look at the operation that consumes this parameter: sqrt/log/div at 0 (also "
-            "inside torch.where, whose untaken branch still back-propagates), overflow in fp16 "
-            "(use a GradScaler or bf16), or a too-high learning rate.",
+            message=f"non-finite gradient (NaN/Inf) in {len(names)} parameter(s); {where}.",
+            hint=hint,
             params=names,
-            module=origin.layer,
-            details={
-                "origin": origin.name,
-                "origin_layer": origin.layer,
-                "nonfinite_params": len(names),
-            },
+            module=module,
+            key=key,
+            details=details,
         )
 
-    def on_skipped(self, skipped: int, total: int, step: int, log: FindingLog) -> None:
-        """A GradScaler skipped ``skipped`` steps for inf/NaN gradients: expected, ``info``."""
+    def on_skipped(
+        self,
+        skipped: int,
+        total: int,
+        step: int,
+        log: FindingLog,
+        trace: Optional[dict[str, Any]] = None,
+    ) -> None:
+        """A GradScaler skipped ``skipped`` steps for inf/NaN gradients: expected, ``info``.
+
+        When the NaN probe saw a module turn finite inputs into inf/NaN in the forward (fp16
+        logits overflowing), no loss scale can fix it: the finding says where.
+        """
+        details: dict[str, Any] = {"skipped_steps": total, "cause": "grad_scaler"}
+        message = (
+            f"GradScaler skipped {total} optimizer step(s) because gradients held inf/NaN "
+            "(expected while the loss scale calibrates)."
+        )
+        hint = (
+            "Nothing to do unless skips keep happening after the first steps; then look for "
+            "a NaN source (run without autocast to find its origin)."
+        )
+        if trace is not None and trace.get("phase") == "forward":
+            module = trace["origin_module"]
+            details.update(phase="forward", origin_module=module)
+            message = (
+                f"GradScaler skipped {total} optimizer step(s); the inf/NaN is born in the "
+                f"forward pass of '{module}' (finite inputs, non-finite output), which no loss "
+                "scale fixes."
+            )
+            hint = HINT_FORWARD.format(module=module)
         log.emit(
             self.id,
             severity="info",
             step=step,
-            message=f"GradScaler skipped {total} optimizer step(s) because gradients held inf/NaN "
-            "(expected while the loss scale calibrates).",
-            hint="Nothing to do unless skips keep happening after the first steps; then look for "
-            "a NaN source (run without autocast to find its origin).",
+            message=message,
+            hint=hint,
             key="grad_scaler",
-            details={"skipped_steps": total, "cause": "grad_scaler"},
+            details=details,
         )

@@ -192,8 +192,8 @@ def probe_result(request: dict[str, Any]) -> dict[str, Any]:
     Raises:
         CliError, ConfigError: the target or config is wrong (one line).
     """
-    from gradwatch.cli.main import load_target
     from gradwatch.cli.probe import resolve_config
+    from gradwatch.cli.targets import load_target
 
     probe = load_target(request["target"])
     source = request["config"] if request["config"] is not None else probe.config
@@ -213,7 +213,8 @@ def probe_result(request: dict[str, Any]) -> dict[str, Any]:
 
 
 def _outcome(request: dict[str, Any]) -> dict[str, Any]:
-    from gradwatch.cli.main import CliError, _first_line
+    from gradwatch.cli.targets import CliError
+    from gradwatch.cli.targets import first_line as _first_line
     from gradwatch.errors import ConfigError
 
     try:

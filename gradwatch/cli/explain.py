@@ -26,7 +26,7 @@ def _width() -> int:
 def cmd_explain(args: argparse.Namespace) -> int:
     """Print the explanation of ``args.check`` (or the list); 2 for an unknown id."""
     from gradwatch.checks.docs import all_docs, explain_text
-    from gradwatch.cli.main import CliError
+    from gradwatch.cli.targets import CliError
 
     docs = all_docs()
     if args.check is None:

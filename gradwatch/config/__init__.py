@@ -35,7 +35,9 @@ __all__ = [
     "ExplodingGradConfig",
     "GhostParamConfig",
     "GradWatchConfig",
+    "NonfiniteGradConfig",
     "StaleParamConfig",
+    "UnregisteredParamConfig",
     "VanishingGradConfig",
 ]
 
@@ -140,6 +142,32 @@ class StaleParamConfig(CheckConfig):
     )
 
 
+class NonfiniteGradConfig(_ErrorCheck):
+    """``nonfinite_grad``: NaN/Inf in a gradient, traced to where it was born."""
+
+    trace_steps: StrictInt = Field(
+        default=20,
+        ge=0,
+        le=1_000_000,
+        description="After the first non-finite gradient, per-module finiteness flags stay on "
+        "for up to this many optimizer steps to find the module where the NaN/Inf is born "
+        "(the next step where it recurs ends them). 0: never trace.",
+    )
+
+
+class UnregisteredParamConfig(_ErrorCheck):
+    """``unregistered_param``: modules in plain list/dict/tuple attributes that train unseen."""
+
+    scan_steps: StrictInt = Field(
+        default=8,
+        ge=0,
+        le=1_000_000,
+        description="Optimizer steps during which every module called inside the model's "
+        "forward is compared with the registered ones (a global forward hook, on only "
+        "during the model's forward). 0: never scan.",
+    )
+
+
 class ChecksConfig(BaseModel):
     """One entry per check id (see SPEC §2)."""
 
@@ -148,14 +176,19 @@ class ChecksConfig(BaseModel):
     ghost_param: GhostParamConfig = Field(default_factory=GhostParamConfig)
     missing_zero_grad: _ErrorCheck = Field(default_factory=_ErrorCheck)
     step_without_grad: _ErrorCheck = Field(default_factory=_ErrorCheck)
-    nonfinite_grad: _ErrorCheck = Field(default_factory=_ErrorCheck)
+    nonfinite_grad: NonfiniteGradConfig = Field(default_factory=NonfiniteGradConfig)
     exploding_grad: ExplodingGradConfig = Field(default_factory=ExplodingGradConfig)
     vanishing_grad: VanishingGradConfig = Field(default_factory=VanishingGradConfig)
     dead_param: DeadParamConfig = Field(default_factory=DeadParamConfig)
     stale_param: StaleParamConfig = Field(default_factory=StaleParamConfig)
     not_in_optimizer: CheckConfig = Field(default_factory=CheckConfig)
     frozen_in_optimizer: _InfoCheck = Field(default_factory=_InfoCheck)
+    frozen_param_updated: _ErrorCheck = Field(default_factory=_ErrorCheck)
     not_observed: _ErrorCheck = Field(default_factory=_ErrorCheck)
+    loss_disconnected: _ErrorCheck = Field(default_factory=_ErrorCheck)
+    double_update: _ErrorCheck = Field(default_factory=_ErrorCheck)
+    unregistered_param: UnregisteredParamConfig = Field(default_factory=UnregisteredParamConfig)
+    clipped_while_scaled: _ErrorCheck = Field(default_factory=_ErrorCheck)
 
 
 class GradWatchConfig(BaseModel):

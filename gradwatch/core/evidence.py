@@ -244,3 +244,30 @@ def make_forward_hook(
             on_error("forward hook", exc)
 
     return forward_hook
+
+
+def make_cause(index: Any, tracker: Tracker, start: int, wanted: set[str]) -> Callable[[int], str]:
+    """Why parameter ``i`` got no gradient in the window that began at event ``start``.
+
+    From the forward hooks' stamps of its owning layers: ``not_called`` (no forward),
+    ``no_grad`` (only forwards with grad disabled), ``disconnected`` (a forward with grad whose
+    output never reached the loss), ``unknown`` when its forward hook was off (trimmed): the
+    layer is then added to ``wanted`` so its hook comes back.
+    """
+
+    def cause(i: int) -> str:
+        info = index.params[i]
+        if info.outside_model:
+            return "unknown"
+        since = tracker.fwd_since
+        if not any(since.get(o, start + 1) <= start for o in info.owners):
+            # Its forward hook was off (trimmed after trim_hooks_after) during this window.
+            wanted.add(info.layer)
+            return "unknown"
+        if any(tracker.fwd_grad.get(o, 0) > start for o in info.owners):
+            return "disconnected"
+        if any(tracker.fwd_nograd.get(o, 0) > start for o in info.owners):
+            return "no_grad"
+        return "not_called"
+
+    return cause

@@ -110,6 +110,9 @@ class FindingLog:
                 self.revision += 1
             if hint:
                 fields["hint"] = hint  # the latest state's advice (an intermittent ghost's)
+            if module is not None and key is not None and module != finding.module:
+                fields["module"] = module  # keyed findings may learn a better module later
+                self.revision += 1
             if names != finding.params:
                 finding.params.extend(n for n in names if n not in finding.params)
             if details:

@@ -52,6 +52,7 @@ class HookSet:
         # A compiled model: never trimmed, forward hooks stamp nothing (compiled.py).
         self.keep_all = False
         self.wanted: set[str] = set()  # layers whose forward hook should come back
+        self.removers: list[Callable[[], None]] = []  # other parts' hooks (forward scout, ...)
 
     def add(self, handle: RemovableHandle) -> None:
         """Keep ``handle`` (e.g. an optimizer step hook) for removal."""
@@ -150,6 +151,9 @@ class HookSet:
         self.param.clear()
         self.pre.clear()
         self._pre_fns.clear()
+        removers, self.removers = self.removers, []
+        for remove in removers:
+            remove()
 
 
 class ForwardStamp:

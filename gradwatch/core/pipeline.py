@@ -13,7 +13,8 @@ from gradwatch.checks.base import LayerSample
 from gradwatch.core.evidence import Tracker
 from gradwatch.core.index import ParamIndex
 from gradwatch.core.sharded import combine, local, local_norms, payload
-from gradwatch.core.stats import Chunk, flatten_cpu, layer_norm, segment_norms, to_host
+from gradwatch.core.sketch import Fingerprint, measure
+from gradwatch.core.stats import Chunk, to_host
 from gradwatch.core.stats import norms as vector_norms
 
 
@@ -32,8 +33,14 @@ class Track:
     steps: int = 0
     backward_at_start: int = 0
     signature: tuple[int, ...] = ()
+    # Copy-free "what changed across the step" (core/sketch.py), taken on observed steps.
+    fingerprint: Optional[Fingerprint] = None
+    # Frozen (requires_grad=False) parameters this optimizer still holds, and theirs.
+    frozen_ids: list[int] = field(default_factory=list)
+    frozen: list[torch.Tensor] = field(default_factory=list)
+    frozen_fp: Optional[Fingerprint] = None
     snapshot: Optional[list[torch.Tensor]] = None
-    snapshot_flat: Optional[torch.Tensor] = None
+    """Sharded only: this rank's shards before an observed step (for the update ratio)."""
     sharded: Optional[str] = None
     """The sharding engine (``gradwatch.core.sharded``): statistics on local shards."""
 
@@ -44,6 +51,10 @@ class Track:
         self.layer_positions = {}
         for k, layer in enumerate(layer_of):
             self.layer_positions.setdefault(layer, []).append(k)
+
+    def set_frozen(self, held: list[tuple[int, torch.Tensor]]) -> None:
+        self.frozen_ids = [i for i, _ in held]
+        self.frozen = [p for _, p in held]
 
 
 @dataclass
@@ -62,11 +73,15 @@ class Gathered:
     stats: Optional[dict[str, list[Optional[float]]]]
     scale: Optional[float]
     grads: list[Optional[torch.Tensor]]
+    extra: list[float] = field(default_factory=list)
+    frozen_changed: list[int] = field(default_factory=list)
     shard: Optional[list[float]] = None
     """Sharded: this rank's shard values for the cross-rank combine (``core/sharded.py``)."""
 
 
 def _spread(ks_present: list[int], values: list[float], n: int) -> list[Optional[float]]:
+    if len(ks_present) == n:  # every position present (the usual case): already aligned
+        return values  # type: ignore[return-value]
     out: list[Optional[float]] = [None] * n
     for k, v in zip(ks_present, values):
         out[k] = v
@@ -81,6 +96,7 @@ def gather(
     min_hooked_at: dict[int, int],
     last_hooked: int,
     scaler_scale: Optional[torch.Tensor],
+    extra: Optional[list[torch.Tensor]] = None,
     arrival: Optional[Callable[[int], bool]] = None,
 ) -> Gathered:
     """Read this step's gradients and compute what the checks need, with one host transfer.
@@ -113,7 +129,9 @@ def gather(
             missing[i] += 1
     grads = [p.grad for p in judged]
     if track.sharded is not None:
-        return _gather_sharded(track, t, ks, ids, arrived, judged, grads, observed, scaler_scale)
+        return _gather_sharded(
+            track, t, ks, ids, arrived, judged, grads, observed, scaler_scale, extra
+        )
     present = [j for j, g in enumerate(grads) if g is not None]
     pg = grads if len(present) == n else [grads[j] for j in present]
     ords = (2.0, 1.0, math.inf, 0.0) if observed else (2.0,)
@@ -132,27 +150,34 @@ def gather(
     if observed:
         pnorm_ks = [j for j in range(n) if not ParamIndex.uninitialized(judged[j])]
         ps = judged if len(pnorm_ks) == n else [judged[j] for j in pnorm_ks]
-        flat_now = flatten_cpu(ps) if ps else None
-        if flat_now is not None:  # CPU: one flatten gives the parameter norms and the update
-            before = track.snapshot_flat
-            whole = (
-                before is not None and ks is track.positions and before.numel() == flat_now.numel()
-            )
-            chunks.extend(segment_norms(flat_now, ps, (2.0,)))
-            if whole:
-                chunks.extend(segment_norms(flat_now - before, ps, (2.0,)))  # type: ignore[operator]
-                has_delta = True
-        elif ps:
-            chunks.append(vector_norms(ps, (2.0,))[0])
-            if track.snapshot is not None and len(track.snapshot) == len(params) and len(ps) == n:
-                snap = [track.snapshot[k] for k in ks]
+        if ps:  # parameter norms, and what changed across the step (no parameter copy)
+            fp = track.fingerprint
+            whole = fp is not None and ks is track.positions and len(ps) == n
+            try:
                 try:
-                    chunks.append(vector_norms(torch._foreach_sub(ps, snap), (2.0,))[0])
+                    m = measure(ps, fp if whole else None)
+                except ValueError:  # the tracked list changed under the fingerprint
+                    m = measure(ps)
+                chunks.append(m.param_norm)
+                if m.delta is not None:
+                    chunks.append(m.delta)
                     has_delta = True
-                except RuntimeError:  # shapes changed under us (a replaced parameter)
-                    pass
+            except (RuntimeError, TypeError, NotImplementedError):  # a tensor type it cannot
+                chunks.append(vector_norms(ps, (2.0,))[0])  # read: norms only, no update
+
+    n_frozen = 0
+    if track.frozen_fp is not None:
+        try:
+            frozen_changed = measure(track.frozen, track.frozen_fp).changed
+        except (ValueError, RuntimeError, TypeError, NotImplementedError):
+            frozen_changed = None
+        if frozen_changed is not None:
+            chunks.append(frozen_changed)
+            n_frozen = len(track.frozen)
     if scaler_scale is not None:
         chunks.append([scaler_scale])
+    if extra:
+        chunks.extend(extra)  # device flags of other evidence (the NaN probe): same transfer
     host = to_host(chunks)
     pos = 0
 
@@ -170,8 +195,15 @@ def gather(
         for key in ("l1", "linf", "nnz")[:n_stats]:
             stats[key] = _spread(present, take(len(pg)), n)
         stats["param_norm"] = _spread(pnorm_ks, take(len(pnorm_ks)), n)
-        stats["delta"] = _spread(pnorm_ks, take(len(pnorm_ks)), n) if has_delta else [None] * n
+        if has_delta:  # NaN: a tensor the fingerprint could not cover (no estimate)
+            delta = [None if v != v else v for v in take(len(pnorm_ks))]
+            stats["delta"] = _spread(pnorm_ks, delta, n)  # type: ignore[arg-type]
+        else:
+            stats["delta"] = [None] * n
+    moved = take(n_frozen)
+    frozen_changed_ids = [i for i, v in zip(track.frozen_ids, moved) if v > 0]
     scale = take(1)[0] if scaler_scale is not None else None
+    extra_values = take(sum(t.numel() for t in extra)) if extra else []
 
     # missing_zero_grad: a value check said the gradient held pre-step contributions.
     dirty = [False] * n
@@ -208,6 +240,8 @@ def gather(
         stats,
         scale,
         grads,
+        extra_values,
+        frozen_changed_ids,
     )
 
 
@@ -224,22 +258,27 @@ def layer_samples(g: Gathered, numel: list[int], track: Track) -> dict[str, Laye
         for j, k in enumerate(g.ks):
             groups.setdefault(track.layer_of[k], []).append(j)
     out: dict[str, LayerSample] = {}
+    if l1 is None or linf is None or nnz is None:
+        return out
+    arrived, gn = g.arrived, g.grad_norm
+    hypot = math.hypot
     for layer, js in groups.items():
-        live = [j for j in js if g.arrived[j] and g.grad_norm[j] is not None]
-        if not live or l1 is None or linf is None or nnz is None:
+        live = [j for j in js if arrived[j] and gn[j] is not None]
+        if not live:
             continue
-        size = sum(numel[j] for j in live) or 1
         pn = [pnorm[j] for j in js if pnorm[j] is not None]
         dn = [delta[j] for j in js if delta[j] is not None]
+        maxes = [v for v in (linf[j] for j in live) if v is not None]
+        size = sum([numel[j] for j in live]) or 1
         out[layer] = LayerSample(
             positions=live,
-            norm=layer_norm([g.grad_norm[j] for j in live]),  # type: ignore[misc]
-            mean_abs=sum(l1[j] for j in live) / size,  # type: ignore[misc]
-            max_abs=max(v for v in (linf[j] for j in live) if v is not None),
-            nonzero=sum(nnz[j] for j in live),  # type: ignore[misc]
+            norm=hypot(*[gn[j] for j in live]),  # type: ignore[arg-type]
+            mean_abs=sum([l1[j] for j in live]) / size,  # type: ignore[misc]
+            max_abs=max(maxes),
+            nonzero=sum([nnz[j] for j in live]),  # type: ignore[misc]
             numel=size,
-            param_norm=layer_norm(pn) if pn else None,  # type: ignore[arg-type]
-            delta_norm=layer_norm(dn) if len(dn) == len(js) else None,  # type: ignore[arg-type]
+            param_norm=hypot(*pn) if pn else None,  # type: ignore[arg-type]
+            delta_norm=hypot(*dn) if len(dn) == len(js) else None,  # type: ignore[arg-type]
         )
     return out
 
@@ -254,6 +293,7 @@ def _gather_sharded(
     grads: list[Optional[torch.Tensor]],
     observed: bool,
     scaler_scale: Optional[torch.Tensor],
+    extra: Optional[list[torch.Tensor]] = None,
 ) -> Gathered:
     """:func:`gather` on this rank's shards; :func:`merge_shards` makes the values global."""
     n = len(ids)
@@ -275,7 +315,12 @@ def _gather_sharded(
                 pass
     if scaler_scale is not None:
         chunks.append([scaler_scale])
+    n_extra = sum(e.numel() for e in extra) if extra else 0
+    if extra:
+        chunks.extend(extra)  # the NaN probe's device flags: same transfer
     host = to_host(chunks)
+    extra_values = host[len(host) - n_extra :] if n_extra else []
+    host = host[: len(host) - n_extra]
     per = [host[k * n : (k + 1) * n] for k in range(len(host) // n)] if n else []
     norms = per[0] if n else []
     raw: Optional[dict[str, list[float]]] = None
@@ -306,7 +351,8 @@ def _gather_sharded(
         stats,
         scale,
         grads,
-        shard,
+        extra_values,
+        shard=shard,
     )
 
 

@@ -24,7 +24,15 @@ if TYPE_CHECKING:
     from gradwatch.core.index import ParamIndex
     from gradwatch.core.structure import Structure
 
-__all__ = ["forward_arrival", "hook_backward", "late_sharding", "report_layout"]
+__all__ = ["adopt_engine", "forward_arrival", "hook_backward", "late_sharding", "report_layout"]
+
+
+def adopt_engine(pipe: Any, step: int) -> None:
+    """After a layout re-read: the tracks learn the engine; sharding after watch() is said."""
+    if pipe.model is not None:
+        late_sharding(pipe.sharded, pipe.model, pipe.findings, pipe.config, step)
+    for track in pipe.structure.tracks:
+        track.sharded = pipe.sharded
 
 
 def late_sharding(

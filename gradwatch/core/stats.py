@@ -149,8 +149,24 @@ def norms(tensors: Sequence[torch.Tensor], ords: Sequence[float]) -> list[Chunk]
         return [[] for _ in ords]
     flat = flatten_cpu(tensors)
     if flat is None:
-        return [foreach_norms(tensors, o) for o in ords]
+        cpu = tensors[0].device.type == "cpu"
+        return [
+            _cpu_max_abs(tensors) if cpu and o == math.inf else foreach_norms(tensors, o)
+            for o in ords
+        ]
     return segment_norms(flat, tensors, ords)
+
+
+def _cpu_max_abs(tensors: Sequence[torch.Tensor]) -> Chunk:
+    """max |x| per tensor on the CPU: ``aminmax`` is one vectorised pass, several times
+    faster there than ``_foreach_norm(inf)`` (abs, then max, per tensor; measured)."""
+    try:
+        mm = [torch.aminmax(t.detach()) for t in tensors]
+        lo = torch.stack([m.min for m in mm])
+        hi = torch.stack([m.max for m in mm])
+        return torch.maximum(hi, -lo).to(_F32)
+    except (RuntimeError, TypeError, NotImplementedError):  # sparse, integer, complex, empty
+        return foreach_norms(tensors, math.inf)
 
 
 def to_host(chunks: Sequence[Chunk]) -> list[float]:
@@ -186,7 +202,7 @@ def to_host(chunks: Sequence[Chunk]) -> list[float]:
 
 def layer_norm(norms: Sequence[float]) -> float:
     """The L2 norm of a layer from the L2 norms of its parameters."""
-    return math.sqrt(sum(n * n for n in norms))
+    return math.hypot(*norms)  # one C call (and no overflow of n * n)
 
 
 def median(values: Sequence[float]) -> float:

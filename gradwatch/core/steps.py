@@ -6,6 +6,7 @@ step hooks (or, without an optimizer, at the end of each backward pass).
 
 from __future__ import annotations
 
+from types import FrameType
 from typing import Optional
 
 import torch
@@ -13,10 +14,10 @@ from torch import nn
 
 from gradwatch.checks import Check, RunView, StepView, StructureView
 from gradwatch.checks.nonfinite import NonfiniteGrad
-from gradwatch.checks.not_observed import emit_not_observed
 from gradwatch.config import GradWatchConfig
 from gradwatch.core.distributed import DistSync
-from gradwatch.core.evidence import Tracker
+from gradwatch.core.evidence import Tracker, make_cause
+from gradwatch.core.extra_evidence import ExtraEvidence
 from gradwatch.core.faults import Faults
 from gradwatch.core.findings import FindingLog
 from gradwatch.core.hooks import HookSet
@@ -25,12 +26,32 @@ from gradwatch.core.pipeline import Gathered, Track, gather, layer_samples, merg
 from gradwatch.core.recorder import LayerRecorder
 from gradwatch.core.scaler import ScalerWatch
 from gradwatch.core.sharded import local_copies
-from gradwatch.core.sharded_report import forward_arrival, late_sharding
-from gradwatch.core.stats import flatten_cpu
+from gradwatch.core.sharded_report import adopt_engine, forward_arrival, late_sharding
+from gradwatch.core.sketch import Fingerprint, fingerprint
 from gradwatch.core.structure import Structure, group_signature
 from gradwatch.core.unwatched import StepNesting, UnwatchedUpdates
 
 __all__ = ["StepPipeline"]
+
+
+def _fingerprint_track(track: Track) -> None:
+    """Fingerprints, not copies: a few numbers per tensor (core/sketch.py)."""
+    if track.sharded is not None:  # this rank's shards only (a copy), never a gather
+        with torch.no_grad():
+            track.snapshot = local_copies(track.params)
+        return
+    if track.frozen and not any(ParamIndex.uninitialized(p) for p in track.frozen):
+        track.frozen_fp = _fingerprint(track.frozen)
+    if not track.params or any(ParamIndex.uninitialized(p) for p in track.params):
+        return  # no update ratio while a lazy parameter has no values yet
+    track.fingerprint = _fingerprint(track.params)
+
+
+def _fingerprint(params: list[torch.Tensor]) -> Optional[Fingerprint]:
+    try:
+        return fingerprint(params)
+    except (RuntimeError, TypeError, NotImplementedError):
+        return None  # a tensor type it cannot read (a sharded subclass): no update ratio
 
 
 class StepPipeline:
@@ -62,6 +83,8 @@ class StepPipeline:
         self.dist = dist
         self.steps = 0
         self.backward_passes = 0
+        self.extra = ExtraEvidence(self)
+        self.scout = self.extra.scout
         self.step_calls = 0  # outer optimizer steps entered (judged or not)
         self.nesting = StepNesting()
         self.unwatched = UnwatchedUpdates()
@@ -73,10 +96,9 @@ class StepPipeline:
         """Re-read the layout; checks see it when it changed."""
         if self.model is None:
             return
-        late_sharding(self.sharded, self.model, self.findings, self.config, step)
         view = self.structure.sync(self.model, self.hooks, step)
-        for track in self.structure.tracks:
-            track.sharded = self.sharded
+        adopt_engine(self, step)
+        self.extra.install()
         if view is not None:
             self._on_structure(view, step)
 
@@ -110,44 +132,28 @@ class StepPipeline:
         if not self.structure.optimizers and self.structure.tracks:
             self.decide(self.structure.tracks[0])
         elif not self.nesting.inside():  # an LBFGS closure's backward belongs to its step
-            self._look_for_unwatched_steps()
+            for track in self.structure.tracks:
+                if track.index is not None:
+                    self.unwatched.look(track, self.backward_passes, self.structure, self.findings)
 
-    def _look_for_unwatched_steps(self) -> None:
-        for track in self.structure.tracks:
-            if track.index is None or self.backward_passes - track.backward_at_start < 2:
-                continue
-            moved = self.unwatched.backward(track.index, track.params)
-            if moved < 2:
-                continue
-            opt = self.structure.optimizers[track.index]
-            emit_not_observed(
-                self.findings,
-                severity=self.config.check("not_observed").severity,
-                step=track.steps,
-                reason=f"optimizer_{track.index}_not_stepping",
-                message=f"The parameters of watched optimizer {track.index} "
-                f"({type(opt).__name__}) keep changing across backward passes, but its "
-                f"step() has not run for {self.backward_passes - track.backward_at_start} "
-                "passes: another optimizer object is training them, unwatched.",
-                hint="Was the optimizer re-created mid-run? gradwatch watches the object passed "
-                "to watch(): open a new watch() with the new optimizer (or pass all of them).",
-                details={"optimizer": track.index, "backward_passes": moved},
-            )
+    def step_pre(self, k: int, caller: FrameType) -> None:
+        """Optimizer ``k``'s pre-step hook (a nested ``super().step()`` is the same step)."""
+        if self.nesting.enter(k, caller):
+            self.before_step(k)
+
+    def step_post(self, k: int) -> bool:
+        """Optimizer ``k``'s post-step hook; whether an outer step was judged."""
+        if not self.nesting.leave(k):
+            return False
+        self.step_calls += 1
+        self.after_step(k)
+        return True
 
     def before_step(self, k: int) -> None:
         """Optimizer ``k`` is about to step: keep what the update ratio needs."""
         track = self.structure.track_of(k)
-        if track is None or not self.observed(track) or not track.params:
-            return
-        if any(ParamIndex.uninitialized(p) for p in track.params):
-            return  # no update ratio while a lazy parameter has no values yet
-        with torch.no_grad():
-            if track.sharded is not None:  # this rank's shards only, never a gather
-                track.snapshot = local_copies(track.params)
-                return
-            track.snapshot_flat = flatten_cpu(track.params, copy=True)  # the CPU path
-            if track.snapshot_flat is None:
-                track.snapshot = list(torch._foreach_mul(track.params, 1.0))
+        if track is not None and self.observed(track):
+            _fingerprint_track(track)
 
     def after_step(self, k: int) -> None:
         """Optimizer ``k`` stepped: judge the window that ends here."""
@@ -159,6 +165,9 @@ class StepPipeline:
             track = self.structure.track_of(k)
             assert track is not None
         self.unwatched.stepped(k, track.params)
+        for other in self.structure.tracks:
+            if other.index is not None and other.index != k:
+                self.unwatched.explained(other.index, other.params)
         self.decide(track)
 
     # -- the decision ----------------------------------------------------------------------
@@ -184,9 +193,13 @@ class StepPipeline:
                 last_hooked=self.hooks.last_hooked,
                 scaler_scale=self.scaler.scale_tensor(),
                 arrival=forward_arrival(self.sharded, structure.index, self.tracker, track.start),
+                extra=self.scout.pending_flags(),
             )
-        self._note_skips(self.scaler.note(g.scale), track.steps)
+        trace = self.scout.interpret(g.extra) if self.scout.armed else None
+        skipped = self.scaler.note(g.scale)
+        self._note_skips(skipped, track.steps, trace)
         view = self._view(track, g, observed)
+        self.extra.fill(view, track, g, trace, skipped)
         for check in self.checks:
             self.faults.guard(f"{check.id} check", check.on_step, view, self.findings)
         if observed:
@@ -200,11 +213,13 @@ class StepPipeline:
         self.tracker.snapshot(g.ids, g.grads)
         if self.tracker.want_pre and self.hooks.trimmed:
             self.hooks.restore_pre_hooks(structure.index)
-        track.snapshot = track.snapshot_flat = None
+        track.fingerprint = track.frozen_fp = None
         track.start = self.tracker.now()
         track.backward_at_start = self.backward_passes
+        self.extra.window_closed(track.index)
         track.steps += 1
         self.steps += 1
+        self.scout.after_step(self.steps)
         self.faults.step = self.steps
         self._adjust_hooks()
         self.findings.raise_fail_fast()
@@ -229,20 +244,7 @@ class StepPipeline:
         wanted = self.hooks.wanted
         numel = [index.params[i].numel for i in g.ids] if observed else []
 
-        def cause(i: int) -> str:
-            info = index.params[i]
-            if info.outside_model:
-                return "unknown"
-            since = tracker.fwd_since
-            if not any(since.get(o, start + 1) <= start for o in info.owners):
-                # Its forward hook was off (trimmed after trim_hooks_after) during this window.
-                wanted.add(info.layer)
-                return "unknown"
-            if any(tracker.fwd_grad.get(o, 0) > start for o in info.owners):
-                return "disconnected"
-            if any(tracker.fwd_nograd.get(o, 0) > start for o in info.owners):
-                return "no_grad"
-            return "not_called"
+        cause = make_cause(index, tracker, start, wanted)
 
         ranks = None
         ex = None
@@ -275,35 +277,26 @@ class StepPipeline:
             scaler=self.scaler.scaler is not None,
             layers=layer_samples(g, numel, track) if observed else {},
             received=lambda i: tracker.last_seq[i] > 0,
+            frozen_changed=g.frozen_changed,
         )
 
     # -- the scaler ------------------------------------------------------------------------
 
-    def _note_skips(self, skipped: int, step: int) -> None:
+    def _note_skips(self, skipped: int, step: int, trace: Optional[dict] = None) -> None:
         if not skipped:
             return
         for check in self.checks:
             if isinstance(check, NonfiniteGrad):
-                check.on_skipped(skipped, self.scaler.skipped, step, self.findings)
+                check.on_skipped(skipped, self.scaler.skipped, step, self.findings, trace)
 
     def check_scaler(self) -> None:
         """At exit: account for a skip of the very last step."""
-        self._note_skips(self.scaler.note_current(), self.steps)
+        skipped = self.scaler.note_current()
+        self._note_skips(skipped, self.steps, self.extra.exit_trace(skipped))
 
     def finish(self, faults: list[str]) -> None:
         """The run is over: checks judge it as a whole once."""
-        if self.model is not None:  # a short run may never have re-read the layout
-            late_sharding(self.sharded, self.model, self.findings, self.config, self.steps)
-        tracker = self.tracker
-        view = RunView(
-            steps=self.steps,
-            backward_passes=self.backward_passes,
-            step_calls=self.step_calls,
-            forward_ran=bool(tracker.fwd_first),
-            forward_ran_with_grad=bool(tracker.fwd_grad),
-            has_optimizer=bool(self.structure.optimizers),
-            faults=faults,
-        )
+        view = run_view(self, faults)
         for check in self.checks:
             self.faults.guard(f"{check.id} check", check.on_run, view, self.findings)
 
@@ -311,3 +304,19 @@ class StepPipeline:
         self.model = None
         self.nesting.clear()
         self.structure.release()
+
+
+def run_view(pipe: StepPipeline, faults: list[str]) -> RunView:
+    """What the whole run showed, for the checks that judge it once at the end."""
+    if pipe.model is not None:  # a short run may never have re-read the layout
+        late_sharding(pipe.sharded, pipe.model, pipe.findings, pipe.config, pipe.steps)
+    tracker = pipe.tracker
+    return RunView(
+        steps=pipe.steps,
+        backward_passes=pipe.backward_passes,
+        step_calls=pipe.step_calls,
+        forward_ran=bool(tracker.fwd_first),
+        forward_ran_with_grad=bool(tracker.fwd_grad),
+        has_optimizer=bool(pipe.structure.optimizers),
+        faults=faults,
+    )

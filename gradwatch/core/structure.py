@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from gradwatch.checks.base import StructureView
+from gradwatch.core import registry
 from gradwatch.core.evidence import Tracker
 from gradwatch.core.hooks import HookSet
 from gradwatch.core.index import ParamIndex
@@ -43,6 +44,10 @@ class Structure:
         self._lazy: list[weakref.ref[torch.Tensor]] = []
         # The DDP wrapper's find_unused_parameters (None: not under a DDP wrapper we saw).
         self.ddp_find_unused = ddp_find_unused
+        self._frozen: list[weakref.ref[torch.Tensor]] = []  # frozen at the last scan
+        self._generation = -1  # registry.generation() at the last scan
+        registry.acquire()  # count registrations: layout changes without a walk per step
+        self._counting = True
 
     def track_of(self, k: Optional[int]) -> Optional[Track]:
         """The track of optimizer ``k`` (``None``: the backward-pass track)."""
@@ -51,6 +56,7 @@ class Structure:
     def sync(self, model: nn.Module, hooks: HookSet, step: int) -> Optional[StructureView]:
         """Scan ``model``, hook new parameters and layers; a view when the layout changed."""
         index = self.index
+        self._generation = registry.generation()
         index.scan_model(model)
         self._model_signature = tuple(map(id, model.parameters()))
         optimizer_of: dict[int, list[int]] = {}
@@ -78,11 +84,12 @@ class Structure:
             else:
                 frozen.append(info.idx)
         hooks.hook_modules(model)
+        self._frozen = [index.params[i].ref for i in frozen]
         key = (tuple(trainable), tuple(sorted(optimizer_of)), len(index.params))
         if self.tracks and key == self._key:
             return None
         self._key = key
-        self._rebuild_tracks(trainable, optimizer_of)
+        self._rebuild_tracks(trainable, optimizer_of, frozen)
         self.outside = [i for i in optimizer_of if index.params[i].outside_model]
         self.coverage = _coverage(index, trainable, frozen, optimizer_of, self.optimizers)
         return StructureView(
@@ -92,10 +99,16 @@ class Structure:
             set(optimizer_of),
             optimizer_of,
             bool(self.optimizers),
-            extra={"step": step, "ddp_find_unused": self.ddp_find_unused},
+            extra={
+                "step": step,
+                "ddp_find_unused": self.ddp_find_unused,
+                "optimizer_classes": [type(o).__name__ for o in self.optimizers],
+            },
         )
 
-    def _rebuild_tracks(self, trainable: list[int], optimizer_of: dict[int, list[int]]) -> None:
+    def _rebuild_tracks(
+        self, trainable: list[int], optimizer_of: dict[int, list[int]], frozen: list[int]
+    ) -> None:
         index = self.index
         old = {t.index: t for t in self.tracks}
         groups: list[tuple[Optional[int], list[int]]]
@@ -118,7 +131,9 @@ class Structure:
             track.set_params(
                 [i for i, _ in live], [p for _, p in live], [index.params[i].layer for i, _ in live]
             )
-            track.snapshot = None
+            held = [(i, index.params[i].ref()) for i in frozen if k in optimizer_of.get(i, ())]
+            track.set_frozen([(i, p) for i, p in held if p is not None])
+            track.fingerprint = track.frozen_fp = None
             tracks.append(track)
         self.tracks = tracks
 
@@ -128,22 +143,32 @@ class Structure:
         return any(not ParamIndex.uninitialized(p) for p in live if p is not None)
 
     def may_have_changed(self, model: nn.Module) -> bool:
-        """Parameters added to / replaced in the model, or one unfrozen (a cheap look)."""
-        if tuple(map(id, model.parameters())) != self._model_signature:
-            return True
-        tracked = {i for t in self.tracks for i in t.ids}
-        return any(
-            p.requires_grad and info.idx not in tracked
-            for info, p in self.index.live()
-            if not info.outside_model
-        )
+        """Parameters added to / replaced in the model, or one frozen or unfrozen (cheap).
+
+        No walk of the module tree unless a module or parameter was registered somewhere
+        since the last scan (:mod:`gradwatch.core.registry`); the ``requires_grad`` flips
+        are read from the tracked lists.
+        """
+        gen = registry.generation()
+        if gen != self._generation:
+            if tuple(map(id, model.parameters())) != self._model_signature:
+                return True
+            self._generation = gen  # a registration elsewhere: this model is unchanged
+        if any(not p.requires_grad for t in self.tracks for p in t.params):
+            return True  # frozen since the last scan
+        return any(p is not None and p.requires_grad for p in (r() for r in self._frozen))
 
     def release(self) -> None:
         """Drop every reference to parameters and their copies (the watcher closed)."""
         self.optimizers = []
+        self._frozen = []
         for track in self.tracks:
-            track.params, track.snapshot, track.ref = [], None, None
-            track.snapshot_flat = None
+            track.params, track.fingerprint, track.ref = [], None, None
+            track.set_frozen([])
+            track.frozen_fp = None
+        if self._counting:
+            self._counting = False
+            registry.release()
 
 
 def group_signature(opt: torch.optim.Optimizer) -> tuple[int, ...]:

@@ -12,9 +12,14 @@ from __future__ import annotations
 
 import sys
 from types import FrameType
-from typing import Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import torch
+
+from gradwatch.checks.not_observed import emit_not_observed
+
+if TYPE_CHECKING:
+    from gradwatch.core.findings import FindingLog
 
 __all__ = ["StepNesting", "UnwatchedUpdates"]
 
@@ -31,14 +36,16 @@ class StepNesting:
         self._outer: dict[int, FrameType] = {}
         self._nested: dict[int, int] = {}
 
-    def enter(self, k: int) -> bool:
-        """At optimizer ``k``'s pre-step hook: whether this is an outer (real) step."""
+    def enter(self, k: int, caller: FrameType) -> bool:
+        """At optimizer ``k``'s pre-step hook: whether this is an outer (real) step.
+
+        ``caller`` is the frame that called the hook: torch's step wrapper of this call.
+        """
         outer = self._outer.get(k)
         if outer is not None and _on_stack(outer):
             self._nested[k] = self._nested.get(k, 0) + 1
             return False
-        frame = sys._getframe(2)  # torch's step wrapper (it calls the hook that calls us)
-        self._outer[k], self._nested[k] = frame, 0
+        self._outer[k], self._nested[k] = caller, 0
         return True
 
     def leave(self, k: int) -> bool:
@@ -85,6 +92,15 @@ class UnwatchedUpdates:
         self._mark[k] = self._versions(params)
         self._count[k] = 0
 
+    def explained(self, k: int, params: list[torch.Tensor]) -> None:
+        """Another watched optimizer stepped: changes to ``k``'s parameters so far are its own.
+
+        A parameter held by two optimizers used in different phases moves by the active one's
+        watched steps while the other is idle: that is not an unwatched optimizer.
+        """
+        if k in self._mark:
+            self._mark[k] = self._versions(params)
+
     def backward(self, k: int, params: list[torch.Tensor]) -> int:
         """A backward pass ended with no step of ``k`` since the previous one.
 
@@ -95,3 +111,26 @@ class UnwatchedUpdates:
             self._count[k] = self._count.get(k, 0) + 1
         self._mark[k] = now
         return self._count.get(k, 0)
+
+    def look(self, track: Any, backward_passes: int, structure: Any, findings: FindingLog) -> None:
+        """After a backward pass with no step of ``track``'s optimizer: moved without it?"""
+        k = track.index
+        waiting = backward_passes - track.backward_at_start
+        if waiting < 2:
+            return
+        moved = self.backward(k, track.params)
+        if moved < 2:
+            return
+        opt = structure.optimizers[k]
+        emit_not_observed(
+            findings,
+            severity=findings.config.check("not_observed").severity,
+            step=track.steps,
+            reason=f"optimizer_{k}_not_stepping",
+            message=f"The parameters of watched optimizer {k} ({type(opt).__name__}) keep "
+            f"changing across backward passes, but its step() has not run for {waiting} "
+            "passes: another optimizer object is training them, unwatched.",
+            hint="Was the optimizer re-created mid-run? gradwatch watches the object passed "
+            "to watch(): open a new watch() with the new optimizer (or pass all of them).",
+            details={"optimizer": k, "backward_passes": moved},
+        )

@@ -17,6 +17,7 @@ Example:
 
 from __future__ import annotations
 
+import sys
 import weakref
 from collections.abc import Sequence
 from pathlib import Path
@@ -288,7 +289,7 @@ class Watcher:
                 self._pipe.release()
         self._pipe.recorder.close_sinks(faults.guard)
         known = self._refresh_final(known)
-        faults.guard("report writing", self._write_outputs)
+        faults.guard("report writing", _write_outputs, self._final, self.config, self._rank0)
         self._refresh_final(known)
 
     def _refresh_final(self, known: int) -> int:
@@ -309,14 +310,6 @@ class Watcher:
             self._faults.guard(
                 "report writing", lambda: write_watched_report(self._build_report(), path)
             )
-
-    def _write_outputs(self) -> None:
-        if self._final is None:
-            return
-        if self.config.report_path is not None:
-            write_watched_report(self._final, self.config.report_path)
-        if self.config.console and self._rank0:
-            self._final.print()
 
     # -- hook entry points (weak references: a hook must not keep the watcher alive) -------
 
@@ -360,14 +353,10 @@ class Watcher:
             me = wself()
             if me is None or me._closed:
                 return
-            pipe = me._pipe
             try:
                 if pre:
-                    if pipe.nesting.enter(k):  # a nested super().step() is the same step
-                        pipe.before_step(k)
-                elif pipe.nesting.leave(k):
-                    pipe.step_calls += 1
-                    pipe.after_step(k)
+                    me._pipe.step_pre(k, sys._getframe(1))  # caller: torch's step wrapper
+                elif me._pipe.step_post(k):
                     me._refresh()
             except (GradWatchError, GradWatchWarning):
                 raise
@@ -411,3 +400,13 @@ def _check_model(model: nn.Module) -> None:
         raise ConfigError(
             f"{type(model).__name__} has no trainable parameters (none with requires_grad=True)"
         )
+
+
+def _write_outputs(final: Optional[Report], config: GradWatchConfig, rank0: bool) -> None:
+    """At exit: the JSON report where the config asks, the console summary on rank 0."""
+    if final is None:
+        return
+    if config.report_path is not None:
+        write_watched_report(final, config.report_path)
+    if config.console and rank0:
+        final.print()

@@ -226,6 +226,12 @@ class GradWatchCallback(*_CALLBACK_BASES):  # type: ignore[misc]
 
     # -- per-step hooks: the core observes autograd and the optimizers itself ------------
 
+    def on_before_backward(self, trainer: Any, pl_module: Any, loss: Any) -> None:
+        """Tell the core a backward was requested: a batch skipped by returning ``None``
+        from ``training_step`` still steps the optimizer, and is no ``loss_disconnected``."""
+        if self.watcher is not None:
+            self.watcher._pipe.extra.note_backward_call()
+
     def on_after_backward(self, trainer: Any, pl_module: Any) -> None:
         """Nothing to do: the parameters' own hooks saw the gradients arrive."""
 

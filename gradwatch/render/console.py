@@ -22,7 +22,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from gradwatch._text import safe
-from gradwatch.render.diagnostics import render_diagnostics
+from gradwatch.render.diagnostics import coverage_line, render_diagnostics
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -84,25 +84,6 @@ def _header(report: Report) -> Any:
     return head
 
 
-def _coverage(report: Report) -> str:
-    c = report.coverage
-    line = (
-        f"coverage: {c.trainable} trainable ({c.trainable_numel:,} elements), "
-        f"{c.frozen} frozen ({c.frozen_numel:,})"
-    )
-    if c.optimizers:
-        line += f"; {c.in_optimizer}/{c.trainable} trainable in {_count(c.optimizers, 'optimizer')}"
-        extras = [
-            (c.not_in_optimizer, "trainable in no optimizer"),
-            (c.frozen_in_optimizer, "frozen in an optimizer"),
-            (c.outside_model, "outside the model"),
-        ]
-        line += "".join(f", {n} {what}" for n, what in extras if n)
-    else:
-        line += "; no optimizer watched (each backward pass is a step)"
-    return line
-
-
 def _build(report: Report, *, plain: bool) -> list[Any]:
     from rich import box
     from rich.table import Table
@@ -149,7 +130,7 @@ def _build(report: Report, *, plain: bool) -> list[Any]:
             parts.append(
                 Text(f"... {rest} more finding(s): see the JSON or HTML report", style="dim")
             )
-    parts.append(Text(_coverage(report), style="dim"))
+    parts.append(Text(coverage_line(report), style="dim"))
     return parts
 
 

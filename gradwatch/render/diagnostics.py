@@ -133,7 +133,8 @@ def _block(f: Finding, width: int, color: bool) -> list[str]:
     return lines
 
 
-def _coverage(report: Report) -> str:
+def coverage_line(report: Report) -> str:
+    """One line on what was watched: trainable/frozen parameters and optimizer coverage."""
     c = report.coverage
     line = (
         f"coverage: {c.trainable} trainable ({c.trainable_numel:,} elements), "
@@ -219,6 +220,6 @@ def render_diagnostics(
             )
         )
         out.append("")
-    out.extend(_paint(line, "2", color) for line in _wrap(_coverage(report), width, "", "  "))
+    out.extend(_paint(line, "2", color) for line in _wrap(coverage_line(report), width, "", "  "))
     out.extend(_summary(report, width, color))
     return "\n".join(out) + "\n"

@@ -1,0 +1,51 @@
+"""``clipped_while_scaled``: gradients edited before ``GradScaler.unscale_``."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from gradwatch.checks.base import Check, StepView
+from gradwatch.checks.docs import DOCS
+
+if TYPE_CHECKING:
+    from gradwatch.core.findings import FindingLog
+
+
+class ClippedWhileScaled(Check):
+    """Gradients changed while still multiplied by the loss scale.
+
+    Meaning: between the end of backward and the moment the ``GradScaler`` unscaled them
+    (``scaler.unscale_(optimizer)``, or inside ``scaler.step``), gradients were modified in
+    place or replaced: clipped, normalised, noised.
+
+    Causes: ``clip_grad_norm_`` (or any gradient edit) before ``scaler.unscale_``: the clip
+    threshold applies to gradients 2**16 times too large, so every step is clipped to a
+    tiny update and the model barely learns (and noise is added at the wrong scale).
+
+    Fix: call ``scaler.unscale_(optimizer)`` first, then clip, then ``scaler.step``.
+
+    Only when a scaler is given to ``watch()``. Clipping after ``unscale_`` is correct, and
+    steps the scaler skips for inf/NaN are expected. Not judged under DDP (the reducer's
+    own writes look like edits to the version counter).
+    """
+
+    id = "clipped_while_scaled"
+    doc = DOCS["clipped_while_scaled"]
+
+    def on_step(self, view: StepView, log: FindingLog) -> None:
+        if not view.scaled_edits:
+            return
+        names = view.index.names(view.scaled_edits)
+        log.emit(
+            self.id,
+            severity=self.severity,
+            step=view.step,
+            message=f"gradients of {len(names)} parameter(s) were changed (clipped, normalised "
+            f"or noised) before the GradScaler unscaled them for optimizer[{view.optimizer}]: "
+            "the edit acted on gradients still multiplied by the loss scale.",
+            hint="Call scaler.unscale_(optimizer) before clip_grad_norm_ (or any gradient "
+            "edit), then scaler.step(optimizer) and scaler.update().",
+            params=names,
+            key=f"optimizer[{view.optimizer}]",
+            details={"optimizer": view.optimizer, "edited_params": len(names)},
+        )

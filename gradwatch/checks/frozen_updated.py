@@ -1,0 +1,45 @@
+"""``frozen_param_updated``: a ``requires_grad=False`` parameter changed across a step.
+
+``requires_grad_(False)`` after the optimizer was built leaves the parameter in it; with
+``zero_grad(set_to_none=False)`` (or a gradient left from before the freeze) the optimizer
+still steps it, and weight decay and momentum keep moving the "frozen" weights. What each
+optimizer changed is read from copy-free fingerprints of the frozen parameters it holds
+(exact change detection, ``gradwatch/core/sketch.py``) on observed steps.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from gradwatch.checks.base import Check, StepView
+
+if TYPE_CHECKING:
+    from gradwatch.core.findings import FindingLog
+
+
+class FrozenParamUpdated(Check):
+    """Per layer: frozen parameters of one optimizer whose values moved in its step."""
+
+    id = "frozen_param_updated"
+
+    def on_step(self, view: StepView, log: FindingLog) -> None:
+        if not view.frozen_changed or view.optimizer is None:
+            return
+        by_layer: dict[str, list[int]] = {}
+        for i in view.frozen_changed:
+            by_layer.setdefault(view.index.params[i].layer, []).append(i)
+        for layer, idxs in by_layer.items():
+            log.emit(
+                self.id,
+                severity=self.severity,
+                step=view.step,
+                message=f"{len(idxs)} frozen parameter(s) of '{layer}' (requires_grad=False) "
+                f"changed across optimizer[{view.optimizer}].step(): weight decay or momentum "
+                "still moves them.",
+                hint="Remove them from the optimizer (rebuild it after freezing, or keep only "
+                "p.requires_grad parameters in its groups), or set their grads to None "
+                "(zero_grad(set_to_none=True)) so the optimizer skips them.",
+                params=view.index.names(idxs),
+                module=layer,
+                details={"optimizer": view.optimizer},
+            )

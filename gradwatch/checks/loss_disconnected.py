@@ -1,0 +1,71 @@
+"""``loss_disconnected``: the model ran and the optimizer stepped, but no gradient arrived."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from gradwatch.checks.base import Check, StepView
+from gradwatch.checks.docs import DOCS
+
+if TYPE_CHECKING:
+    from gradwatch.core.findings import FindingLog
+
+HINTS = {
+    "disconnected": "The loss does not depend on the model's output: look for a loss rebuilt "
+    "from a number (torch.tensor(loss.item(), requires_grad=True), .numpy(), .tolist()), a "
+    ".detach() or .data on the output, or backward() called on another tensor.",
+    "no_grad": "The model ran only with gradients disabled: the loss comes from a forward under "
+    "torch.no_grad() / torch.inference_mode() (an evaluation or metric helper reused for "
+    "training). Run the training forward with grad enabled.",
+}
+
+
+class LossDisconnected(Check):
+    """The loss was cut off from the model: a training step that cannot train anything.
+
+    Meaning: in the window that ends at an optimizer step, the watched model's forward ran,
+    yet no parameter (of any watched optimizer) received a gradient, so ``step()`` updated
+    nothing (or only moved weights by momentum and weight decay).
+
+    Causes: ``cause='disconnected'``: the forward ran in grad mode but the loss was rebuilt
+    from ``.item()``/``.numpy()``/``.detach()``; ``cause='no_grad'``: the only forward ran
+    under ``torch.no_grad``/``inference_mode`` (an evaluation helper reused for training).
+
+    Fix: compute the loss from the model's output tensor, in grad mode.
+
+    Not this bug: an optimizer left idle while another one trains (phases, GANs), gradients
+    assigned by hand (``p.grad = torch.autograd.grad(...)``), a Lightning ``training_step``
+    that returns ``None`` to skip a batch, a window in which the model did not run at all.
+    Needs an optimizer: with ``watch(model)`` alone a backward that
+    reaches no parameter is invisible (no hook fires), so there is no step at which "nothing
+    arrived" could be judged; such a run ends with ``not_observed`` (``reason: no_step``)
+    instead, which fails the report too.
+    """
+
+    id = "loss_disconnected"
+    doc = DOCS["loss_disconnected"]
+
+    def on_step(self, view: StepView, log: FindingLog) -> None:
+        if view.optimizer is None or not view.ids or view.model_ran is None:
+            return
+        # Nothing may have arrived anywhere (another optimizer training in this window is a
+        # phase switch, not a cut-off loss), and an integration that saw no backward() requested
+        # (Lightning skipping a batch) rules it out.
+        if view.backward_in_window or any(view.arrived) or view.backward_called is False:
+            return
+        if view.grads_assigned is not None and view.grads_assigned():
+            return  # gradients set by hand (torch.autograd.grad, gradient surgery): not cut off
+        cause = "disconnected" if view.model_ran == "grad" else "no_grad"
+        names = view.index.names(view.ids)
+        log.emit(
+            self.id,
+            severity=self.severity,
+            step=view.step,
+            message=f"the model ran but optimizer[{view.optimizer}].step() found no gradient on "
+            f"any of its {len(names)} parameter(s): the loss is not connected to the model "
+            f"(cause: {cause}).",
+            hint=HINTS[cause],
+            params=names,
+            key=f"optimizer[{view.optimizer}]",
+            details={"cause": cause, "optimizer": view.optimizer},
+        )

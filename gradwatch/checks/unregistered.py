@@ -1,0 +1,66 @@
+"""``unregistered_param``: layers in a plain list/dict/tuple attribute that run but never train."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from gradwatch.checks.base import Check, StepView
+from gradwatch.checks.docs import DOCS
+
+if TYPE_CHECKING:
+    from gradwatch.core.findings import FindingLog
+
+
+class UnregisteredParam(Check):
+    """A module that runs in the model's forward, gets gradients, yet is not part of the model.
+
+    Meaning: a tensor requiring grad received a gradient through a module called inside the
+    watched model's forward that is not registered in the model, so it is in no
+    ``named_parameters()``, no optimizer built from them and no ``state_dict``: it never
+    trains and is never saved.
+
+    Causes: submodules kept in a plain Python ``list``/``dict``/``tuple`` attribute
+    (``self.blocks = [nn.Linear(...)]``), or a layer created inside ``forward``.
+
+    Fix: use ``nn.ModuleList`` / ``nn.ModuleDict`` (or ``nn.Sequential``), and build layers in
+    ``__init__``.
+
+    Found from what actually runs (a global module forward hook, on only during the model's
+    forward for the first ``scan_steps`` steps) and confirmed by a gradient arriving: an
+    unregistered module that is frozen or runs under ``no_grad`` (a hidden EMA teacher) is
+    not this bug. Named by attribute path, e.g. ``blocks[0].weight``.
+    """
+
+    id = "unregistered_param"
+    doc = DOCS["unregistered_param"]
+
+    def on_step(self, view: StepView, log: FindingLog) -> None:
+        if not view.unregistered:
+            return
+        by_module: dict[str, list[str]] = {}
+        classes: dict[str, str] = {}
+        for name, cls in view.unregistered:
+            where = name.rsplit(".", 1)[0]
+            by_module.setdefault(where, []).append(name)
+            classes[where] = cls
+        for where, names in by_module.items():
+            container = where.split("[", 1)[0] if "[" in where else None
+            fix = (
+                f"Register it: replace the plain container '{container}' with nn.ModuleList / "
+                "nn.ModuleDict (or nn.Sequential)"
+                if container
+                else "Create the layer in __init__ as an attribute of the model (a new layer "
+                "built inside forward is random at every call)"
+            )
+            log.emit(
+                self.id,
+                severity=self.severity,
+                step=view.step,
+                message=f"{classes[where]} '{where}' runs in the model's forward and gets "
+                f"gradients, but is not registered in the model: its {len(names)} parameter(s) "
+                "are in no optimizer and no state_dict (never trained, never saved).",
+                hint=f"{fix}; then rebuild the optimizer from model.parameters().",
+                params=names,
+                module=where,
+                details={"module_class": classes[where], "container": container},
+            )

@@ -1,0 +1,147 @@
+"""Evidence for the second-round checks, gathered alongside the step pipeline.
+
+The forward scout (run stamps, unregistered modules, the NaN probe), the GradScaler's
+unscale watch (``clipped_while_scaled``), backward requests an integration reports
+(``loss_disconnected``), and what each step consumed (``double_update``): all filled into
+the :class:`~gradwatch.checks.StepView` before the checks run.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from gradwatch.checks import StepView
+from gradwatch.core.forward_scout import ForwardScout
+from gradwatch.core.pipeline import Gathered, Track
+from gradwatch.core.stats import to_host
+from gradwatch.core.unscale_watch import UnscaleWatch
+
+__all__ = ["FIRST_TRACE_STEPS", "ExtraEvidence"]
+
+FIRST_TRACE_STEPS = 3  # steps the NaN probe is on from the start (then only after a NaN)
+
+
+class ExtraEvidence:
+    """The second-round checks' evidence of one pipeline."""
+
+    def __init__(self, pipe: Any) -> None:  # the StepPipeline (typed loosely: no import circle)
+        self.pipe = pipe
+        self.config = pipe.config
+        self.tracker = pipe.tracker
+        checks = self.config.checks
+        self.scout = ForwardScout(
+            self.tracker,
+            pipe.faults.callback(),
+            checks.unregistered_param.scan_steps if checks.unregistered_param.enabled else 0,
+        )
+        self._unscale: Optional[UnscaleWatch] = None
+        self._newer_installed = False
+        self.scaled_edits: dict[Optional[int], list[int]] = {}
+        self.backward_calls: Optional[int] = None  # counted only where an integration sees them
+        self._calls_at_start: dict[Optional[int], int] = {}
+
+    def install(self) -> None:
+        """Hook the model's entry points and the scaler (once, at the first layout sync)."""
+        pipe = self.pipe
+        if self._newer_installed or pipe.model is None:
+            return
+        self._newer_installed = True
+        checks = self.config.checks
+        index = pipe.structure.index
+        wanted = checks.loss_disconnected.enabled or self.scout.scanning
+        # Under torch.compile no hook may come or go (each is a dynamo guard: a recompile),
+        # and the scout's come and go by design: a compiled model gets none of them.
+        if not pipe.hooks.keep_all and (wanted or checks.nonfinite_grad.enabled):
+            self.scout.install(pipe.model, lambda p: index.lookup(p) is not None)
+            pipe.hooks.removers.append(self.scout.remove_all)
+            if checks.nonfinite_grad.enabled and checks.nonfinite_grad.trace_steps > 0:
+                # On for the first steps (a NaN from the first batches is traced at once,
+                # before the update spreads it into the weights); a flag per module call is
+                # the costliest hook, so at most FIRST_TRACE_STEPS steps.
+                limit = self.config.trim_hooks_after
+                self.scout.arm(10**9 if limit is None else min(limit, FIRST_TRACE_STEPS))
+        if pipe.scaler.scaler is not None and checks.clipped_while_scaled.enabled:
+            guard = pipe.faults.guard
+            self._unscale = UnscaleWatch(
+                pipe.scaler.scaler, lambda opt: guard("unscale watch", self.unscaling, opt)
+            )
+            pipe.hooks.removers.append(self._unscale.remove)
+
+    def note_backward_call(self) -> None:
+        """An integration saw ``backward()`` requested (Lightning's ``on_before_backward``)."""
+        self.backward_calls = (self.backward_calls or 0) + 1
+
+    def unscaling(self, optimizer: object) -> None:
+        """The scaler is about to unscale ``optimizer``'s gradients: which changed while scaled?
+
+        Under DDP the reducer writes the averaged gradients after their accumulation: the
+        version counter cannot tell that from an edit, so nothing is judged there.
+        """
+        if self.pipe.dist is not None:
+            return
+        structure = self.pipe.structure
+        opts = structure.optimizers
+        k = next(
+            (
+                j
+                for j, o in enumerate(opts)
+                if o is optimizer or o is getattr(optimizer, "optimizer", None)
+            ),
+            None,
+        )
+        track = structure.track_of(k) if k is not None else None
+        if track is None:
+            return
+        t, start = self.tracker, track.start
+        edited = []
+        for i, p in zip(track.ids, track.params):
+            g = p.grad
+            if g is None or t.last_seq[i] <= start or g._base is not None:
+                continue
+            if t.acc_ref[i]() is not g or g._version != t.acc_ver[i]:
+                edited.append(i)
+        self.scaled_edits[k] = edited
+
+    def fill(
+        self, view: StepView, track: Track, g: Gathered, trace: Optional[dict], skipped: int
+    ) -> None:
+        """Fill the view's evidence for the second-round checks; (dis)arm the NaN probe."""
+        start, scout, tracker = track.start, self.scout, self.tracker
+        if scout.ran_grad > start:
+            view.model_ran = "grad"
+        elif scout.ran_nograd > start:
+            view.model_ran = "no_grad"
+        if self.backward_calls is not None:
+            view.backward_called = self.backward_calls > self._calls_at_start.get(track.index, 0)
+        last_seq, acc_ref = tracker.last_seq, tracker.acc_ref
+        view.acc_state = lambda i: (last_seq[i], acc_ref[i]())
+        snap, ids, grads = tracker.snap_ref, g.ids, g.grads
+        # Gradients written by hand (p.grad = torch.autograd.grad(...)) fire no accumulation
+        # hook: a new .grad tensor since the last step tells them apart from a cut-off loss.
+        view.grads_assigned = lambda: any(
+            gr is not None and snap[i]() is not gr for i, gr in zip(ids, grads)
+        )
+        view.scaled_edits = self.scaled_edits.pop(track.index, None)
+        view.unregistered = scout.take_unregistered()
+        cfg = self.config.checks.nonfinite_grad
+        # A step the GradScaler skipped had inf/NaN gradients too: trace those as well.
+        nonfinite = any(g.nonfinite) or skipped > 0
+        if scout.armed:
+            scout.armed_steps += 1
+            if nonfinite:
+                view.nan_trace = trace
+            if (nonfinite and trace is not None) or scout.armed_steps >= scout.arm_limit:
+                scout.disarm()
+        elif nonfinite and cfg.enabled:
+            scout.arm(cfg.trace_steps)
+
+    def window_closed(self, k: Optional[int]) -> None:
+        """Optimizer ``k``'s window closed: backward requests are counted from here."""
+        self._calls_at_start[k] = self.backward_calls or 0
+
+    def exit_trace(self, skipped: int) -> Optional[dict[str, Any]]:
+        """At exit, for a last step the scaler skipped: read the probe now (no step waits)."""
+        if not skipped or not self.scout.armed:
+            return None
+        flags = self.scout.pending_flags()
+        return self.scout.interpret(to_host(flags) if flags else [])

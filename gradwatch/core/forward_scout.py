@@ -1,0 +1,251 @@
+"""What the watched model's forward pass does: when it ran, what ran inside it, where NaN starts.
+
+A few forward hooks on the model's entry points (the root module, and its direct children
+until the root is seen running in grad mode: a Lightning ``training_step`` often calls
+``self.model(x)`` rather than ``self(x)``) give:
+
+- *run stamps*: the event number of the last outermost forward, with and without grad mode
+  (``loss_disconnected`` needs "the model ran in this window", long after the per-layer
+  forward hooks were trimmed);
+- *unregistered modules*: during the first ``scan_steps`` optimizer steps a global module
+  forward hook is on only while the model's forward runs; every module called in between
+  that is not registered in the model and owns parameters requiring grad gets a one-shot
+  post-accumulate hook on those parameters. Those that receive a gradient are
+  ``unregistered_param`` findings (frozen or no-grad ones never are);
+- *NaN probe* (:class:`~gradwatch.core.nan_probe.NanProbe`, its base class): during the
+  first steps, then again after a non-finite gradient, device-side finiteness flags per
+  module, read with the next step's single host transfer.
+
+Nothing here syncs with the device: flags stay 0-dim tensors until the step's gather.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any, Callable, Optional
+
+import torch
+from torch import nn
+from torch.utils.hooks import RemovableHandle
+
+from gradwatch.core.evidence import Tracker
+from gradwatch.core.nan_probe import NanProbe, _compiling, _Owned
+
+__all__ = ["ForwardScout", "container_paths"]
+
+OnError = Callable[[str, BaseException], None]
+
+_MODULE_ATTRS = frozenset(vars(nn.Module()))  # nn.Module's own bookkeeping, not user state
+_MAX_DEPTH = 4  # nesting of plain containers walked to name an unregistered module
+
+
+def _walk(value: Any, path: str, out: dict[int, str], depth: int) -> None:
+    if isinstance(value, nn.Module):
+        if id(value) not in out:
+            for sub_name, sub in value.named_modules():
+                out.setdefault(id(sub), f"{path}.{sub_name}" if sub_name else path)
+        return
+    if depth >= _MAX_DEPTH:
+        return
+    if isinstance(value, (list, tuple)):
+        for k, v in enumerate(value):
+            _walk(v, f"{path}[{k}]", out, depth + 1)
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            _walk(v, f"{path}[{k!r}]", out, depth + 1)
+
+
+def container_paths(model: nn.Module) -> dict[int, str]:
+    """``id(module) -> attribute path`` of modules kept in plain containers of ``model``.
+
+    Example: a ``self.blocks = [nn.Linear(4, 4)]`` attribute of a submodule ``enc`` gives
+    ``enc.blocks[0]``. Registered submodules are not listed (their names are known).
+    """
+    out: dict[int, str] = {}
+    for name, mod in model.named_modules():
+        for attr, value in vars(mod).items():
+            if attr in _MODULE_ATTRS or not isinstance(value, (list, tuple, dict)):
+                continue
+            _walk(value, f"{name}.{attr}" if name else attr, out, 0)
+    registered = {id(m) for m in model.modules()}
+    return {k: v for k, v in out.items() if k not in registered}
+
+
+class ForwardScout(NanProbe):
+    """Forward-pass evidence of one watched model (see the module docstring)."""
+
+    def __init__(self, tracker: Tracker, on_error: OnError, scan_steps: int) -> None:
+        NanProbe.__init__(self, on_error)
+        self.tracker = tracker
+        self.scan_steps = scan_steps
+        self.ran_grad = 0  # event number of the last outermost forward in grad mode
+        self.ran_nograd = 0
+        self._known: Callable[[torch.Tensor], bool] = lambda p: False
+        self._depth = 0
+        self._entry: list[RemovableHandle] = []
+        self._children: list[RemovableHandle] = []
+        self._global: Optional[RemovableHandle] = None
+        self.scanning = scan_steps > 0
+        self._registered: set[int] = set()
+        self._new: dict[int, weakref.ref[nn.Module]] = {}
+        self._judged: set[int] = set()  # modules whose parameters were looked at
+        # unregistered parameters waiting for a gradient: id -> (param, module, name in module)
+        self._waiting: dict[int, tuple[weakref.ref[torch.Tensor], weakref.ref[nn.Module], str]] = {}
+        self._grad_hooks: dict[int, RemovableHandle] = {}
+        self._got: set[int] = set()
+
+    # -- installing ------------------------------------------------------------------------
+
+    def install(self, model: nn.Module, known: Callable[[torch.Tensor], bool]) -> None:
+        """Hook the model's entry points (once). ``known(p)``: ``p`` is a watched parameter."""
+        if self._model is not None:
+            return
+        self._model = weakref.ref(model)
+        self._known = known
+        self._registered = {id(m) for m in model.modules()}
+        wself = weakref.ref(self)
+
+        def pre(module: nn.Module, args: Any) -> None:
+            me = wself()
+            if me is not None and not _compiling():
+                me._enter()
+
+        def post(module: nn.Module, args: Any, output: Any) -> None:
+            me = wself()
+            if me is not None and not _compiling():
+                me._leave(output)
+
+        def pre_root(module: nn.Module, args: Any) -> None:
+            me = wself()
+            if me is not None and not _compiling():
+                if me._children and torch.is_grad_enabled():
+                    # The training forward enters through the root: the children's hooks
+                    # (there for a training_step that calls self.model(x)) only cost.
+                    for h in me._children:
+                        h.remove()
+                    me._children.clear()
+                me._enter()
+
+        self._entry.append(model.register_forward_pre_hook(_Owned(pre_root, model)))
+        self._entry.append(model.register_forward_hook(_Owned(post, model), always_call=True))
+        for mod in model.children():
+            self._children.append(mod.register_forward_pre_hook(_Owned(pre, mod)))
+            self._children.append(mod.register_forward_hook(_Owned(post, mod), always_call=True))
+
+    def _enter(self) -> None:
+        try:
+            if self._depth == 0:
+                self._out_flags.clear()  # output identities are per forward
+                seq = self.tracker.now()
+                if torch.is_grad_enabled():
+                    self.ran_grad = seq
+                else:
+                    self.ran_nograd = seq
+                if self.scanning and self._global is None:
+                    self._global = nn.modules.module.register_module_forward_hook(self._seen())
+            self._depth += 1
+        except Exception as exc:
+            self._on_error("forward scout", exc)
+
+    def _leave(self, output: Any) -> None:
+        try:
+            self._depth = max(0, self._depth - 1)
+            if self._depth:
+                return
+            if self._global is not None:
+                self._global.remove()
+                self._global = None
+            if self._new:
+                self._adopt()
+            if self.armed:
+                self._watch_output_grad(output)
+        except Exception as exc:
+            self._on_error("forward scout", exc)
+
+    # -- unregistered modules --------------------------------------------------------------
+
+    def _seen(self) -> Callable[..., None]:
+        wself = weakref.ref(self)
+
+        def seen(module: nn.Module, args: Any, output: Any) -> None:
+            me = wself()
+            if me is None:
+                return
+            key = id(module)
+            # The common case (a registered module) costs one set lookup.
+            if key in me._registered or key in me._judged or not module._parameters:
+                return
+            me._new[key] = weakref.ref(module)
+
+        return seen
+
+    def _adopt(self) -> None:
+        """Judge the modules that ran in the forward without being registered in the model."""
+        new, self._new = self._new, {}
+        model = self._model() if self._model is not None else None
+        if model is None:
+            return
+        self._registered = {id(m) for m in model.modules()}  # the model may have grown
+        wself = weakref.ref(self)
+        for key, mref in new.items():
+            mod = mref()
+            if mod is None or key in self._registered:
+                continue
+            self._judged.add(key)
+            for pname, p in mod._parameters.items():
+                if p is None or not p.requires_grad or self._known(p) or id(p) in self._waiting:
+                    continue
+                pid = id(p)
+
+                def got(_: torch.Tensor, pid: int = pid) -> None:
+                    me = wself()
+                    if me is not None:
+                        me._got.add(pid)
+
+                self._waiting[pid] = (weakref.ref(p), mref, pname)
+                self._grad_hooks[pid] = p.register_post_accumulate_grad_hook(got)
+
+    def take_unregistered(self) -> list[tuple[str, str]]:
+        """``(parameter path, module class)`` of unregistered parameters that got a gradient.
+
+        Each is returned once; its one-shot hook is removed.
+        """
+        if not self._got:
+            return []
+        got, self._got = self._got, set()
+        model = self._model() if self._model is not None else None
+        paths = container_paths(model) if model is not None else {}
+        out: list[tuple[str, str]] = []
+        for pid in [k for k in self._waiting if k in got]:
+            entry = self._waiting.pop(pid, None)
+            handle = self._grad_hooks.pop(pid, None)
+            if handle is not None:
+                handle.remove()
+            if entry is None:
+                continue
+            _, mref, pname = entry
+            mod = mref()
+            cls = type(mod).__name__ if mod is not None else "Module"
+            where = paths.get(id(mod)) if mod is not None else None
+            out.append((f"{where}.{pname}" if where else f"<{cls} outside the model>.{pname}", cls))
+        return out
+
+    def after_step(self, steps: int) -> None:
+        """Stop scanning for unregistered modules after ``scan_steps`` optimizer steps."""
+        if self.scanning and steps >= self.scan_steps:
+            self.scanning = False
+
+    # -- removal ---------------------------------------------------------------------------
+
+    def remove_all(self) -> None:
+        """Remove every hook (idempotent)."""
+        if self._global is not None:
+            self._global.remove()
+            self._global = None
+        for h in [*self._entry, *self._children, *self._grad_hooks.values()]:
+            h.remove()
+        self._entry.clear()
+        self._children.clear()
+        self._grad_hooks.clear()
+        self._waiting.clear()
+        self.disarm()
