@@ -42,6 +42,8 @@ class Exchanged:
     """A gradient arrived on at least one rank (so ``.grad`` holds DDP's average)."""
     cause: Callable[[int], str]
     """Why a parameter was missing, as seen by the lowest rank that missed it."""
+    payload: Optional[list[list[float]]] = None
+    """Sharded engines: every rank's shard values (``core/sharded.py``), same collective."""
 
 
 class DistSync:
@@ -70,6 +72,16 @@ class DistSync:
         dist.all_gather(gathered, local)
         return torch.stack(gathered).cpu().tolist()  # type: ignore[no-any-return]
 
+    def _gather_float(
+        self, values: list[float], device: Optional[torch.device]
+    ) -> list[list[float]]:
+        """``values`` of every rank (float32: the codes stay exact, the sums were float32)."""
+        where = device if dist.get_backend() == "nccl" and device is not None else None
+        local = torch.tensor(values, dtype=torch.float32, device=where or torch.device("cpu"))
+        gathered = [torch.empty_like(local) for _ in range(self.world_size)]
+        dist.all_gather(gathered, local)
+        return torch.stack(gathered).cpu().tolist()  # type: ignore[no-any-return]
+
     def exchange(
         self,
         ids: list[int],
@@ -77,18 +89,26 @@ class DistSync:
         cause: Callable[[int], str],
         tracker: Tracker,
         device: Optional[torch.device],
+        payload: Optional[list[float]] = None,
     ) -> Exchanged:
         """Share this step's arrivals and causes with every rank (one ``all_gather``).
 
         Also makes ``tracker``'s seen/missing step counters global: a step where any rank
         missed a parameter counts as missing for it, so every rank reports the same
         ``steps_missing``/``steps_seen`` (rank 0, which reports, may itself have had it).
+        Under sharding, ``payload`` (this rank's shard sums) rides on the same ``all_gather``.
         """
         n = len(ids)
         if n == 0:  # same parameters on every rank, so every rank skips the collective
             return Exchanged([], [], cause)
         codes = [0 if a else 1 + _code(cause(i)) for i, a in zip(ids, arrived)]
-        matrix = self._gather(codes, device)
+        rows: Optional[list[list[float]]] = None
+        if payload is None:
+            matrix = self._gather(codes, device)
+        else:
+            full = self._gather_float([float(c) for c in codes] + payload, device)
+            matrix = [[int(v) for v in row[:n]] for row in full]
+            rows = [row[n:] for row in full]
         world = range(self.world_size)
         ranks = [[r for r in world if matrix[r][k]] for k in range(n)]
         remote: dict[int, str] = {}
@@ -103,7 +123,7 @@ class DistSync:
         def global_cause(i: int) -> str:
             return remote.get(i) or cause(i)
 
-        return Exchanged(ranks, [len(r) < self.world_size for r in ranks], global_cause)
+        return Exchanged(ranks, [len(r) < self.world_size for r in ranks], global_cause, rows)
 
     def ranks_missing(self, arrived: list[bool], device: Optional[torch.device]) -> list[list[int]]:
         """For each parameter, the ranks where no gradient arrived (one ``all_gather``)."""

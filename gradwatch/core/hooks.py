@@ -17,6 +17,7 @@ from torch.utils.hooks import RemovableHandle
 
 from gradwatch.core.evidence import Tracker, make_forward_hook, make_param_hooks
 from gradwatch.core.index import ParamIndex
+from gradwatch.core.sharded import clean_name
 
 __all__ = ["COMPILED_WRAPPER", "HookSet"]
 
@@ -89,6 +90,7 @@ class HookSet:
         for name, mod in model.named_modules():
             if id(mod) in self._hooked_modules or not mod._parameters:
                 continue
+            name = clean_name(name)  # as the index names layers
             self._hooked_modules.add(id(mod))
             self._modules[name or "(root)"] = weakref.ref(mod)
             if not self.trimmed:

@@ -13,6 +13,8 @@ from typing import Iterator, Optional
 import torch
 from torch import nn
 
+from gradwatch.core.sharded import clean_name
+
 ROOT = "(root)"
 
 
@@ -79,6 +81,7 @@ class ParamIndex:
             for pname, p in mod._parameters.items():
                 if p is None:
                     continue
+                mod_name = clean_name(mod_name)  # the user's names, not a wrapper's
                 full = f"{mod_name}.{pname}" if mod_name else pname
                 self._register(p, full, mod_name or ROOT)
         for info in self.params:

@@ -20,6 +20,7 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from gradwatch.core.hooks import _INERT_REDUCE
+from gradwatch.core.sharded import local
 from gradwatch.core.stats import foreach_norms
 
 __all__ = ["NanProbe"]
@@ -224,9 +225,10 @@ class NanProbe:
         flags += self._out_grad
         self._n_flags = len(flags)
         # One vector: converting hundreds of 0-dim flags one by one costs more than them.
-        parts = [torch.stack(flags).to(torch.float32)] if flags else []
+        # Sharded (FSDP2) weights give DTensor flags: this rank's shard's flag is read.
+        parts = [torch.stack([local(f) for f in flags]).to(torch.float32)] if flags else []
         if self._pvec is not None:
-            parts.append(self._pvec.to(torch.float32))
+            parts.append(local(self._pvec).to(torch.float32))
         return [torch.cat(parts)] if parts else []
 
     def interpret(self, values: list[float]) -> Optional[dict[str, Any]]:

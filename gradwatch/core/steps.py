@@ -22,9 +22,11 @@ from gradwatch.core.faults import Faults
 from gradwatch.core.findings import FindingLog
 from gradwatch.core.hooks import HookSet
 from gradwatch.core.index import ParamIndex
-from gradwatch.core.pipeline import Gathered, Track, gather, layer_samples
+from gradwatch.core.pipeline import Gathered, Track, gather, layer_samples, merge_shards
 from gradwatch.core.recorder import LayerRecorder
 from gradwatch.core.scaler import ScalerWatch
+from gradwatch.core.sharded import local_copies
+from gradwatch.core.sharded_report import adopt_engine, forward_arrival, late_sharding
 from gradwatch.core.sketch import Fingerprint, fingerprint
 from gradwatch.core.structure import Structure, group_signature
 from gradwatch.core.unwatched import StepNesting, UnwatchedUpdates
@@ -34,6 +36,10 @@ __all__ = ["StepPipeline"]
 
 def _fingerprint_track(track: Track) -> None:
     """Fingerprints, not copies: a few numbers per tensor (core/sketch.py)."""
+    if track.sharded is not None:  # this rank's shards only (a copy), never a gather
+        with torch.no_grad():
+            track.snapshot = local_copies(track.params)
+        return
     if track.frozen and not any(ParamIndex.uninitialized(p) for p in track.frozen):
         track.frozen_fp = _fingerprint(track.frozen)
     if not track.params or any(ParamIndex.uninitialized(p) for p in track.params):
@@ -82,6 +88,7 @@ class StepPipeline:
         self.step_calls = 0  # outer optimizer steps entered (judged or not)
         self.nesting = StepNesting()
         self.unwatched = UnwatchedUpdates()
+        self.sharded: Optional[str] = None  # the sharding engine (core/sharded.py), if any
 
     # -- layout ----------------------------------------------------------------------------
 
@@ -90,6 +97,7 @@ class StepPipeline:
         if self.model is None:
             return
         view = self.structure.sync(self.model, self.hooks, step)
+        adopt_engine(self, step)
         self.extra.install()
         if view is not None:
             self._on_structure(view, step)
@@ -184,6 +192,7 @@ class StepPipeline:
                 min_hooked_at=self.hooks.hooked_at,
                 last_hooked=self.hooks.last_hooked,
                 scaler_scale=self.scaler.scale_tensor(),
+                arrival=forward_arrival(self.sharded, structure.index, self.tracker, track.start),
                 extra=self.scout.pending_flags(),
             )
         trace = self.scout.interpret(g.extra) if self.scout.armed else None
@@ -241,8 +250,10 @@ class StepPipeline:
         ex = None
         if self.dist is not None:  # one all_gather: which rank missed what, and why
             device = track.params[0].device if track.params else None
-            ex = self.dist.exchange(g.ids, g.arrived, cause, tracker, device)
+            ex = self.dist.exchange(g.ids, g.arrived, cause, tracker, device, g.shard)
             ranks, g.arrived = ex.ranks_missing, ex.arrived
+            if ex.payload is not None:  # sharded: per-rank shard sums -> global values
+                merge_shards(g, ex.payload, observed, numel, tracker, index)
         return StepView(
             step=track.steps,
             optimizer=track.index,
@@ -297,6 +308,8 @@ class StepPipeline:
 
 def run_view(pipe: StepPipeline, faults: list[str]) -> RunView:
     """What the whole run showed, for the checks that judge it once at the end."""
+    if pipe.model is not None:  # a short run may never have re-read the layout
+        late_sharding(pipe.sharded, pipe.model, pipe.findings, pipe.config, pipe.steps)
     tracker = pipe.tracker
     return RunView(
         steps=pipe.steps,

@@ -42,6 +42,8 @@ from gradwatch.core.persist import ReportRefresher
 from gradwatch.core.recorder import LayerRecorder
 from gradwatch.core.resets import sweep_resets
 from gradwatch.core.scaler import ScalerWatch
+from gradwatch.core.sharded import engine_of, flat_params, unwrap_fsdp1
+from gradwatch.core.sharded_report import hook_backward, report_layout
 from gradwatch.core.steps import StepPipeline
 from gradwatch.core.structure import Structure
 from gradwatch.errors import ConfigError, GradWatchError, GradWatchWarning
@@ -57,10 +59,12 @@ ConfigArg = Union[GradWatchConfig, dict[str, Any], str, Path, None]
 
 
 def unwrap(model: nn.Module) -> nn.Module:
-    """The user's module inside DDP/DataParallel/``torch.compile`` wrappers."""
+    """The user's module inside DDP/DataParallel/FSDP1/``torch.compile`` wrappers."""
     while True:
         if isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
             model = model.module
+        elif (inner := unwrap_fsdp1(model)) is not None:
+            model = inner
         elif hasattr(model, "_orig_mod") and isinstance(model._orig_mod, nn.Module):
             model = model._orig_mod
         else:
@@ -178,6 +182,8 @@ class Watcher:
             LayerRecorder(self.config.history, sinks),
             dist,
         )
+        self._pipe.sharded = engine_of(model)
+        self._flat = [weakref.ref(p) for p in flat_params(model)] if self._pipe.sharded else []
         self._refresher = ReportRefresher(
             self.config.report_path, self.config.report_every_n_steps, self._write_current
         )
@@ -245,6 +251,7 @@ class Watcher:
         self._attached = True
         try:
             self._pipe.sync(step=0)
+            _attach_sharded(self, model)
             wrapper = self._wrapper() if self._wrapper is not None else None
             if wrapper is not None:
                 self._hooks.hook_compiled_wrapper(wrapper)
@@ -372,6 +379,14 @@ class Watcher:
 
     def _build_report(self) -> Report:
         return build_report(self._pipe)
+
+
+def _attach_sharded(w: Watcher, model: nn.Module) -> None:
+    """Sharded engines: backward-pass evidence FSDP1 needs, and what the layout hides."""
+    pipe = w._pipe
+    on_arrival, on_error = w._arrival_callback(), w._faults.callback()
+    hook_backward(pipe.sharded, model, w._flat, w._hooks.add, on_arrival, on_error)
+    report_layout(pipe.sharded, w._log, w.config, pipe.structure)
 
 
 def _check_model(model: nn.Module) -> None:

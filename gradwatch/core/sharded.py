@@ -1,0 +1,264 @@
+"""Sharded engines (FSDP2, FSDP1): local-shard statistics combined with one small collective.
+
+What the mechanisms give us (torch 2.13, gloo, checked on 2 CPU ranks):
+
+- **FSDP2** (``fully_shard``): parameters are ``DTensor`` s holding this rank's shard; their
+  post-accumulate-grad hooks fire when FSDP2 assigns the reduce-scattered gradient, and an
+  unused parameter's ``.grad`` stays ``None`` on every rank. Arrival evidence is the hooks,
+  as without sharding; norms are computed on ``._local_tensor`` and combined across ranks.
+- **FSDP1, ``use_orig_params=True``**: each original parameter is a 1-D view of this rank's
+  slice of a flat parameter (size 0 on ranks holding none of it). FSDP assigns the gradient
+  views after its reduce-scatter, so no hook on an original parameter fires, and an unused
+  parameter gets a *zero* slice, not ``None``. A ghost whose module never ran (or ran under
+  ``no_grad``) is told by the forward hooks; one whose module ran but gave it no gradient
+  cannot be told from a zero gradient. The flat parameters' own hooks mark backward passes.
+- **FSDP1 flattened** (default): the model has one ``_flat_param`` per FSDP unit and the
+  original modules own no parameter: nothing can be read per layer, which a ``not_observed``
+  finding says (the report fails rather than passes on what was never looked at).
+
+Statistics never all-gather gradients: each rank sends, per parameter, its shard's sum of
+squares, sum of |g|, max |g|, non-zero count, element count and whether it holds a gradient,
+riding on the one ``all_gather`` that already carries the arrival codes
+(:meth:`gradwatch.core.distributed.DistSync.exchange`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any, Callable, Optional
+
+import torch
+from torch import nn
+
+from gradwatch.core.stats import Chunk, segment_norms
+
+__all__ = [
+    "FSDP1_FLAT",
+    "FSDP1_ORIG",
+    "FSDP2",
+    "WRAPPER_SEGMENTS",
+    "clean_name",
+    "combine",
+    "engine_of",
+    "flat_params",
+    "hook_flat_params",
+    "hook_layer_outputs",
+    "local",
+    "local_copies",
+    "local_norms",
+    "payload",
+    "unwrap_fsdp1",
+]
+
+FSDP2 = "fsdp2"
+FSDP1_ORIG = "fsdp1_orig"
+FSDP1_FLAT = "fsdp1_flat"
+
+WRAPPER_SEGMENTS = frozenset({"_fsdp_wrapped_module", "_checkpoint_wrapped_module", "_orig_mod"})
+"""Module-name segments that wrappers insert: the user never wrote them."""
+
+_F32 = torch.float32
+
+try:  # torch.distributed may be missing from a build
+    from torch.distributed.tensor import DTensor as _DTensor
+except ImportError:  # pragma: no cover - builds without distributed
+    _DTensor = None  # type: ignore[assignment,misc]
+
+
+def clean_name(name: str) -> str:
+    """``name`` without the segments wrappers insert (``a._fsdp_wrapped_module.b`` -> ``a.b``).
+
+    Example:
+        >>> clean_name("_fsdp_wrapped_module.encoder._checkpoint_wrapped_module.weight")
+        'encoder.weight'
+    """
+    if "_" not in name or not any(s in name for s in WRAPPER_SEGMENTS):
+        return name  # the common case: one substring scan, no split
+    return ".".join(s for s in name.split(".") if s not in WRAPPER_SEGMENTS)
+
+
+def _fsdp1_class() -> Optional[type]:
+    try:
+        from torch.distributed.fsdp import FullyShardedDataParallel
+    except ImportError:  # pragma: no cover - builds without distributed
+        return None
+    return FullyShardedDataParallel
+
+
+def unwrap_fsdp1(model: nn.Module) -> Optional[nn.Module]:
+    """The module inside an FSDP1 wrapper, or None when ``model`` is not one."""
+    cls = _fsdp1_class()
+    if cls is not None and isinstance(model, cls):
+        inner = model.module
+        return inner if isinstance(inner, nn.Module) else None
+    return None
+
+
+def engine_of(model: nn.Module) -> Optional[str]:
+    """Which sharding engine holds ``model``'s parameters (``None``: not sharded)."""
+    cls = _fsdp1_class()
+    if cls is not None:
+        for mod in model.modules():
+            if isinstance(mod, cls):
+                return FSDP1_ORIG if getattr(mod, "_use_orig_params", False) else FSDP1_FLAT
+    for p in model.parameters():
+        if _DTensor is not None and isinstance(p, _DTensor):
+            return FSDP2
+        # FSDP1 marks what it flattened: seen from inside a wrapper (Lightning watches the
+        # LightningModule that its FSDP strategy wrapped) the mark is all there is.
+        if getattr(p, "_fsdp_flattened", False):
+            return FSDP1_FLAT if getattr(p, "_is_flat_param", False) else FSDP1_ORIG
+    return None
+
+
+def flat_params(model: nn.Module) -> list[torch.Tensor]:
+    """FSDP1's flat parameters under ``model`` (their hooks fire once per backward)."""
+    out: list[torch.Tensor] = []
+    seen: set[int] = set()
+    for mod in model.modules():
+        p = getattr(mod, "_flat_param", None)
+        if isinstance(p, torch.Tensor) and id(p) not in seen and p.requires_grad:
+            seen.add(id(p))
+            out.append(p)
+    return out
+
+
+def hook_flat_params(
+    flat: Sequence[Callable[[], Optional[torch.Tensor]]],
+    add: Callable[[Any], None],
+    on_arrival: Callable[[], None],
+    on_error: Callable[[str, BaseException], None],
+) -> None:
+    """FSDP1: a hook on each flat parameter marks the backward passes (``add`` keeps handles).
+
+    No hook on an original parameter fires under FSDP1; the flat parameter is the autograd
+    leaf, so its post-accumulate hook runs once per backward.
+    """
+
+    def hook(p: torch.Tensor) -> None:
+        try:
+            on_arrival()
+        except Exception as exc:
+            on_error("FSDP1 flat parameter hook", exc)
+
+    for ref in flat:
+        p = ref()
+        if p is not None:
+            add(p.register_post_accumulate_grad_hook(hook))
+
+
+def hook_layer_outputs(
+    model: nn.Module,
+    add: Callable[[Any], None],
+    on_arrival: Callable[[], None],
+    on_error: Callable[[str, BaseException], None],
+) -> None:
+    """FSDP1 watched from inside its wrapper (no flat parameter in reach, e.g. Lightning):
+    a gradient reaching any layer's output marks the backward pass instead.
+
+    One tensor hook per layer call under grad mode: the cost is paid under FSDP1 only.
+    """
+
+    def grad_hook(grad: torch.Tensor) -> None:
+        try:
+            on_arrival()
+        except Exception as exc:
+            on_error("FSDP1 layer output hook", exc)
+
+    def forward_hook(module: nn.Module, args: Any, output: Any) -> None:
+        try:
+            if not torch.is_grad_enabled():
+                return
+            outs = output if isinstance(output, (tuple, list)) else (output,)
+            for t in outs:
+                if isinstance(t, torch.Tensor) and t.requires_grad:
+                    t.register_hook(grad_hook)
+                    return
+        except Exception as exc:
+            on_error("FSDP1 layer forward hook", exc)
+
+    for mod in model.modules():
+        if mod._parameters:
+            add(mod.register_forward_hook(forward_hook))
+
+
+def local(t: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of ``t`` (``t`` itself when it is not a DTensor)."""
+    inner = getattr(t, "_local_tensor", None)
+    return inner if isinstance(inner, torch.Tensor) else t
+
+
+def local_copies(params: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """Copies of this rank's shards (what the update ratio compares against after a step)."""
+    return [local(p).detach().clone() for p in params]
+
+
+def local_norms(tensors: Sequence[torch.Tensor], ords: Sequence[float]) -> list[Chunk]:
+    """Per-tensor norms of local shards, empty shards included (they give 0).
+
+    ``_foreach_norm`` refuses the max of an empty tensor, and a shard may be empty (a bias
+    of 1 element on 2 ranks): one concatenation and a segment reduction handle both.
+    """
+    if not tensors:
+        return [[] for _ in ords]
+    flat = torch.cat([t.detach().reshape(-1).to(_F32) for t in tensors])
+    return segment_norms(flat, tensors, ords)
+
+
+def _sq(v: Optional[float]) -> float:
+    return 0.0 if v is None else v * v
+
+
+def payload(
+    n: int,
+    present: list[bool],
+    norms: list[float],
+    stats: Optional[dict[str, list[float]]],
+    pnorm: list[Optional[float]],
+    delta: list[Optional[float]],
+    numel: list[int],
+) -> list[float]:
+    """This rank's per-parameter shard values, laid out for :func:`combine`."""
+    nan = math.nan
+    out = [1.0 if p else 0.0 for p in present]
+    out.extend(v * v for v in norms)
+    if stats is not None:
+        out.extend(stats["l1"])
+        out.extend(stats["linf"])
+        out.extend(stats["nnz"])
+    out.extend(nan if v is None else v * v for v in pnorm)
+    out.extend(nan if v is None else v * v for v in delta)
+    out.extend(float(m) for m in numel)
+    assert len(out) == n * (5 + (3 if stats is not None else 0))
+    return out
+
+
+def combine(rows: list[list[float]], n: int, observed: bool) -> dict[str, Any]:
+    """Every rank's :func:`payload` -> global per-parameter values (same on every rank)."""
+
+    def cols(k: int) -> list[list[float]]:
+        return [row[k * n : (k + 1) * n] for row in rows]
+
+    def total(k: int) -> list[float]:
+        return [sum(c) for c in zip(*cols(k))]
+
+    has = [any(c) for c in zip(*cols(0))]
+    sq = total(1)
+    out: dict[str, Any] = {
+        "has_grad": has,
+        "grad_norm": [math.sqrt(s) if h else None for s, h in zip(sq, has)],
+    }
+    k = 2
+    if observed:
+        l1, nnz = total(2), total(4)
+        linf = [max(c) for c in zip(*cols(3))]
+        out["l1"] = [v if h else None for v, h in zip(l1, has)]
+        out["linf"] = [v if h else None for v, h in zip(linf, has)]
+        out["nnz"] = [v if h else None for v, h in zip(nnz, has)]
+        k = 5
+    for key, at in (("param_norm", k), ("delta", k + 1)):
+        sums = total(at)  # NaN (no value on some rank) propagates: no value then
+        out[key] = [None if math.isnan(s) else math.sqrt(s) for s in sums]
+    out["numel"] = [int(v) for v in total(k + 2)]
+    return out

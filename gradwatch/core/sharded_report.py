@@ -1,0 +1,134 @@
+"""What gradwatch can and cannot see under each sharding engine: evidence and findings."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Callable, Optional
+
+import torch
+from torch import nn
+
+from gradwatch.checks.not_observed import emit_not_observed
+from gradwatch.core.sharded import (
+    FSDP1_FLAT,
+    FSDP1_ORIG,
+    engine_of,
+    hook_flat_params,
+    hook_layer_outputs,
+)
+
+if TYPE_CHECKING:
+    from gradwatch.config import GradWatchConfig
+    from gradwatch.core.evidence import Tracker
+    from gradwatch.core.findings import FindingLog
+    from gradwatch.core.index import ParamIndex
+    from gradwatch.core.structure import Structure
+
+__all__ = ["adopt_engine", "forward_arrival", "hook_backward", "late_sharding", "report_layout"]
+
+
+def adopt_engine(pipe: Any, step: int) -> None:
+    """After a layout re-read: the tracks learn the engine; sharding after watch() is said."""
+    if pipe.model is not None:
+        late_sharding(pipe.sharded, pipe.model, pipe.findings, pipe.config, step)
+    for track in pipe.structure.tracks:
+        track.sharded = pipe.sharded
+
+
+def late_sharding(
+    engine: Optional[str], model: nn.Module, log: FindingLog, config: GradWatchConfig, step: int
+) -> None:
+    """The model was sharded after ``watch()`` began (seen at a layout re-read): say so.
+
+    ``fully_shard`` replaces every parameter with a DTensor: the hooks, and an optimizer
+    created before it, still hold the old tensors, which no backward reaches any more.
+    """
+    if engine is not None or engine_of(model) is None:
+        return
+    emit_not_observed(
+        log,
+        severity=config.check("not_observed").severity,
+        step=step,
+        reason="sharded_after_watch",
+        message="The model was sharded (fully_shard / FSDP) after watch() began: gradwatch "
+        "(and any optimizer created before sharding) holds the parameters from before.",
+        hint="Shard first, then create the optimizer from the sharded model's parameters, "
+        "then call watch().",
+    )
+
+
+def hook_backward(
+    engine: Optional[str],
+    model: nn.Module,
+    flat: Sequence[Callable[[], Optional[torch.Tensor]]],
+    add: Callable[[Any], None],
+    on_arrival: Callable[[], None],
+    on_error: Callable[[str, BaseException], None],
+) -> None:
+    """FSDP1: mark backward passes from its flat parameters, or (none in reach: the model
+    was watched from inside its wrapper, as Lightning does) from the layers' outputs."""
+    if engine not in (FSDP1_ORIG, FSDP1_FLAT):
+        return
+    if flat:
+        hook_flat_params(flat, add, on_arrival, on_error)
+    else:
+        hook_layer_outputs(model, add, on_arrival, on_error)
+
+
+def forward_arrival(
+    engine: Optional[str], index: ParamIndex, tracker: Tracker, start: int
+) -> Optional[Callable[[int], bool]]:
+    """FSDP1: no hook sees an original parameter's gradient; its module's forward does.
+
+    A parameter counts as arrived when a module owning it ran with gradients enabled since
+    event ``start``: a ghost whose module never ran (or ran under ``no_grad``) is caught,
+    one whose module ran without giving it a gradient is not (FSDP1 hands it a zero slice).
+    ``None`` (the hooks' evidence holds) for every other engine.
+    """
+    if engine not in (FSDP1_ORIG, FSDP1_FLAT):
+        return None
+    params, fwd = index.params, tracker.fwd_grad
+
+    def arrived(i: int) -> bool:
+        return any(fwd.get(o, 0) > start for o in params[i].owners)
+
+    return arrived
+
+
+def report_layout(
+    engine: Optional[str], log: FindingLog, config: GradWatchConfig, structure: Structure
+) -> None:
+    """Emit the ``not_observed`` finding for what ``engine`` hides from gradwatch (if any).
+
+    FSDP1 flattened: nothing per layer (the report fails: the configured severity). FSDP1
+    ``use_orig_params``: a ghost whose module ran without giving it a gradient looks like a
+    zero gradient (``info``: the other checks run, only that cause is out of reach).
+    """
+    if engine == FSDP1_FLAT:
+        names = [n for info in structure.index.params for n in info.names]
+        emit_not_observed(
+            log,
+            severity=config.check("not_observed").severity,
+            step=0,
+            reason="fsdp1_flat_params",
+            message="FSDP1 with flattened parameters (use_orig_params=False): the model's "
+            f"{len(names)} flat parameter(s) hide every layer, so no per-layer check "
+            "(ghost parameters included) can run.",
+            hint="Wrap with FullyShardedDataParallel(..., use_orig_params=True) or use FSDP2 "
+            "(torch.distributed.fsdp.fully_shard): gradwatch then checks every layer.",
+            params=names,
+            details={"engine": engine},
+        )
+    elif engine == FSDP1_ORIG:
+        emit_not_observed(
+            log,
+            severity="info",
+            step=0,
+            reason="fsdp1_disconnected",
+            message="FSDP1 assigns gradients after its reduce-scatter and gives an unused "
+            "parameter a zero gradient: a ghost whose layer never ran (or ran under no_grad) "
+            "is named, one whose layer ran without giving it a gradient (disconnected) is not.",
+            hint="FSDP2 (torch.distributed.fsdp.fully_shard) keeps an unused parameter's "
+            "gradient None, so gradwatch sees every ghost there.",
+            details={"engine": engine},
+        )

@@ -1,0 +1,114 @@
+"""gradwatch under FSDP2 and FSDP1: 2 CPU processes on gloo, a ghost model and a clean twin each.
+
+Every rank writes what it saw (report, warnings, the error that ended it) and, after the
+run, each layer's gradient norm from the *full* gradients (``full_tensor`` /
+``summon_full_params``) that the report's shard-combined norms must match.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch.multiprocessing as mp
+from _dist_helpers import STEPS, WORLD, free_port
+from _sharded_helpers import SCENARIOS, late_worker, sharded_worker
+
+pytestmark = pytest.mark.slow
+
+Runs = dict[str, list[dict[str, Any]]]  # scenario -> one record per rank
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
+    """Every engine's scenarios in one ``mp.spawn`` (process start-up dominates the cost)."""
+    out = tmp_path_factory.mktemp("sharded")
+    mp.spawn(sharded_worker, args=(free_port(), str(out), {}), nprocs=WORLD, join=True)
+    found: Runs = {
+        name: [json.loads((out / f"{name}.rank{r}.json").read_text()) for r in range(WORLD)]
+        for name in SCENARIOS
+    }
+    for engine in ("fsdp2", "fsdp1_orig", "fsdp1_inner"):
+        found[f"{engine}_expected"] = [
+            json.loads((out / f"{engine}.expected{r}.json").read_text()) for r in range(WORLD)
+        ]
+    return found
+
+
+def _failing(report: dict[str, Any]) -> list[dict[str, Any]]:
+    return [f for f in report["findings"] if f["severity"] in ("warning", "error")]
+
+
+@pytest.mark.parametrize("engine", ["fsdp2", "fsdp1_orig", "fsdp1_inner"])
+def test_ghost_named_with_the_users_names_cause_and_ranks(runs: Runs, engine: str) -> None:
+    for rec in runs[f"{engine}_ghost"]:
+        assert rec["error"] is None, rec.get("traceback")
+        report = rec["report"]
+        assert report["steps"] == STEPS and report["backward_passes"] == STEPS
+        assert report["failed"] is True
+        (ghost,) = [f for f in _failing(report)]
+        assert ghost["check"] == "ghost_param"
+        assert ghost["module"] == "dead"
+        assert sorted(ghost["params"]) == ["dead.bias", "dead.weight"]
+        assert ghost["details"]["cause"] == "not_called"
+        assert ghost["details"]["ranks"] == [0, 1]
+        names = [layer["name"] for layer in report["layers"]]
+        assert not any("_fsdp_wrapped_module" in n or "_flat_param" in n for n in names)
+        assert {"encoder.0", "encoder.2", "head", "dead"} <= set(names)
+    assert runs[f"{engine}_ghost"][1]["warnings"] == []  # rank 0 reports
+
+
+@pytest.mark.parametrize("engine", ["fsdp2", "fsdp1_orig", "fsdp1_inner"])
+def test_clean_twin_passes_with_global_statistics(runs: Runs, engine: str) -> None:
+    """Shard norms combined across ranks equal the norms of the full gradients, on both ranks."""
+    expected = runs[f"{engine}_expected"][0]
+    assert expected == runs[f"{engine}_expected"][1]
+    for rec in runs[f"{engine}_clean"]:
+        assert rec["error"] is None, rec.get("traceback")
+        report = rec["report"]
+        assert report["steps"] == STEPS and report["backward_passes"] == STEPS
+        assert report["failed"] is False and _failing(report) == []
+        assert rec["warnings"] == []
+        layers = {layer["name"]: layer for layer in report["layers"]}
+        for name, norm in expected.items():
+            assert layers[name]["grad_norm_last"] == pytest.approx(norm, rel=1e-5), name
+            assert layers[name]["steps_with_grad"] == STEPS
+        # numel is the full layer's, not this rank's shard
+        assert layers["encoder.0"]["numel"] == 6 * 16 + 16
+        assert layers["head"]["param_norm"] is not None
+        assert layers["head"]["update_ratio"] is not None
+
+
+@pytest.mark.parametrize("engine", ["fsdp1_orig", "fsdp1_inner"])
+def test_fsdp1_orig_says_disconnected_ghosts_are_out_of_reach(runs: Runs, engine: str) -> None:
+    for rec in runs[f"{engine}_clean"]:
+        (note,) = [f for f in rec["report"]["findings"] if f["check"] == "not_observed"]
+        assert note["severity"] == "info"
+        assert note["details"]["reason"] == "fsdp1_disconnected"
+
+
+@pytest.mark.parametrize("mode", ["ghost", "clean"])
+def test_fsdp1_flattened_never_passes_silently(runs: Runs, mode: str) -> None:
+    for rec in runs[f"fsdp1_flat_{mode}"]:
+        assert rec["error"] is None, rec.get("traceback")
+        report = rec["report"]
+        assert report["steps"] == STEPS
+        assert report["failed"] is True
+        (finding,) = _failing(report)
+        assert finding["check"] == "not_observed"
+        assert finding["details"]["reason"] == "fsdp1_flat_params"
+        assert finding["params"] == ["_flat_param"]
+        assert "use_orig_params=True" in finding["hint"]
+
+
+def test_sharding_after_watch_fails_the_report_with_one_line(tmp_path: Path) -> None:
+    """fully_shard after watch(): the hooks hold the old tensors; the report must not pass."""
+
+    mp.spawn(late_worker, args=(free_port(), str(tmp_path)), nprocs=1, join=True)
+    report = json.loads((tmp_path / "late.json").read_text())
+    assert report["failed"] is True
+    (finding,) = [f for f in report["findings"] if f["check"] == "not_observed"]
+    assert finding["details"]["reason"] == "sharded_after_watch"
+    assert "Shard first" in finding["hint"]

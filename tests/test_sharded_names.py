@@ -1,0 +1,46 @@
+"""Sharded-engine plumbing that needs no process group: names, engine detection, local shards."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+import gradwatch
+from gradwatch.core.sharded import clean_name, engine_of, local, local_norms
+
+
+def test_wrapper_segments_are_stripped_and_user_names_kept() -> None:
+    assert clean_name("_fsdp_wrapped_module.encoder.0.weight") == "encoder.0.weight"
+    assert clean_name("a._checkpoint_wrapped_module.b._orig_mod.c") == "a.b.c"
+    assert clean_name("_fsdp_wrapped_module") == ""
+    # a user's own underscore names are not wrapper segments
+    assert clean_name("my_fsdp_wrapped_module_x.w") == "my_fsdp_wrapped_module_x.w"
+    assert clean_name("layer._private.weight") == "layer._private.weight"
+
+
+def test_plain_model_is_not_sharded_and_local_is_identity() -> None:
+    model = nn.Linear(3, 2)
+    assert engine_of(model) is None
+    assert local(model.weight) is model.weight
+
+
+def test_local_norms_handle_empty_shards() -> None:
+    """A shard can be empty (a 1-element bias on 2 ranks): its sums are 0, not an error."""
+    a, empty = torch.tensor([3.0, -4.0]), torch.zeros(0)
+    l2, l1, linf, nnz = (v.tolist() for v in local_norms([a, empty], (2.0, 1.0, float("inf"), 0.0)))
+    assert l2 == [5.0, 0.0] and l1 == [7.0, 0.0] and linf == [4.0, 0.0] and nnz == [2.0, 0.0]
+
+
+def test_checkpoint_wrapper_names_are_the_users() -> None:
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+    model = nn.Sequential(checkpoint_wrapper(nn.Linear(4, 4)), nn.Linear(4, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with gradwatch.watch(model, opt) as w:
+        for _ in range(2):
+            opt.zero_grad()
+            model(torch.randn(3, 4)).sum().backward()
+            opt.step()
+    names = {layer.name for layer in w.report().layers}
+    assert names == {"0", "1"}
+    assert w.report().findings == []
