@@ -45,7 +45,6 @@ class DeadParam(Check):
         patience = self.config.patience
         for layer, s in view.layers.items():
             dead = s.finite and s.nonzero == 0
-            names = view.index.names([view.ids[k] for k in s.positions])
             if self._layers.hit(layer, dead) >= patience:
                 log.emit(
                     self.id,
@@ -55,7 +54,7 @@ class DeadParam(Check):
                     "observed steps (dead units).",
                     hint="Dead ReLUs or a saturated activation: lower the learning rate, use "
                     "LeakyReLU/GELU, check the bias initialisation and the input scale.",
-                    params=names,
+                    params=view.index.names([view.ids[k] for k in s.positions]),
                     module=layer,
                     details={"scope": "layer"},
                 )
@@ -65,7 +64,7 @@ class DeadParam(Check):
             stuck = [
                 view.ids[k]
                 for k in s.positions
-                if self._params.hit(str(view.ids[k]), view.grad_norm[k] == 0.0) >= patience
+                if self._params.hit(view.ids[k], view.grad_norm[k] == 0.0) >= patience
             ]
             if stuck:
                 log.emit(

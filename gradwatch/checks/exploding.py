@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from collections import deque
 from typing import TYPE_CHECKING
 
+from gradwatch.checks._window import MedianWindow
 from gradwatch.checks.base import Check, StepView
 from gradwatch.checks.docs import CheckDoc
 from gradwatch.config import ExplodingGradConfig
-from gradwatch.core.stats import median
 
 if TYPE_CHECKING:
     from gradwatch.core.findings import FindingLog
@@ -38,19 +37,21 @@ class ExplodingGrad(Check):
 
     def __init__(self, config, watch_config) -> None:  # type: ignore[no-untyped-def]
         super().__init__(config, watch_config)
-        self._history: dict[str, deque[float]] = {}
+        self._history: dict[str, MedianWindow] = {}
 
     def on_step(self, view: StepView, log: FindingLog) -> None:
         cfg = self.config
         for layer, sample in view.layers.items():
             if not sample.finite:
                 continue
-            hist = self._history.setdefault(layer, deque(maxlen=self.watch_config.history))
+            hist = self._history.get(layer)
+            if hist is None:
+                hist = self._history[layer] = MedianWindow(self.watch_config.history)
             reason = None
             if cfg.max_norm is not None and sample.norm > cfg.max_norm:
                 reason = f"gradient norm {sample.norm:.3g} exceeds max_norm {cfg.max_norm:g}"
             elif len(hist) >= cfg.warmup:
-                med = median(hist)
+                med = hist.median()
                 if med > 0 and sample.norm > cfg.spike_factor * med:
                     reason = (
                         f"gradient norm {sample.norm:.3g} jumped to {sample.norm / med:.1f}x its "

@@ -12,6 +12,7 @@ import torch
 from gradwatch.checks.base import LayerSample
 from gradwatch.core.evidence import Tracker
 from gradwatch.core.index import ParamIndex
+from gradwatch.core.layer_rows import fast_layer_samples
 from gradwatch.core.sharded import combine, local, local_norms, payload
 from gradwatch.core.sketch import Fingerprint, measure
 from gradwatch.core.stats import Chunk, to_host
@@ -249,6 +250,10 @@ def layer_samples(g: Gathered, numel: list[int], track: Track) -> dict[str, Laye
     """Per-layer values over the parameters that received a gradient (observed steps only)."""
     if g.stats is None:
         return {}
+    if g.ks is track.positions:  # every position live and measured (the usual step)
+        fast = fast_layer_samples(g.stats, g.arrived, g.grad_norm, numel, track.layer_positions)
+        if fast is not None:
+            return fast
     l1, linf, nnz = g.stats.get("l1"), g.stats.get("linf"), g.stats.get("nnz")
     pnorm, delta = g.stats["param_norm"], g.stats["delta"]
     if g.ks is track.positions:  # every tracked parameter judged: the cached grouping holds

@@ -18,6 +18,8 @@ from typing import Optional, Union
 import torch
 from torch._utils import _flatten_dense_tensors
 
+from gradwatch.core.chunked import abs_stats
+
 __all__ = [
     "Chunk",
     "flatten_cpu",
@@ -150,6 +152,10 @@ def norms(tensors: Sequence[torch.Tensor], ords: Sequence[float]) -> list[Chunk]
     flat = flatten_cpu(tensors)
     if flat is None:
         cpu = tensors[0].device.type == "cpu"
+        fused = abs_stats(tensors) if cpu and len(ords) > 2 else None
+        if fused is not None:  # L1, max and count in one chunked pass (core/chunked.py)
+            by_ord: dict[float, Chunk] = dict(zip((1.0, math.inf, 0.0), fused))
+            return [by_ord[o] if o in by_ord else foreach_norms(tensors, o) for o in ords]
         return [
             _cpu_max_abs(tensors) if cpu and o == math.inf else foreach_norms(tensors, o)
             for o in ords
