@@ -1,0 +1,111 @@
+"""The fast paths of statistics steps give what the general code gives (issue 17)."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gradwatch.checks._window import MedianWindow
+from gradwatch.core.chunked import CHUNK, abs_stats
+from gradwatch.core.layer_rows import fast_layer_samples
+from gradwatch.core.stats import foreach_norms, median
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.floats(min_value=0.0, max_value=1e6, allow_nan=False), min_size=1, max_size=80),
+    st.integers(min_value=1, max_value=12),
+)
+def test_median_window_matches_sorting_the_last_values(values: list[float], maxlen: int) -> None:
+    w = MedianWindow(maxlen)
+    for k, v in enumerate(values):
+        w.append(v)
+        kept = values[max(0, k + 1 - maxlen) : k + 1]
+        assert len(w) == len(kept)
+        assert w.median() == median(kept)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_abs_stats_match_the_separate_kernels(dtype: torch.dtype) -> None:
+    g = torch.Generator().manual_seed(0)
+    # one tensor over several chunks (with a short last chunk), one below a chunk
+    ts = [torch.randn(2 * CHUNK + 123, generator=g, dtype=dtype), torch.randn(5000, dtype=dtype)]
+    ts[0][CHUNK - 3 : CHUNK + 40] = 0.0  # zeros across a chunk boundary
+    ts[0][CHUNK + 77] = -1e30 if dtype is torch.float64 else -3e30  # the max, negative
+    l1, mx, nnz = abs_stats(ts)  # type: ignore[misc]
+    for k, t in enumerate(ts):
+        assert float(l1[k]) == pytest.approx(float(t.double().abs().sum()), rel=1e-5)
+        assert float(mx[k]) == float(t.abs().max().float())  # results are float32
+        assert float(nnz[k]) == float(torch.count_nonzero(t))
+
+
+def test_abs_stats_propagate_nan_and_inf_and_decline_what_they_do_not_cover() -> None:
+    a, b = torch.ones(CHUNK + 10), torch.ones(100)
+    a[CHUNK + 5], b[3] = float("nan"), float("inf")
+    l1, mx, nnz = abs_stats([a, b])  # type: ignore[misc]
+    assert math.isnan(float(l1[0])) and math.isnan(float(mx[0]))
+    assert float(nnz[0]) == CHUNK + 10  # a NaN counts as non-zero, as before
+    assert math.isinf(float(l1[1])) and math.isinf(float(mx[1])) and float(nnz[1]) == 100
+    old = foreach_norms([a, b], 0.0)
+    assert [float(v) for v in old] == nnz.tolist()
+    assert abs_stats([torch.ones(3, dtype=torch.float16)]) is None
+    assert abs_stats([torch.ones(3), torch.ones(3, dtype=torch.float64)]) is None
+    assert abs_stats([torch.ones(3).to_sparse()]) is None
+    assert abs_stats([]) is None
+
+
+def _generic(stats, arrived, gn, numel, groups):  # type: ignore[no-untyped-def]
+    """The slow path's arithmetic (core/pipeline.py layer_samples), for comparison."""
+    out = {}
+    for layer, js in groups.items():
+        live = [j for j in js if arrived[j] and gn[j] is not None]
+        size = sum(numel[j] for j in live) or 1
+        dn = [stats["delta"][j] for j in js if stats["delta"][j] is not None]
+        out[layer] = (
+            math.hypot(*[gn[j] for j in live]),
+            sum(stats["l1"][j] for j in live) / size,
+            max(stats["linf"][j] for j in live),
+            sum(stats["nnz"][j] for j in live),
+            size,
+            math.hypot(*[stats["param_norm"][j] for j in js]),
+            math.hypot(*dn) if len(dn) == len(js) else None,
+        )
+    return out
+
+
+@pytest.mark.parametrize("with_delta", [True, False])
+def test_fast_layer_samples_equal_the_general_path(with_delta: bool) -> None:
+    rnd = random.Random(1)
+    n = 31
+    groups: dict[str, list[int]] = {}
+    for j in range(n):  # layers of one, two and three parameters, interleaved
+        groups.setdefault(f"l{j % 11}", []).append(j)
+    vals = {k: [rnd.uniform(0.0, 3.0) for _ in range(n)] for k in ("l1", "linf", "nnz", "pn")}
+    stats = {
+        "l1": vals["l1"],
+        "linf": vals["linf"],
+        "nnz": vals["nnz"],
+        "param_norm": vals["pn"],
+        "delta": [rnd.uniform(0, 1) for _ in range(n)] if with_delta else [None] * n,
+    }
+    gn = [rnd.uniform(0.0, 5.0) for _ in range(n)]
+    numel = [rnd.randint(1, 300) for _ in range(n)]
+    arrived = [True] * n
+    fast = fast_layer_samples(stats, arrived, gn, numel, groups)  # type: ignore[arg-type]
+    assert fast is not None
+    want = _generic(stats, arrived, gn, numel, groups)
+    assert list(fast) == list(want)
+    for layer, s in fast.items():
+        got = (s.norm, s.mean_abs, s.max_abs, s.nonzero, s.numel, s.param_norm, s.delta_norm)
+        assert got == want[layer]
+        assert s.positions == groups[layer]
+    # anything not live or not measured takes the general path
+    assert fast_layer_samples(stats, [False, *arrived[1:]], gn, numel, groups) is None  # type: ignore[arg-type]
+    assert fast_layer_samples(stats, arrived, [None, *gn[1:]], numel, groups) is None  # type: ignore[arg-type]
+    partial = {**stats, "delta": [None, *[0.5] * (n - 1)]}
+    assert fast_layer_samples(partial, arrived, gn, numel, groups) is None  # type: ignore[arg-type]
