@@ -109,3 +109,47 @@ def test_fast_layer_samples_equal_the_general_path(with_delta: bool) -> None:
     assert fast_layer_samples(stats, arrived, [None, *gn[1:]], numel, groups) is None  # type: ignore[arg-type]
     partial = {**stats, "delta": [None, *[0.5] * (n - 1)]}
     assert fast_layer_samples(partial, arrived, gn, numel, groups) is None  # type: ignore[arg-type]
+
+
+def test_stacked_stats_equal_the_flattened_segments() -> None:
+    from gradwatch.core.chunked import stacked_stats
+    from gradwatch.core.stats import flatten_cpu, segment_norms
+
+    g = torch.Generator().manual_seed(3)
+    ts = [
+        torch.randn(16, 16, generator=g) if k % 2 == 0 else torch.randn(16, generator=g)
+        for k in range(40)
+    ]
+    ts[4].zero_()
+    ts[7][3] = float("nan")
+    ts[9][0] = float("inf")
+    ords = (2.0, 1.0, math.inf, 0.0)
+    got = stacked_stats(ts, ords)
+    assert got is not None
+    flat = flatten_cpu(ts)
+    assert flat is not None
+    for a, b in zip(got, segment_norms(flat, ts, ords)):
+        assert isinstance(b, torch.Tensor)
+        assert torch.allclose(a, b, rtol=1e-6, equal_nan=True)
+    unique = [torch.randn(k + 1) for k in range(8)]  # every shape once: not worth stacking
+    assert stacked_stats(unique, ords) is None
+
+
+def test_stacked_fingerprints_see_one_changed_element_of_many_same_shape_tensors() -> None:
+    from gradwatch.core.sketch import fingerprint, measure
+
+    g = torch.Generator().manual_seed(4)
+    ts = [
+        torch.randn(16, 16, generator=g) if k % 2 == 0 else torch.randn(16, generator=g)
+        for k in range(60)
+    ]
+    before = fingerprint(ts)
+    ts[33][5] += 1e-6  # one element of one bias, a tiny change
+    ts[10][15, 15] = 0.25
+    m = measure(ts, before)
+    assert m.changed is not None and m.delta is not None
+    changed = [k for k, v in enumerate(m.changed.tolist()) if v]
+    assert changed == [10, 33]
+    exact = torch.stack([t.norm() for t in ts])
+    assert torch.allclose(m.param_norm, exact, rtol=1e-6)
+    assert all(v == 0.0 for k, v in enumerate(m.delta.tolist()) if k not in (10, 33))

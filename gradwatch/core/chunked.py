@@ -13,12 +13,13 @@ norm of about 1.8e19 and hide an exploding gradient). NaN and Inf propagate as b
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 
-__all__ = ["CHUNK", "abs_stats"]
+__all__ = ["CHUNK", "abs_stats", "stacked_stats"]
 
 CHUNK = 1 << 18  # elements per chunk (1 MiB of float32): best of 16K-256K measured
 _ONES: dict[torch.dtype, torch.Tensor] = {}
@@ -74,3 +75,70 @@ def abs_stats(tensors: Sequence[torch.Tensor]) -> Optional[list[torch.Tensor]]:
             rows.append(torch.stack([p[:, 0].sum(), p[:, 1].amax(), p[:, 2].sum()]))
     table = torch.stack(rows).to(torch.float32)
     return [table[:, 0], table[:, 1], table[:, 2]]
+
+
+# -- many small tensors of few shapes: one stack per shape --------------------------------
+
+# tuple of shapes -> (positions per shape, input position -> output index, or None)
+_SHAPES: dict[tuple[torch.Size, ...], tuple[list[list[int]], Optional[torch.Tensor]]] = {}
+
+
+def _shape_plan(
+    tensors: Sequence[torch.Tensor],
+) -> Optional[tuple[list[list[int]], Optional[torch.Tensor]]]:
+    key = tuple([t.shape for t in tensors])
+    found = _SHAPES.get(key)
+    if found is None:
+        groups: dict[torch.Size, list[int]] = {}
+        for k, shape in enumerate(key):
+            groups.setdefault(shape, []).append(k)
+        order = [k for g in groups.values() for k in g]
+        inverse = [0] * len(order)
+        for j, k in enumerate(order):
+            inverse[k] = j
+        index = None if order == inverse else torch.tensor(inverse, dtype=torch.int64)
+        if len(_SHAPES) > 64:  # bounded: a few layouts per process
+            _SHAPES.clear()
+        found = _SHAPES[key] = (list(groups.values()), index)
+    # Worth it when shapes repeat (stacked layers); one stack per tensor would not pay.
+    return found if len(found[0]) * 4 <= len(tensors) else None
+
+
+def stacked_stats(tensors: Sequence[torch.Tensor], ords: Sequence[float]) -> Optional[list[Any]]:
+    """Per-tensor norms (float32 vectors, one per ord) of small CPU tensors of few shapes.
+
+    ``torch.stack`` of same-shape tensors is about 2.5x faster than flattening them into one
+    vector (measured: 200 x 16x16, one thread), and reductions along rows beat segment
+    reductions. None where this does not apply (mixed devices, empty tensors, unique shapes).
+    """
+    plan = _shape_plan(tensors)
+    if plan is None:
+        return None
+    groups, index = plan
+    per_ord: list[list[torch.Tensor]] = [[] for _ in ords]
+    try:
+        for members in groups:
+            if tensors[members[0]].numel() == 0:
+                return None
+            m = torch.stack([tensors[k] for k in members]).reshape(len(members), -1)
+            if m.dtype is not torch.float32:
+                m = m.to(torch.float32)  # as the flattened path: statistics in float32
+            a = m.abs()
+            for out, o in zip(per_ord, ords):
+                if o == 2.0:
+                    out.append((a * a).sum(1).sqrt_())
+                elif o == 1.0:
+                    out.append(a.sum(1))
+                elif o == math.inf:
+                    out.append(a.amax(1))
+                elif o == 0.0:
+                    out.append(torch.count_nonzero(m, 1).to(torch.float32))
+                else:
+                    return None
+    except (RuntimeError, TypeError):  # mixed devices, sparse or other layouts
+        return None
+    result: list[Any] = []
+    for parts in per_ord:
+        v = torch.cat(parts) if len(parts) > 1 else parts[0]
+        result.append(v[index] if index is not None else v)
+    return result

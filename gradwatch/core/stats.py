@@ -18,7 +18,7 @@ from typing import Optional, Union
 import torch
 from torch._utils import _flatten_dense_tensors
 
-from gradwatch.core.chunked import abs_stats
+from gradwatch.core.chunked import abs_stats, stacked_stats
 
 __all__ = [
     "Chunk",
@@ -97,6 +97,14 @@ def _lengths(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
     return found
 
 
+def _small_cpu(tensors: Sequence[torch.Tensor]) -> bool:
+    first = tensors[0]
+    if first.device.type != "cpu" or not first.is_floating_point() or first.is_sparse:
+        return False
+    # large tensors: foreach's per-tensor cost is small next to a full copy
+    return sum(t.numel() for t in tensors) <= _FLAT_MAX_MEAN * len(tensors)
+
+
 def flatten_cpu(tensors: Sequence[torch.Tensor], *, copy: bool = False) -> Optional[torch.Tensor]:
     """All of ``tensors`` as one float32 CPU vector, or None where that does not apply.
 
@@ -105,11 +113,8 @@ def flatten_cpu(tensors: Sequence[torch.Tensor], *, copy: bool = False) -> Optio
     Only the first tensor is inspected: ``cat`` promotes mixed float dtypes (norms stay right)
     and refuses sparse tensors or other devices, which then take the foreach path.
     """
-    first = tensors[0]
-    if first.device.type != "cpu" or not first.is_floating_point() or first.is_sparse:
+    if not _small_cpu(tensors):
         return None
-    if sum(t.numel() for t in tensors) > _FLAT_MAX_MEAN * len(tensors):
-        return None  # large tensors: foreach's per-tensor cost is small next to a full copy
     try:
         flat = _flatten_dense_tensors(tensors if isinstance(tensors, list) else list(tensors))
     except (RuntimeError, TypeError):
@@ -149,6 +154,10 @@ def norms(tensors: Sequence[torch.Tensor], ords: Sequence[float]) -> list[Chunk]
     """
     if not tensors:
         return [[] for _ in ords]
+    if _small_cpu(tensors):  # few shapes (stacked layers): one stack per shape
+        stacked = stacked_stats(tensors, ords)
+        if stacked is not None:
+            return stacked
     flat = flatten_cpu(tensors)
     if flat is None:
         cpu = tensors[0].device.type == "cpu"
