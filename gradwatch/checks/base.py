@@ -13,7 +13,7 @@ if TYPE_CHECKING:
     from gradwatch.core.index import ParamIndex
 
 
-@dataclass
+@dataclass(slots=True)  # 200 built per statistics step on a deep stack: cheaper init and reads
 class LayerSample:
     """One layer's values on an observed step, over its parameters that received a gradient."""
 

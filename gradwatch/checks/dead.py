@@ -6,6 +6,7 @@ following normalisation cancels) is not a dead layer: it is reported at ``info``
 
 from __future__ import annotations
 
+from math import isfinite
 from typing import TYPE_CHECKING
 
 from gradwatch.checks._patience import Streaks
@@ -40,11 +41,15 @@ class DeadParam(Check):
         super().__init__(config, watch_config)
         self._layers = Streaks()
         self._params = Streaks()
+        self._counting: set[int] = set()  # parameters whose zero-gradient streak is > 0
 
     def on_step(self, view: StepView, log: FindingLog) -> None:
         patience = self.config.patience
+        grad_norm = view.grad_norm
+        any_zero = 0.0 in grad_norm  # one C-level scan; NaN and None are not zero
         for layer, s in view.layers.items():
-            dead = s.finite and s.nonzero == 0
+            finite = isfinite(s.norm)
+            dead = finite and s.nonzero == 0
             if self._layers.hit(layer, dead) >= patience:
                 log.emit(
                     self.id,
@@ -59,13 +64,20 @@ class DeadParam(Check):
                     details={"scope": "layer"},
                 )
                 continue
-            if dead or not s.finite:
+            if dead or not finite:
                 continue
-            stuck = [
-                view.ids[k]
-                for k in s.positions
-                if self._params.hit(view.ids[k], view.grad_norm[k] == 0.0) >= patience
-            ]
+            if not any_zero and not self._counting:
+                continue  # no parameter is or was at zero: every streak would stay 0
+            stuck = []
+            for k in s.positions:
+                i = view.ids[k]
+                n = self._params.hit(i, grad_norm[k] == 0.0)
+                if n:
+                    self._counting.add(i)
+                else:
+                    self._counting.discard(i)
+                if n >= patience:
+                    stuck.append(i)
             if stuck:
                 log.emit(
                     self.id,

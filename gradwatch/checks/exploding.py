@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from math import isfinite
 from typing import TYPE_CHECKING
 
 from gradwatch.checks._window import MedianWindow
@@ -42,7 +43,7 @@ class ExplodingGrad(Check):
     def on_step(self, view: StepView, log: FindingLog) -> None:
         cfg = self.config
         for layer, sample in view.layers.items():
-            if not sample.finite:
+            if not isfinite(sample.norm):
                 continue
             hist = self._history.get(layer)
             if hist is None:

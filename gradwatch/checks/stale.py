@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from math import inf
 from typing import TYPE_CHECKING
 
 from gradwatch.checks._patience import Streaks
@@ -42,7 +43,7 @@ class StaleParam(Check):
         for layer, s in view.layers.items():
             if s.delta_norm is None:
                 continue
-            stale = s.finite and s.norm > 0 and s.delta_norm == 0.0
+            stale = s.delta_norm == 0.0 and 0 < s.norm < inf  # finite, non-zero gradients
             if self._streaks.hit(layer, stale) < self.config.patience:
                 continue
             log.emit(

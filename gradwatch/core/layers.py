@@ -35,8 +35,10 @@ class LayerTrack:
         n = s.norm
         self.last = n
         if math.isfinite(n):
-            self.min = n if self.min is None else min(self.min, n)
-            self.max = n if self.max is None else max(self.max, n)
+            if self.min is None or n < self.min:  # comparisons: cheaper than min()/max()
+                self.min = n
+            if self.max is None or n > self.max:
+                self.max = n
             self.total += n
             self.count += 1
         self.mean_abs = s.mean_abs

@@ -19,6 +19,7 @@ class LayerRecorder:
         self.sinks = list(sinks)
         self.tracks: dict[str, LayerTrack] = {}
         self.metrics: dict[str, float] = {}
+        self._keys: dict[str, str] = {}
 
     def record(
         self,
@@ -31,13 +32,16 @@ class LayerRecorder:
         """Fold one observed step into the layer tracks and send its metrics to the sinks."""
         total = 0.0
         metrics: dict[str, float] = {}
+        tracks, keys, step = self.tracks, self._keys, view.step
         for layer, sample in view.layers.items():
-            lt = self.tracks.get(layer)
+            lt = tracks.get(layer)
             if lt is None:
-                lt = self.tracks[layer] = LayerTrack(self.history)
-            lt.update(view.step, sample)
-            total += sample.norm**2
-            metrics[f"grad_norm/{layer}"] = sample.norm
+                lt = tracks[layer] = LayerTrack(self.history)
+                keys[layer] = f"grad_norm/{layer}"  # built once per layer, not per step
+            lt.update(step, sample)
+            norm = sample.norm
+            total += norm * norm
+            metrics[keys[layer]] = norm
         # With several optimizers each step sees its own layers: name the total per optimizer
         # so that sinks do not get two different values for one series at one step.
         key = (
