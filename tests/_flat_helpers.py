@@ -33,7 +33,7 @@ _TAMPER: dict[str, tuple[str, float]] = {
 }
 
 
-_TAPS: dict[str, dict[str, "Tap"]] = {}
+_TAPS: dict[str, dict[str, Tap]] = {}
 
 
 class _Scaled(torch.autograd.Function):
@@ -122,7 +122,9 @@ def _truth(scenario: str) -> dict[str, Any]:
     for step in range(STEPS):
         _tamper(_taps(model), scenario, step)
         opt.zero_grad()
-        loss = sum(nn.functional.mse_loss(model(x), y) for x, y in (_data(r, step) for r in range(WORLD)))
+        loss = sum(
+            nn.functional.mse_loss(model(x), y) for x, y in (_data(r, step) for r in range(WORLD))
+        )
         (loss / WORLD).backward()  # type: ignore[union-attr]
         before = {n: p.detach().clone() for n, p in model.named_parameters()}
         opt.step()

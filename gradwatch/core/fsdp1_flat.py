@@ -108,18 +108,14 @@ def read_flat(fp: torch.Tensor, names: dict[int, str]) -> tuple[list[Original], 
             if count:
                 taken.append((offset, count))
             layer = name or ROOT
-            out.append(
-                Original([_join(name, info.param_name)], layer, [layer], n, offset, count, [])
-            )
-            out[-1].modules.append(info.module)
+            names_ = [_join(name, info.param_name)]
+            out.append(Original(names_, layer, [layer], n, offset, count, [info.module]))
         for s in shared:  # a tied parameter: one slice, more names and owners
             prim = names.get(id(s.prim_module))
             other = names.get(id(s.module))
             if prim is None or other is None:
                 return [], f"module of tied '{s.param_name}' is not in the watched model"
-            target = next(
-                (o for o in out if o.names[0] == _join(prim, s.prim_param_name)), None
-            )
+            target = next((o for o in out if o.names[0] == _join(prim, s.prim_param_name)), None)
             if target is None:
                 return [], f"tied '{s.param_name}' has no primary parameter in the flat layout"
             target.names.append(_join(other, s.param_name))

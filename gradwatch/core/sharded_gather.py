@@ -54,7 +54,9 @@ def gather_sharded(
     if observed:  # norms, and the update estimate from the pre-step fingerprint (no copy)
         has_delta = _measure_into(chunks, lparams, track.fingerprint if whole else None)
     fpieces = track.frozen_pieces
-    frozen = track.frozen_ids if observed and fpieces and len(fpieces) == len(track.frozen_ids) else []
+    frozen = (
+        track.frozen_ids if observed and fpieces and len(fpieces) == len(track.frozen_ids) else []
+    )
     if frozen:
         _frozen_into(chunks, track)
     if scaler_scale is not None:

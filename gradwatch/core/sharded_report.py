@@ -111,9 +111,10 @@ def report_layout(
 ) -> None:
     """Emit the ``not_observed`` finding for what ``engine`` hides from gradwatch (if any).
 
-    FSDP1 flattened: nothing per layer (the report fails: the configured severity). FSDP1
-    ``use_orig_params``: a ghost whose module ran without giving it a gradient looks like a
-    zero gradient (``info``: the other checks run, only that cause is out of reach).
+    FSDP1 (``use_orig_params`` or flattened): a ghost whose module ran without giving it a
+    gradient looks like a zero gradient (``info``: the other checks run, only that cause is
+    out of reach). FSDP1 flattened whose layout cannot be read: the report fails (the
+    configured severity).
     """
     if engine == FSDP1_FLAT:
         lay = fsdp1_flat.layout_of(structure)

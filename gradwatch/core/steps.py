@@ -20,12 +20,12 @@ from gradwatch.core.evidence import Tracker, make_cause
 from gradwatch.core.extra_evidence import ExtraEvidence
 from gradwatch.core.faults import Faults
 from gradwatch.core.findings import FindingLog
+from gradwatch.core.fsdp1_flat import shard_pieces
 from gradwatch.core.hooks import HookSet
 from gradwatch.core.index import ParamIndex
 from gradwatch.core.pipeline import Gathered, Track, gather, layer_samples
 from gradwatch.core.recorder import LayerRecorder
 from gradwatch.core.scaler import ScalerWatch
-from gradwatch.core.fsdp1_flat import shard_pieces
 from gradwatch.core.sharded_gather import merge_shards
 from gradwatch.core.sharded_report import adopt_engine, forward_arrival, late_sharding
 from gradwatch.core.sketch import Fingerprint, fingerprint
