@@ -168,7 +168,7 @@ def late_worker(rank: int, port: int, out: str) -> None:
         dist.destroy_process_group()
 
 
-FROZEN_ENGINES = ("fsdp2", "fsdp1_orig")
+FROZEN_ENGINES = ("fsdp2", "fsdp1_orig", "fsdp1_flat")
 
 
 def frozen_worker(rank: int, port: int, out: str) -> None:
@@ -176,8 +176,11 @@ def frozen_worker(rank: int, port: int, out: str) -> None:
 
     Writes ``frozen_<engine>.rank<r>.json`` (the report) and ``frozen_<engine>.moved.json``
     (which frozen layers' values changed on any rank, read without gradwatch: the truth).
-    FSDP1 flattened is left out: its units freeze whole (one flat parameter).
+    FSDP1 flattened (nested units, tests/_flat_helpers.py) freezes the encoder's unit
+    whole: one flat parameter, named ``encoder`` in the truth.
     """
+    from _flat_helpers import _build as build_flat
+
     torch.set_num_threads(1)
     dist.init_process_group(
         "gloo",
@@ -214,7 +217,9 @@ def frozen_worker(rank: int, port: int, out: str) -> None:
                 Path(out),
                 f"frozen_{engine}",
                 rank,
-                lambda e=engine: _build(e, False),  # type: ignore[misc]
+                lambda e=engine: (
+                    build_flat("flat_clean") if e == "fsdp1_flat" else _build(e, False)
+                ),  # type: ignore[misc]
                 {},
                 lambda model, opt, e=engine: body(model, opt, e),  # type: ignore[misc]
             )

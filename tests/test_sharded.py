@@ -116,10 +116,14 @@ def test_frozen_shards_moved_by_the_optimizer_are_named(tmp_path: Path) -> None:
 
     FSDP2 keeps a frozen parameter's zeroed gradient and AdamW's weight decay moves it;
     FSDP1 (use_orig_params) gives it no gradient, so AdamW leaves it: no finding there.
+    FSDP1 flattened freezes the encoder's unit whole; its original layers are named.
     """
     mp.spawn(frozen_worker, args=(free_port(), str(tmp_path)), nprocs=WORLD, join=True)
     for engine in FROZEN_ENGINES:
         moved = json.loads((tmp_path / f"frozen_{engine}.moved.json").read_text())
+        if engine == "fsdp1_flat":  # one flat parameter: the unit's layers move together
+            assert set(moved) == {"encoder"}
+            moved = {"encoder.0": moved["encoder"], "encoder.2": moved["encoder"]}
         want = sorted({layer for layer, m in moved.items() if m})
         assert set(moved) == {"encoder.0", "encoder.2"}
         for r in range(WORLD):
@@ -129,3 +133,7 @@ def test_frozen_shards_moved_by_the_optimizer_are_named(tmp_path: Path) -> None:
             got = sorted(f["module"] for f in found if f["check"] == "frozen_param_updated")
             assert got == want, engine
     assert json.loads((tmp_path / "frozen_fsdp2.moved.json").read_text())["encoder.0"] is True
+    assert json.loads((tmp_path / "frozen_fsdp1_flat.moved.json").read_text())["encoder"] is True
+    rec = json.loads((tmp_path / "frozen_fsdp1_flat.rank0.json").read_text())
+    for f in rec["report"]["findings"]:  # no wrapper's name, even in the layout findings
+        assert not any("_flat_param" in p for p in f["params"]), f

@@ -170,7 +170,8 @@ def adopt(model: nn.Module, structure: Structure, hooks: HookSet) -> FlatLayout:
             for owner, mod in zip(o.owners, o.modules):
                 hooks.hook_layer(owner, mod)  # ghost causes: its forward's grad mode
         lay.originals[info.idx] = ids
-        index.hide(info.idx)
+    for flat, ids in lay.originals.items():  # again after each re-scan (it re-adds the name)
+        index.hide(flat, [n for i in ids for n in index.params[i].names])
     for track in structure.tracks:
         _translate(track, lay, index)
     return lay

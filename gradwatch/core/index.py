@@ -112,8 +112,11 @@ class ParamIndex:
         self._names.clear()
         return i
 
-    def hide(self, i: int) -> None:
-        """Take parameter ``i`` out of the layers (its originals stand for it in the report)."""
+    def hide(self, i: int, names: list[str]) -> None:
+        """Take parameter ``i`` out of the layers (its originals stand for it in the report);
+        a finding that still names it (a layout one) lists the originals' ``names``."""
+        self.params[i].names = list(names)
+        self._names.clear()
         for owner in self.params[i].owners:
             ids = self.layers.get(owner)
             if ids is not None and i in ids:
