@@ -64,5 +64,5 @@ def test_flat_slices_are_stable_views_and_may_be_empty() -> None:
     m = measure(pieces, before)
     assert m.delta is not None and m.delta[:2].tolist() == [0.0, 3.0]
     flat.grad = torch.ones(10)
-    g = grad_pieces([flat.grad] * 3 + [None], [0, 1, 2, 3], spans, pieces + [pieces[0]])
+    g = grad_pieces([flat.grad] * 3 + [None], [0, 1, 2, 3], spans, [*pieces, pieces[0]])
     assert [t.numel() for t in g] == [6, 4, 0, 0]
