@@ -90,6 +90,11 @@ def test_clean_compiled_model_is_silent() -> None:
     _, report = _run(watched=True, ghosts=False)
     assert report is not None
     assert [f.line() for f in report.findings if f.severity != "info"] == []
+    # what the compiled run could not check is said, not passed over
+    (blind,) = report.by_check("not_observed")
+    assert blind.severity == "info" and blind.details["reason"] == "compiled_forward"
+    assert "loss_disconnected" in blind.details["checks"]
+    assert not report.failed
 
 
 def test_step_hooks_still_fire_after_an_unrelated_compile() -> None:

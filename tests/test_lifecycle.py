@@ -264,11 +264,25 @@ def test_model_ran_but_nothing_was_observed_never_passes() -> None:
     assert f.details["reason"] == "no_step" and f.severity == "error"
 
 
-def test_watcher_that_saw_nothing_run_has_nothing_to_say() -> None:
+def test_watcher_whose_model_never_ran_does_not_pass() -> None:
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with gradwatch.watch(model, opt) as w:
+        pass
+    report = w.report()
+    assert report.failed
+    (f,) = report.findings
+    assert f.check == "not_observed" and f.details["reason"] == "never_ran"
+
+
+def test_watcher_whose_copy_trained_does_not_pass() -> None:
+    """The usual way to train something else than the watched model: a copy made after watch()."""
     model = mlp()
     with gradwatch.watch(model) as w:
-        pass
-    assert not w.report().findings
+        twin = copy.deepcopy(model)
+        opt = torch.optim.SGD(twin.parameters(), lr=0.1)
+        train_steps(twin, opt, 2)
+    assert [f.details["reason"] for f in w.report().by_check("not_observed")] == ["never_ran"]
 
 
 def test_hooks_failing_on_every_step_is_not_a_pass(monkeypatch: pytest.MonkeyPatch) -> None:

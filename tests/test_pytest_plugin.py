@@ -190,8 +190,10 @@ def test_several_watchers_a_failing_body_and_xfail(pytester: pytest.Pytester) ->
 
         def test_hooks_gone_after_test(gradwatch):
             model = Net(ghost=False)
-            w = gradwatch(model, sgd(model))
+            opt = sgd(model)
+            w = gradwatch(model, opt)
             assert model.body._forward_hooks
+            train(model, opt)
             w.close()
             assert not model.body._forward_hooks
         """

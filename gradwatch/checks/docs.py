@@ -129,6 +129,8 @@ DOCS: dict[str, CheckDoc] = {
         causes=(
             "The model ran but no optimizer step or backward pass happened while watching "
             "(the `with` block ended early, a different optimizer object stepped).",
+            "The watched model never ran at all: the loop trained a copy of it, or ran "
+            "outside the `with` block (`details.reason: never_ran`).",
             "A parameter layout gradwatch cannot read (flattened FSDP1 parameters without "
             "`use_orig_params=True`).",
             "gradwatch's own hooks failed on every step (see `internal_error`).",

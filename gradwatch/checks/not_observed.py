@@ -64,7 +64,19 @@ class NotObserved(Check):
                 "finding of the failing place; please report it.",
                 details={"faults": sorted(view.faults), "step_calls": view.step_calls},
             )
-        elif view.forward_ran and view.backward_passes == 0 and view.step_calls == 0:
+        elif view.backward_passes == 0 and view.step_calls == 0 and not view.forward_ran:
+            emit_not_observed(
+                log,
+                severity=self.severity,
+                step=0,
+                reason="never_ran",
+                message="The watched model never ran: no forward pass, no backward pass and no "
+                "optimizer step reached gradwatch, so nothing was checked.",
+                hint="Run the training loop inside the watch() block (or between attach() and "
+                "close()), on the model object passed to watch(): a copy or a model wrapped "
+                "after watch() is not the one being watched.",
+            )
+        elif view.backward_passes == 0 and view.step_calls == 0:
             grad = "with gradients enabled" if view.forward_ran_with_grad else "only under no_grad"
             what = "optimizer step" if view.has_optimizer else "backward pass"
             emit_not_observed(

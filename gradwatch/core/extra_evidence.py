@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from gradwatch.checks import StepView
+from gradwatch.checks.not_observed import emit_not_observed
 from gradwatch.core.forward_scout import ForwardScout
 from gradwatch.core.pipeline import Gathered, Track
 from gradwatch.core.stats import to_host
@@ -51,7 +52,9 @@ class ExtraEvidence:
         wanted = checks.loss_disconnected.enabled or self.scout.scanning
         # Under torch.compile no hook may come or go (each is a dynamo guard: a recompile),
         # and the scout's come and go by design: a compiled model gets none of them.
-        if not pipe.hooks.keep_all and (wanted or checks.nonfinite_grad.enabled):
+        if pipe.hooks.keep_all:
+            self._say_compiled(wanted, checks.nonfinite_grad.enabled)
+        elif wanted or checks.nonfinite_grad.enabled:
             self.scout.install(pipe.model, lambda p: index.lookup(p) is not None)
             pipe.hooks.removers.append(self.scout.remove_all)
             if checks.nonfinite_grad.enabled and checks.nonfinite_grad.trace_steps > 0:
@@ -66,6 +69,34 @@ class ExtraEvidence:
                 pipe.scaler.scaler, lambda opt: guard("unscale watch", self.unscaling, opt)
             )
             pipe.hooks.removers.append(self._unscale.remove)
+
+    def _say_compiled(self, wanted: bool, nonfinite: bool) -> None:
+        """Under torch.compile the scout stays off: say which checks that leaves blind."""
+        checks = self.config.checks
+        blind = [
+            what
+            for what, on in (
+                ("loss_disconnected", checks.loss_disconnected.enabled),
+                ("unregistered_param", self.scout.scanning),
+                ("nonfinite_grad's forward origin (details.phase/origin_module)", nonfinite),
+            )
+            if on
+        ]
+        if not (wanted or nonfinite) or not blind:
+            return
+        emit_not_observed(
+            self.pipe.findings,
+            severity="info",
+            step=0,
+            reason="compiled_forward",
+            message="The model runs under torch.compile, where gradwatch adds no forward "
+            f"hooks of its own (each would be a recompile): {', '.join(blind)} "
+            "cannot be checked. Ghost parameters, gradient statistics and the other "
+            "checks run as usual.",
+            hint="Run a few steps without torch.compile (or `gradwatch check` on the eager "
+            "model) to cover these checks.",
+            details={"checks": blind},
+        )
 
     def note_backward_call(self) -> None:
         """An integration saw ``backward()`` requested (Lightning's ``on_before_backward``)."""

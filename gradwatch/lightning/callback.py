@@ -23,12 +23,10 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional, Union
 
+from gradwatch.adapter import WatchAdapter
 from gradwatch.config import GradWatchConfig
-from gradwatch.core.watcher import Watcher, watch
 from gradwatch.lightning._artifacts import upload_report
 from gradwatch.lightning._state import restore_state, watcher_state
-from gradwatch.report import Report
-from gradwatch.sinks.pending import PendingMetrics
 
 if TYPE_CHECKING:
     import torch
@@ -105,7 +103,7 @@ def _send(trainer: Any, values: dict[str, float]) -> None:
         logger.log_metrics(values, step=step)
 
 
-class GradWatchCallback(*_CALLBACK_BASES):  # type: ignore[misc]
+class GradWatchCallback(WatchAdapter, *_CALLBACK_BASES):  # type: ignore[misc]
     """Run gradwatch's checks during ``trainer.fit`` and report what they found.
 
     Args:
@@ -133,6 +131,8 @@ class GradWatchCallback(*_CALLBACK_BASES):  # type: ignore[misc]
         1
     """
 
+    log = log  # the adapter warns through this module's logger
+
     def __init__(
         self,
         config: Union[str, dict[str, Any], GradWatchConfig, None] = None,
@@ -141,15 +141,14 @@ class GradWatchCallback(*_CALLBACK_BASES):  # type: ignore[misc]
         report_name: Optional[str] = REPORT_NAME,
         log_metrics: bool = True,
     ) -> None:
-        super().__init__()
-        self.config = GradWatchConfig.coerce(config)
-        self.print_summary = print_summary
-        self.report_name = report_name
-        self.log_metrics = log_metrics
-        self.report: Optional[Report] = None
-        self.report_path: Optional[Path] = None
-        self.watcher: Optional[Watcher] = None
-        self._sink = PendingMetrics()
+        # Lightning's Callback bases define no __init__: the adapter's is the whole of it.
+        WatchAdapter.__init__(
+            self,
+            config,
+            print_summary=print_summary,
+            report_name=report_name,
+            log_metrics=log_metrics,
+        )
         self._restored: Optional[dict[str, Any]] = None
         self._saved: Optional[dict[str, Any]] = None
 
@@ -165,16 +164,7 @@ class GradWatchCallback(*_CALLBACK_BASES):  # type: ignore[misc]
         """Attach the watcher to the module, the Trainer's optimizers and its GradScaler."""
         self._close(trainer)  # a previous fit that never reached its end
         scaler = getattr(trainer.strategy.precision_plugin, "scaler", None)
-        self._sink = PendingMetrics()
-        watcher = watch(
-            pl_module,
-            list(trainer.optimizers),
-            config=self.config,
-            scaler=scaler,
-            sinks=[self._sink] if self.log_metrics else (),
-        )
-        watcher.attach()
-        self.watcher = watcher
+        watcher = self._start(pl_module, list(trainer.optimizers), scaler)
         if self._restored is not None:
             state, self._restored = self._restored, None
             try:
@@ -200,29 +190,21 @@ class GradWatchCallback(*_CALLBACK_BASES):  # type: ignore[misc]
             self._close(trainer)
 
     def _close(self, trainer: Any, *, crashed: bool = False) -> None:
-        watcher, self.watcher = self.watcher, None
+        watcher = self._stop()
         if watcher is None:
             return
-        watcher.close()
-        self.report = report = watcher.report()
         self._saved = self._guarded(watcher, "checkpoint state", watcher_state, watcher)
-        rank_zero = bool(getattr(trainer, "is_global_zero", True))
-        if not rank_zero:
+        if not bool(getattr(trainer, "is_global_zero", True)):
             return
-        if self.report_name:
-            try:
-                self.report_path = report.write(_report_dir(trainer) / self.report_name)
-            except OSError as exc:  # a full disk must not turn a finished fit into a crash
-                log.warning("gradwatch could not write its report: %s", exc)
+        self._write(_report_dir(trainer))
         if self.report_path is not None:
             try:
                 upload_report(list(getattr(trainer, "loggers", None) or []), self.report_path)
             except Exception as exc:  # a tracking server down must not fail a finished fit
                 log.warning("gradwatch could not log its report as an artifact: %r", exc)
-        if crashed and not report.findings:
+        if crashed and self.report is not None and not self.report.findings:
             return
-        if self.print_summary and not self.config.console:  # console=True: the core printed
-            report.print()
+        self._print()
 
     # -- per-step hooks: the core observes autograd and the optimizers itself ------------
 
@@ -249,10 +231,9 @@ class GradWatchCallback(*_CALLBACK_BASES):  # type: ignore[misc]
         self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         """Send the metrics of this batch's observed steps to the Trainer's loggers."""
-        metrics = self._sink.take(self.watcher)
-        if not metrics or self.watcher is None or not trainer.loggers:
+        values = self._metrics()
+        if not values or self.watcher is None or not trainer.loggers:
             return
-        values = {f"gradwatch/{k}": float(v) for k, v in metrics.items()}
         self._guarded(self.watcher, "metric logging", _send, trainer, values)
 
     # -- checkpoints ---------------------------------------------------------------------
@@ -269,20 +250,3 @@ class GradWatchCallback(*_CALLBACK_BASES):  # type: ignore[misc]
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Keep the state until ``on_fit_start`` attaches a watcher to restore it into."""
         self._restored = dict(state_dict) if state_dict else None
-
-    # -- helpers -------------------------------------------------------------------------
-
-    @staticmethod
-    def _guarded(watcher: Watcher, where: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
-        """Run an adapter step; a failure is an ``internal_error`` finding, never a crash."""
-        try:
-            return fn(*args, **kwargs)
-        except Exception as exc:
-            watcher._internal_error(where, exc)
-            return None
-
-    def __repr__(self) -> str:
-        return (
-            f"{type(self).__name__}(fail_on={self.config.fail_on!r}, "
-            f"every_n_steps={self.config.every_n_steps}, print_summary={self.print_summary})"
-        )

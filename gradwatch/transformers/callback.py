@@ -22,10 +22,8 @@ import logging
 from pathlib import Path
 from typing import Any, Optional, Union
 
+from gradwatch.adapter import WatchAdapter
 from gradwatch.config import GradWatchConfig
-from gradwatch.core.watcher import Watcher, watch
-from gradwatch.report import Report
-from gradwatch.sinks.pending import PendingMetrics
 
 try:
     from transformers import TrainerCallback
@@ -35,8 +33,6 @@ except ImportError:
     ) from None
 
 __all__ = ["REPORT_NAME", "GradWatchCallback"]
-
-log = logging.getLogger("gradwatch.transformers")
 
 REPORT_NAME = "gradwatch-report.json"
 
@@ -52,7 +48,7 @@ def _scaler_of(optimizer: Any) -> Any:
     return None
 
 
-class GradWatchCallback(TrainerCallback):  # type: ignore[misc]
+class GradWatchCallback(WatchAdapter, TrainerCallback):  # type: ignore[misc]
     """Run gradwatch's checks during ``Trainer.train()`` and report what they found.
 
     Args:
@@ -80,6 +76,8 @@ class GradWatchCallback(TrainerCallback):  # type: ignore[misc]
         1
     """
 
+    log = logging.getLogger("gradwatch.transformers")
+
     def __init__(
         self,
         config: Union[str, dict[str, Any], GradWatchConfig, None] = None,
@@ -89,16 +87,15 @@ class GradWatchCallback(TrainerCallback):  # type: ignore[misc]
         report_name: Optional[str] = REPORT_NAME,
         log_metrics: bool = True,
     ) -> None:
-        super().__init__()
-        self.config = GradWatchConfig.coerce(config)
+        # TrainerCallback defines no __init__: the adapter's is the whole of it.
+        WatchAdapter.__init__(
+            self,
+            config,
+            print_summary=print_summary,
+            report_name=report_name,
+            log_metrics=log_metrics,
+        )
         self.trainer = trainer
-        self.print_summary = print_summary
-        self.report_name = report_name
-        self.log_metrics = log_metrics
-        self.report: Optional[Report] = None
-        self.report_path: Optional[Path] = None
-        self.watcher: Optional[Watcher] = None
-        self._sink = PendingMetrics()
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """Attach the watcher to the model, the Trainer's optimizer and its GradScaler."""
@@ -106,23 +103,15 @@ class GradWatchCallback(TrainerCallback):  # type: ignore[misc]
         self.report = None
         self.report_path = None
         optimizer = kwargs.get("optimizer")
-        self._sink = PendingMetrics()
-        watcher = watch(
-            kwargs["model"],
-            optimizer,
-            config=self.config,
-            scaler=_scaler_of(optimizer),
-            sinks=[self._sink] if self.log_metrics else (),
-        )
-        self.watcher = watcher.attach()
+        self._start(kwargs["model"], optimizer, _scaler_of(optimizer))
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """With a bound Trainer, log this optimizer step's metrics through ``trainer.log``."""
         if self.trainer is None or self.watcher is None:
             return
-        values = self._take()
+        values = self._metrics()
         if values:
-            self._guarded("metric logging", self.trainer.log, values)
+            self._guarded(self.watcher, "metric logging", self.trainer.log, values)
 
     def on_log(
         self,
@@ -135,7 +124,7 @@ class GradWatchCallback(TrainerCallback):  # type: ignore[misc]
         """Without a bound Trainer, join the latest metrics to the Trainer's own log record."""
         if self.trainer is not None or self.watcher is None or logs is None:
             return
-        values = self._take()
+        values = self._metrics()
         if not values:
             return
         logs.update(values)
@@ -157,35 +146,8 @@ class GradWatchCallback(TrainerCallback):  # type: ignore[misc]
         ``on_train_end`` calls it; call it yourself after a ``train()`` that raised, which
         ``TrainerCallback`` gives no event for (the next ``train()`` also calls it).
         """
-        watcher, self.watcher = self.watcher, None
-        if watcher is None:
+        if self._stop() is None or not main_process:
             return
-        watcher.close()
-        self.report = report = watcher.report()
-        if not main_process:
-            return
-        if self.report_name and output_dir is not None:
-            try:
-                self.report_path = report.write(output_dir / self.report_name)
-            except OSError as exc:  # a full disk must not turn a finished run into a crash
-                log.warning("gradwatch could not write its report: %s", exc)
-        if self.print_summary and not self.config.console:  # console=True: the core printed
-            report.print()
-
-    def _take(self) -> dict[str, float]:
-        return {f"gradwatch/{k}": float(v) for k, v in self._sink.take(self.watcher).items()}
-
-    def _guarded(self, where: str, fn: Any, *args: Any) -> Any:
-        """Run an adapter step; a failure is an ``internal_error`` finding, never a crash."""
-        try:
-            return fn(*args)
-        except Exception as exc:
-            if self.watcher is not None:
-                self.watcher._internal_error(where, exc)
-            return None
-
-    def __repr__(self) -> str:
-        return (
-            f"{type(self).__name__}(fail_on={self.config.fail_on!r}, "
-            f"every_n_steps={self.config.every_n_steps}, print_summary={self.print_summary})"
-        )
+        if output_dir is not None:
+            self._write(output_dir)
+        self._print()
