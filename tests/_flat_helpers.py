@@ -21,7 +21,7 @@ import torch.distributed as dist
 from _dist_helpers import STEPS, WORLD, _data, _run
 from torch import nn
 
-SCENARIOS = ("flat_ghost", "flat_clean", "flat_nan", "flat_explode", "flat_unreadable")
+SCENARIOS = ("flat_ghost", "flat_clean", "flat_nan", "flat_explode", "flat_unreadable", "flat_tied")
 EXPLODE_MAX_NORM = 50.0
 _CONFIG: dict[str, dict[str, Any]] = {
     "flat_explode": {"checks": {"exploding_grad": {"max_norm": EXPLODE_MAX_NORM}}},
@@ -60,21 +60,30 @@ class Tap(nn.Linear):
 
 
 class Model(nn.Module):
-    """``encoder`` and ``head`` train; ``dead`` (when present) never runs on any rank."""
+    """``encoder`` and ``head`` train; ``dead`` (when present) never runs on any rank;
+    ``tied`` adds two layers sharing one weight (FSDP1 lists the second in
+    ``_shared_param_infos``)."""
 
-    def __init__(self, dead: bool) -> None:
+    def __init__(self, dead: bool, tied: bool = False) -> None:
         super().__init__()
         self.encoder = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), Tap(16, 8))
         self.head = Tap(8, 1)
         self.dead = nn.Linear(8, 8) if dead else None
+        self.mix = nn.Linear(8, 8) if tied else None
+        self.mix2 = nn.Linear(8, 8) if tied else None
+        if self.mix is not None and self.mix2 is not None:
+            self.mix2.weight = self.mix.weight
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(torch.tanh(self.encoder(x)))
+        h = torch.tanh(self.encoder(x))
+        if self.mix is not None and self.mix2 is not None:
+            h = torch.tanh(self.mix2(torch.tanh(self.mix(h))))
+        return self.head(h)
 
 
 def _model(scenario: str) -> Model:
     torch.manual_seed(0)  # same initial weights on every rank and in the replica
-    return Model(dead=scenario == "flat_ghost")
+    return Model(dead=scenario == "flat_ghost", tied=scenario == "flat_tied")
 
 
 def _build(scenario: str) -> tuple[nn.Module, nn.Module, torch.optim.Optimizer]:

@@ -136,3 +136,18 @@ def test_unreadable_flat_layout_fails_the_report_never_guessed(runs: Runs) -> No
         layers = _layers(report)
         assert set(layers) == {"encoder.0", "encoder.2", "(root)"}
         assert layers["(root)"]["params"] == ["_flat_param"]
+
+
+def test_tied_weight_is_one_slice_with_both_names(runs: Runs) -> None:
+    """``mix2.weight`` is ``mix.weight``: FSDP1 keeps one slice (``_shared_param_infos``)."""
+    truth = runs["flat_tied.truth"][0]["layers"]
+    for rec in runs["flat_tied"]:
+        assert rec["error"] is None, rec.get("traceback")
+        report = rec["report"]
+        assert report["failed"] is False and _failing(report) == []
+        layers = _layers(report)
+        assert set(layers) == set(truth) == {"encoder.0", "encoder.2", "mix", "mix2", "head"}
+        assert sorted(layers["mix"]["params"]) == ["mix.bias", "mix.weight", "mix2.weight"]
+        assert sorted(layers["mix2"]["params"]) == ["mix.weight", "mix2.bias", "mix2.weight"]
+        for name, want in truth.items():  # the tied weight counts in its first layer
+            assert layers[name]["grad_norm_last"] == pytest.approx(want["grad"], rel=1e-4), name
