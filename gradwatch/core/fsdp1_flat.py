@@ -38,7 +38,15 @@ if TYPE_CHECKING:
     from gradwatch.core.pipeline import Track
     from gradwatch.core.structure import Structure
 
-__all__ = ["FlatLayout", "Original", "layout_of", "read_flat", "shard_pieces"]
+__all__ = [
+    "FlatLayout",
+    "Original",
+    "adopt",
+    "grad_pieces",
+    "layout_of",
+    "read_flat",
+    "shard_pieces",
+]
 
 
 @dataclass
@@ -122,8 +130,11 @@ def read_flat(fp: torch.Tensor, names: dict[int, str]) -> tuple[list[Original], 
             if (other or ROOT) not in target.owners:
                 target.owners.append(other or ROOT)
                 target.modules.append(s.module)
-    except AttributeError as exc:  # a layout this torch version does not have
-        return [], f"unexpected flat parameter metadata ({exc})"
+    except (AttributeError, TypeError, ValueError) as exc:  # a layout this torch lacks
+        return [], f"unexpected flat parameter metadata ({type(exc).__name__}: {exc})"
+    padded = getattr(fp, "_shard_numel_padded", None)
+    if _int(padded) and sum(c for _, c in taken) + padded != size:
+        return [], "the original parameters' slices do not fill the shard"
     taken.sort()
     for (a, m), (b, _) in zip(taken, taken[1:]):
         if a + m > b:
