@@ -133,7 +133,7 @@ def read_flat(fp: torch.Tensor, names: dict[int, str]) -> tuple[list[Original], 
     except (AttributeError, TypeError, ValueError) as exc:  # a layout this torch lacks
         return [], f"unexpected flat parameter metadata ({type(exc).__name__}: {exc})"
     padded = getattr(fp, "_shard_numel_padded", None)
-    if _int(padded) and sum(c for _, c in taken) + padded != size:
+    if isinstance(padded, int) and sum(c for _, c in taken) + padded != size:
         return [], "the original parameters' slices do not fill the shard"
     taken.sort()
     for (a, m), (b, _) in zip(taken, taken[1:]):
