@@ -68,13 +68,38 @@ def _build(engine: str, dead: bool) -> tuple[nn.Module, nn.Module, torch.optim.O
 def _loop(model: nn.Module, opt: torch.optim.Optimizer, rank: int, engine: str, out: Path) -> None:
     if engine == "fsdp1_inner":
         model = _WRAPPER.pop("model")
+    before: dict[str, torch.Tensor] = {}
     for step in range(STEPS):
         opt.zero_grad(set_to_none=step % 2 == 0)
         x, y = _data(rank, step)
         nn.functional.mse_loss(model(x), y).backward()
+        if step == STEPS - 1 and engine != "fsdp1_flat":
+            before = _full_params(model, engine)
         opt.step()
-    if engine != "fsdp1_flat":
-        (out / f"{engine}.expected{rank}.json").write_text(json.dumps(_full_norms(model, engine)))
+    if engine != "fsdp1_flat":  # no full gradients to read there: tests/_flat_helpers.py
+        expected = _full_norms(model, engine)
+        after = _full_params(model, engine)
+        sq: dict[str, list[float]] = {}
+        for name, w in after.items():
+            acc = sq.setdefault(f"update_ratio:{name.rsplit('.', 1)[0]}", [0.0, 0.0])
+            acc[0] += float((w - before[name]).double().norm()) ** 2
+            acc[1] += float(w.double().norm()) ** 2
+        expected.update({k: (d / p) ** 0.5 for k, (d, p) in sq.items()})
+        (out / f"{engine}.expected{rank}.json").write_text(json.dumps(expected))
+
+
+def _full_params(model: nn.Module, engine: str) -> dict[str, torch.Tensor]:
+    """Copies of the full (unsharded) parameters by the user's names (the test's truth)."""
+    if engine == "fsdp2":
+        return {n: p.full_tensor().detach().clone() for n, p in model.named_parameters()}
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    with FullyShardedDataParallel.summon_full_params(model):
+        return {
+            n.replace("_fsdp_wrapped_module.", ""): p.detach().clone()
+            for n, p in model.named_parameters()
+            if not n.startswith("dead") and ".dead." not in n
+        }
 
 
 def _full_norms(model: nn.Module, engine: str) -> dict[str, float]:
@@ -141,3 +166,67 @@ def late_worker(rank: int, port: int, out: str) -> None:
         Path(out, "late.json").write_text(watcher.report().model_dump_json())
     finally:
         dist.destroy_process_group()
+
+
+FROZEN_ENGINES = ("fsdp2", "fsdp1_orig", "fsdp1_flat")
+
+
+def frozen_worker(rank: int, port: int, out: str) -> None:
+    """``encoder`` frozen mid-run while AdamW still holds it (grads zeroed, not ``None``).
+
+    Writes ``frozen_<engine>.rank<r>.json`` (the report) and ``frozen_<engine>.moved.json``
+    (which frozen layers' values changed on any rank, read without gradwatch: the truth).
+    FSDP1 flattened (nested units, tests/_flat_helpers.py) freezes the encoder's unit
+    whole: one flat parameter, named ``encoder`` in the truth.
+    """
+    from _flat_helpers import _build as build_flat
+
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=WORLD,
+        timeout=timedelta(seconds=60),
+    )
+
+    def body(model: nn.Module, opt: torch.optim.Optimizer, engine: str) -> None:
+        frozen: dict[str, torch.Tensor] = {}
+        before: dict[str, torch.Tensor] = {}
+        for step in range(STEPS):
+            if step == 2:
+                frozen = {n: p for n, p in model.named_parameters() if "encoder" in n}
+                for n, p in frozen.items():
+                    p.requires_grad_(False)
+                    before[n] = _local_copy(p)
+            opt.zero_grad(set_to_none=False)
+            x, y = _data(rank, step)
+            nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+        moved = {}
+        for n, p in frozen.items():
+            flag = torch.tensor(float(not torch.equal(_local_copy(p), before[n])))
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            moved[n.replace("_fsdp_wrapped_module.", "").rsplit(".", 1)[0]] = bool(flag)
+        if rank == 0:
+            Path(out, f"frozen_{engine}.moved.json").write_text(json.dumps(moved))
+
+    try:
+        for engine in FROZEN_ENGINES:
+            _run(
+                Path(out),
+                f"frozen_{engine}",
+                rank,
+                lambda e=engine: (
+                    build_flat("flat_clean") if e == "fsdp1_flat" else _build(e, False)
+                ),  # type: ignore[misc]
+                {},
+                lambda model, opt, e=engine: body(model, opt, e),  # type: ignore[misc]
+            )
+    finally:
+        dist.destroy_process_group()
+
+
+def _local_copy(p: torch.Tensor) -> torch.Tensor:
+    inner = getattr(p, "_local_tensor", p)
+    return inner.detach().clone()

@@ -44,3 +44,25 @@ def test_checkpoint_wrapper_names_are_the_users() -> None:
     names = {layer.name for layer in w.report().layers}
     assert names == {"0", "1"}
     assert w.report().findings == []
+
+
+def test_flat_slices_are_stable_views_and_may_be_empty() -> None:
+    """FSDP1 flattened: each original's piece is a view of the flat shard (fingerprints are
+    keyed by identity, so the same object each step), empty where the rank holds none."""
+    from gradwatch.core.fsdp1_flat import grad_pieces, shard_pieces
+    from gradwatch.core.sketch import fingerprint, measure
+
+    flat = nn.Parameter(torch.arange(10, dtype=torch.float32))
+    spans = {0: (0, 6), 1: (6, 4), 2: (0, 0)}
+    pieces = shard_pieces([flat] * 3, [0, 1, 2], spans)
+    assert [p.numel() for p in pieces] == [6, 4, 0]
+    assert all(a is b for a, b in zip(pieces, shard_pieces([flat] * 3, [0, 1, 2], spans)))
+    assert pieces[1].data_ptr() == flat.data_ptr() + 6 * 4  # a view, not a copy
+    before = fingerprint(pieces)
+    with torch.no_grad():
+        flat[7] += 3.0  # only the second original moves
+    m = measure(pieces, before)
+    assert m.delta is not None and m.delta[:2].tolist() == [0.0, 3.0]
+    flat.grad = torch.ones(10)
+    g = grad_pieces([flat.grad] * 3 + [None], [0, 1, 2, 3], spans, [*pieces, pieces[0]])
+    assert [t.numel() for t in g] == [6, 4, 0, 0]

@@ -38,11 +38,17 @@ class BackwardEnds:
         self._on_error = on_error
         self._queued: set[int] = set()  # graph tasks with an end callback queued
         self._handles: list[RemovableHandle] = []  # post hooks on outer nodes (nesting)
+        self._ended_task = -1  # the graph task whose outermost end ran last
 
     def arrived(self) -> None:
         """A gradient arrived in a graph task not seen yet: queue that task's end callback."""
         gid = task_id()
         self.tracker.task = gid
+        if gid == self._ended_task:
+            # Its end already ran: a gradient assigned by a later end-of-backward callback of
+            # the same task (FSDP2's, for a unit called outside its root's forward, as in
+            # Lightning's training_step) belongs to the backward already counted.
+            return
         self._queue(gid)
 
     def _queue(self, gid: int) -> None:
@@ -83,6 +89,7 @@ class BackwardEnds:
             self._handles.append(node.register_hook(resume))
             return
         # The outermost backward ended: tasks still marked are ones that raised (never end).
+        self._ended_task = gid
         self._queued.clear()
         self.tracker.task = -2
         handles, self._handles = self._handles, []

@@ -96,6 +96,16 @@ class HookSet:
             if not self.trimmed:
                 self.hook_forward(name or "(root)")
 
+    def hook_layer(self, name: str, mod: nn.Module) -> None:
+        """A forward hook on ``mod`` as layer ``name`` although it owns no parameter (FSDP1
+        flattened them away): a ghost's cause comes from its stamps, as for any layer."""
+        if id(mod) in self._hooked_modules:
+            return
+        self._hooked_modules.add(id(mod))
+        self._modules[name] = weakref.ref(mod)
+        if not self.trimmed:
+            self.hook_forward(name)
+
     def hook_forward(self, layer: str) -> None:
         """Stamp when ``layer`` runs (and in which grad mode): a ghost's cause comes from it."""
         mod = self._modules.get(layer)

@@ -31,6 +31,9 @@ class ParamInfo:
     outside_model: bool = False
     hooked: bool = False
     hooked_at: int = -1  # event counter value when its hooks were registered
+    within: Optional[int] = None
+    """FSDP1 flattened: the flat parameter holding this one (no tensor of its own, never
+    hooked; ``ref`` is the flat parameter's, see :mod:`gradwatch.core.fsdp1_flat`)."""
 
     @property
     def name(self) -> str:
@@ -101,11 +104,36 @@ class ParamIndex:
         group = name.rsplit("[", 1)[0]
         return self._register(p, name, group, outside=True)
 
+    def register_within(
+        self, flat: int, names: list[str], layer: str, owners: list[str], numel: int
+    ) -> int:
+        """Register an original parameter that lives as a slice of flat parameter ``flat``."""
+        i = len(self.params)
+        info = ParamInfo(i, list(names), layer, list(owners), numel, self.params[flat].ref)
+        info.within = flat
+        self.params.append(info)
+        for owner in owners:
+            self.layers.setdefault(owner, []).append(i)
+        self._names.clear()
+        return i
+
+    def hide(self, i: int, names: list[str]) -> None:
+        """Take parameter ``i`` out of the layers (its originals stand for it in the report);
+        a finding that still names it (a layout one) lists the originals' ``names``."""
+        self.params[i].names = list(names)
+        self._names.clear()
+        for owner in self.params[i].owners:
+            ids = self.layers.get(owner)
+            if ids is not None and i in ids:
+                ids.remove(i)
+                if not ids:
+                    del self.layers[owner]
+
     def live(self) -> Iterator[tuple[ParamInfo, torch.Tensor]]:
-        """Registered parameters that still exist."""
+        """Registered parameters that still exist (slices of a flat parameter excluded)."""
         for info in self.params:
             p = info.ref()
-            if p is not None:
+            if p is not None and info.within is None:
                 yield info, p
 
     def names(self, idxs: list[int]) -> list[str]:

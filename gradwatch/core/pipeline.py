@@ -13,7 +13,6 @@ from gradwatch.checks.base import LayerSample
 from gradwatch.core.evidence import Tracker
 from gradwatch.core.index import ParamIndex
 from gradwatch.core.layer_rows import fast_layer_samples
-from gradwatch.core.sharded import combine, local, local_norms, payload
 from gradwatch.core.sketch import Fingerprint, measure
 from gradwatch.core.stats import Chunk, to_host
 from gradwatch.core.stats import norms as vector_norms
@@ -40,8 +39,12 @@ class Track:
     frozen_ids: list[int] = field(default_factory=list)
     frozen: list[torch.Tensor] = field(default_factory=list)
     frozen_fp: Optional[Fingerprint] = None
-    snapshot: Optional[list[torch.Tensor]] = None
-    """Sharded only: this rank's shards before an observed step (for the update ratio)."""
+    pieces: Optional[list[torch.Tensor]] = None
+    """Sharded only: the views of this rank's shards that ``fingerprint`` was taken of."""
+    frozen_pieces: Optional[list[torch.Tensor]] = None
+    """Sharded only: the same for the frozen parameters (``frozen_fp``)."""
+    flat_spans: Optional[dict[int, tuple[int, int]]] = None
+    """FSDP1 flattened: each original parameter's slice of its flat shard (``fsdp1_flat``)."""
     sharded: Optional[str] = None
     """The sharding engine (``gradwatch.core.sharded``): statistics on local shards."""
 
@@ -78,6 +81,8 @@ class Gathered:
     frozen_changed: list[int] = field(default_factory=list)
     shard: Optional[list[float]] = None
     """Sharded: this rank's shard values for the cross-rank combine (``core/sharded.py``)."""
+    shard_frozen: list[int] = field(default_factory=list)
+    """Sharded: the frozen parameters whose changed flags end ``shard`` (ORed across ranks)."""
 
 
 def _spread(ks_present: list[int], values: list[float], n: int) -> list[Optional[float]]:
@@ -129,8 +134,10 @@ def gather(
         else:
             missing[i] += 1
     grads = [p.grad for p in judged]
-    if track.sharded is not None:
-        return _gather_sharded(
+    if track.sharded is not None:  # imported here: that module builds on this one's types
+        from gradwatch.core.sharded_gather import gather_sharded
+
+        return gather_sharded(
             track, t, ks, ids, arrived, judged, grads, observed, scaler_scale, extra
         )
     present = [j for j, g in enumerate(grads) if g is not None]
@@ -286,109 +293,3 @@ def layer_samples(g: Gathered, numel: list[int], track: Track) -> dict[str, Laye
             delta_norm=hypot(*dn) if len(dn) == len(js) else None,  # type: ignore[arg-type]
         )
     return out
-
-
-def _gather_sharded(
-    track: Track,
-    t: Tracker,
-    ks: list[int],
-    ids: list[int],
-    arrived: list[bool],
-    judged: list[torch.Tensor],
-    grads: list[Optional[torch.Tensor]],
-    observed: bool,
-    scaler_scale: Optional[torch.Tensor],
-    extra: Optional[list[torch.Tensor]] = None,
-) -> Gathered:
-    """:func:`gather` on this rank's shards; :func:`merge_shards` makes the values global."""
-    n = len(ids)
-    lparams = [local(p) for p in judged]
-    # A rank holding no gradient for a parameter contributes an empty shard (zero sums).
-    lgrads = [lp.new_zeros(0) if g is None else local(g) for g, lp in zip(grads, lparams)]
-    present = [g is not None for g in grads]
-    ords = (2.0, 1.0, math.inf, 0.0) if observed else (2.0,)
-    chunks: list[Chunk] = list(local_norms(lgrads, ords))
-    has_delta = False
-    if observed:
-        chunks.extend(local_norms(lparams, (2.0,)))
-        snap = track.snapshot
-        if snap is not None and len(snap) == len(track.params):
-            try:
-                chunks.extend(local_norms([p - snap[k] for p, k in zip(lparams, ks)], (2.0,)))
-                has_delta = True
-            except RuntimeError:  # shapes changed under us (a replaced parameter)
-                pass
-    if scaler_scale is not None:
-        chunks.append([scaler_scale])
-    n_extra = sum(e.numel() for e in extra) if extra else 0
-    if extra:
-        chunks.extend(extra)  # the NaN probe's device flags: same transfer
-    host = to_host(chunks)
-    extra_values = host[len(host) - n_extra :] if n_extra else []
-    host = host[: len(host) - n_extra]
-    per = [host[k * n : (k + 1) * n] for k in range(len(host) // n)] if n else []
-    norms = per[0] if n else []
-    raw: Optional[dict[str, list[float]]] = None
-    stats: Optional[dict[str, list[Optional[float]]]] = None
-    pnorm: list[Optional[float]] = [None] * n
-    delta: list[Optional[float]] = [None] * n
-    if observed and n:
-        raw = {"l1": per[1], "linf": per[2], "nnz": per[3]}
-        stats = {k: [v if h else None for v, h in zip(vs, present)] for k, vs in raw.items()}
-        pnorm = list(per[4])
-        if has_delta:
-            delta = list(per[5])
-        stats["param_norm"], stats["delta"] = pnorm, delta
-    scale = host[-1] if scaler_scale is not None else None
-    grad_norm: list[Optional[float]] = [v if h else None for v, h in zip(norms, present)]
-    shard = payload(n, present, norms, raw, pnorm, delta, [lp.numel() for lp in lparams])
-    nonfinite = [v is not None and not math.isfinite(v) for v in grad_norm]
-    return Gathered(
-        ks,
-        ids,
-        arrived,
-        present,
-        grad_norm,
-        nonfinite,
-        [t.last_seq[i] for i in ids] if any(nonfinite) else [],
-        [False] * n,
-        [False] * n,  # step_without_grad is judged on the global norms in merge_shards
-        stats,
-        scale,
-        grads,
-        extra_values,
-        shard=shard,
-    )
-
-
-def merge_shards(
-    g: Gathered,
-    rows: list[list[float]],
-    observed: bool,
-    numel: list[int],
-    t: Tracker,
-    index: ParamIndex,
-) -> None:
-    """Make ``g``'s per-rank shard values global (every rank's :func:`payload` rows).
-
-    ``numel`` and the index's sizes become the whole parameters', not this rank's shards.
-    """
-    n = len(g.ids)
-    if not n:
-        return
-    c = combine(rows, n, observed and g.stats is not None)
-    g.has_grad, g.grad_norm = c["has_grad"], c["grad_norm"]
-    if g.stats is not None:
-        for key in ("l1", "linf", "nnz", "param_norm", "delta"):
-            g.stats[key] = c[key]
-    if numel:
-        numel[:] = c["numel"]
-        for i, m in zip(g.ids, numel):
-            index.params[i].numel = m
-    g.nonfinite = [v is not None and not math.isfinite(v) for v in g.grad_norm]
-    g.order = [t.last_seq[i] for i in g.ids] if any(g.nonfinite) else []
-    if any(g.arrived) and all(g.grad_norm[j] in (None, 0.0) for j in range(n) if g.arrived[j]):
-        g.cleared = [
-            gr is None or t.acc_ref[i]() is not gr or gr._version != t.acc_ver[i]
-            for i, gr in zip(g.ids, g.grads)
-        ]

@@ -13,8 +13,10 @@ What the mechanisms give us (torch 2.13, gloo, checked on 2 CPU ranks):
   ``no_grad``) is told by the forward hooks; one whose module ran but gave it no gradient
   cannot be told from a zero gradient. The flat parameters' own hooks mark backward passes.
 - **FSDP1 flattened** (default): the model has one ``_flat_param`` per FSDP unit and the
-  original modules own no parameter: nothing can be read per layer, which a ``not_observed``
-  finding says (the report fails rather than passes on what was never looked at).
+  original modules own no parameter; each original parameter is read from its slice of the
+  flat shard, located by the flat parameter's metadata (:mod:`gradwatch.core.fsdp1_flat`).
+  Ghosts are told by the forward hooks as under ``use_orig_params=True``. A flat parameter
+  whose metadata cannot be read is judged whole and a ``not_observed`` error says so.
 
 Statistics never all-gather gradients: each rank sends, per parameter, its shard's sum of
 squares, sum of |g|, max |g|, non-zero count, element count and whether it holds a gradient,
@@ -45,7 +47,6 @@ __all__ = [
     "hook_flat_params",
     "hook_layer_outputs",
     "local",
-    "local_copies",
     "local_norms",
     "payload",
     "unwrap_fsdp1",
@@ -187,11 +188,6 @@ def local(t: torch.Tensor) -> torch.Tensor:
     """This rank's shard of ``t`` (``t`` itself when it is not a DTensor)."""
     inner = getattr(t, "_local_tensor", None)
     return inner if isinstance(inner, torch.Tensor) else t
-
-
-def local_copies(params: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    """Copies of this rank's shards (what the update ratio compares against after a step)."""
-    return [local(p).detach().clone() for p in params]
 
 
 def local_norms(tensors: Sequence[torch.Tensor], ords: Sequence[float]) -> list[Chunk]:

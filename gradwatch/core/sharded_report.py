@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from gradwatch.checks.not_observed import emit_not_observed
+from gradwatch.core import fsdp1_flat
 from gradwatch.core.sharded import (
     FSDP1_FLAT,
     FSDP1_ORIG,
@@ -28,9 +29,19 @@ __all__ = ["adopt_engine", "forward_arrival", "hook_backward", "late_sharding", 
 
 
 def adopt_engine(pipe: Any, step: int) -> None:
-    """After a layout re-read: the tracks learn the engine; sharding after watch() is said."""
+    """After a layout re-read: the tracks learn the engine; sharding after watch() is said.
+
+    FSDP1 flattened: each flat parameter is replaced by its original parameters (read from
+    its metadata, :mod:`gradwatch.core.fsdp1_flat`); one it cannot read fails the report.
+    """
     if pipe.model is not None:
         late_sharding(pipe.sharded, pipe.model, pipe.findings, pipe.config, step)
+    if pipe.sharded == FSDP1_FLAT and pipe.model is not None:
+        structure = pipe.structure
+        lay = fsdp1_flat.adopt(pipe.model, structure, pipe.hooks)
+        pipe.tracker.grow(len(structure.index.params))
+        if lay.unreadable:
+            _flat_unreadable(pipe.findings, pipe.config, structure, lay.unreadable, step)
     for track in pipe.structure.tracks:
         track.sharded = pipe.sharded
 
@@ -100,26 +111,18 @@ def report_layout(
 ) -> None:
     """Emit the ``not_observed`` finding for what ``engine`` hides from gradwatch (if any).
 
-    FSDP1 flattened: nothing per layer (the report fails: the configured severity). FSDP1
-    ``use_orig_params``: a ghost whose module ran without giving it a gradient looks like a
-    zero gradient (``info``: the other checks run, only that cause is out of reach).
+    FSDP1 (``use_orig_params`` or flattened): a ghost whose module ran without giving it a
+    gradient looks like a zero gradient (``info``: the other checks run, only that cause is
+    out of reach). FSDP1 flattened whose layout cannot be read: the report fails (the
+    configured severity).
     """
     if engine == FSDP1_FLAT:
-        names = [n for info in structure.index.params for n in info.names]
-        emit_not_observed(
-            log,
-            severity=config.check("not_observed").severity,
-            step=0,
-            reason="fsdp1_flat_params",
-            message="FSDP1 with flattened parameters (use_orig_params=False): the model's "
-            f"{len(names)} flat parameter(s) hide every layer, so no per-layer check "
-            "(ghost parameters included) can run.",
-            hint="Wrap with FullyShardedDataParallel(..., use_orig_params=True) or use FSDP2 "
-            "(torch.distributed.fsdp.fully_shard): gradwatch then checks every layer.",
-            params=names,
-            details={"engine": engine},
-        )
-    elif engine == FSDP1_ORIG:
+        lay = fsdp1_flat.layout_of(structure)
+        if lay.unreadable or not lay.originals:
+            problems = lay.unreadable or {-1: "no flat parameter in the watched model"}
+            _flat_unreadable(log, config, structure, problems, 0)
+            return
+    if engine in (FSDP1_ORIG, FSDP1_FLAT):
         emit_not_observed(
             log,
             severity="info",
@@ -132,3 +135,28 @@ def report_layout(
             "gradient None, so gradwatch sees every ghost there.",
             details={"engine": engine},
         )
+
+
+def _flat_unreadable(
+    log: FindingLog,
+    config: GradWatchConfig,
+    structure: Structure,
+    problems: dict[int, str],
+    step: int,
+) -> None:
+    """FSDP1 flattened, a flat parameter whose layout cannot be read: the report fails."""
+    params = structure.index.params
+    names = [n for i in problems if 0 <= i < len(params) for n in params[i].names]
+    emit_not_observed(
+        log,
+        severity=config.check("not_observed").severity,
+        step=step,
+        reason="fsdp1_flat_params",
+        message="FSDP1 with flattened parameters (use_orig_params=False): the layout of "
+        f"{len(names)} flat parameter(s) could not be read ({'; '.join(problems.values())}), "
+        "so no per-layer check (ghost parameters included) runs on the layers inside them.",
+        hint="Wrap with FullyShardedDataParallel(..., use_orig_params=True) or use FSDP2 "
+        "(torch.distributed.fsdp.fully_shard): gradwatch then checks every layer.",
+        params=names,
+        details={"engine": FSDP1_FLAT, "problems": sorted(set(problems.values()))},
+    )

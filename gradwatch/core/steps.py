@@ -20,12 +20,13 @@ from gradwatch.core.evidence import Tracker, make_cause
 from gradwatch.core.extra_evidence import ExtraEvidence
 from gradwatch.core.faults import Faults
 from gradwatch.core.findings import FindingLog
+from gradwatch.core.fsdp1_flat import shard_pieces
 from gradwatch.core.hooks import HookSet
 from gradwatch.core.index import ParamIndex
-from gradwatch.core.pipeline import Gathered, Track, gather, layer_samples, merge_shards
+from gradwatch.core.pipeline import Gathered, Track, gather, layer_samples
 from gradwatch.core.recorder import LayerRecorder
 from gradwatch.core.scaler import ScalerWatch
-from gradwatch.core.sharded import local_copies
+from gradwatch.core.sharded_gather import merge_shards
 from gradwatch.core.sharded_report import adopt_engine, forward_arrival, late_sharding
 from gradwatch.core.sketch import Fingerprint, fingerprint
 from gradwatch.core.structure import Structure, group_signature
@@ -36,9 +37,12 @@ __all__ = ["StepPipeline"]
 
 def _fingerprint_track(track: Track) -> None:
     """Fingerprints, not copies: a few numbers per tensor (core/sketch.py)."""
-    if track.sharded is not None:  # this rank's shards only (a copy), never a gather
-        with torch.no_grad():
-            track.snapshot = local_copies(track.params)
+    if track.sharded is not None:  # this rank's pieces (views), never a gather or a copy
+        spans = track.flat_spans
+        track.pieces = shard_pieces(track.params, track.ids, spans)
+        track.frozen_pieces = shard_pieces(track.frozen, track.frozen_ids, spans)
+        track.fingerprint = _fingerprint(track.pieces)
+        track.frozen_fp = _fingerprint(track.frozen_pieces) if track.frozen else None
         return
     if track.frozen and not any(ParamIndex.uninitialized(p) for p in track.frozen):
         track.frozen_fp = _fingerprint(track.frozen)
