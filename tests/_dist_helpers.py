@@ -68,6 +68,18 @@ class Plain(nn.Module):
         return self.b(torch.tanh(self.a(x)))
 
 
+def join_gloo(rank: int, port: int, world_size: Optional[int] = None) -> None:
+    """Join this spawned rank to a gloo group on ``port`` (one torch thread, 60 s timeout)."""
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=WORLD if world_size is None else world_size,
+        timeout=timedelta(seconds=60),
+    )
+
+
 def _data(rank: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(1000 * rank + step)
     return torch.randn(5, 6, generator=g), torch.randn(5, 1, generator=g)
@@ -141,14 +153,7 @@ RAW_SCENARIOS = (
 
 def raw_worker(rank: int, port: int, out: str) -> None:
     """One rank of the raw DDP scenarios (``torch.multiprocessing.spawn`` target)."""
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo",
-        init_method=f"tcp://127.0.0.1:{port}",
-        rank=rank,
-        world_size=WORLD,
-        timeout=timedelta(seconds=60),
-    )
+    join_gloo(rank, port)
     path = Path(out)
     try:
         torch.manual_seed(0)
@@ -212,6 +217,27 @@ def raw_worker(rank: int, port: int, out: str) -> None:
 # -- Lightning, strategy="ddp" ----------------------------------------------------------
 
 
+def fit_and_record(trainer: Any, cb: Any, module: Any, data: Any, out: Path) -> None:
+    """``trainer.fit``, then this rank's error, report and gradwatch warnings as
+    ``rank<r>.json``; rank 0 waits for the ranks its launcher started."""
+    record: dict[str, Any] = {"error": None}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            trainer.fit(module, data)
+        except Exception as exc:
+            record["error"] = f"{type(exc).__name__}: {exc}"
+    record["rank"] = trainer.global_rank
+    record["report"] = cb.report.model_dump(mode="json") if cb.report is not None else None
+    record["warnings"] = [
+        str(w.message) for w in caught if issubclass(w.category, gradwatch.GradWatchWarning)
+    ]
+    (out / f"rank{trainer.global_rank}.json").write_text(json.dumps(record))
+    launcher = trainer.strategy.launcher
+    for proc in getattr(launcher, "procs", None) or []:  # rank 0 started rank 1: wait for it
+        proc.wait(timeout=120)
+
+
 def _lightning_main(out: Path, scenario: str) -> None:
     sys.path.insert(0, str(Path(__file__).parent))
     import pytorch_lightning as pl
@@ -257,22 +283,7 @@ def _lightning_main(out: Path, scenario: str) -> None:
         default_root_dir=str(out),
         callbacks=[cb],
     )
-    record: dict[str, Any] = {"error": None}
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        try:
-            trainer.fit(RankBranch(), loader(n=48, batch=4, seed=trainer.global_rank))
-        except Exception as exc:
-            record["error"] = f"{type(exc).__name__}: {exc}"
-    record["rank"] = trainer.global_rank
-    record["report"] = cb.report.model_dump(mode="json") if cb.report is not None else None
-    record["warnings"] = [
-        str(w.message) for w in caught if issubclass(w.category, gradwatch.GradWatchWarning)
-    ]
-    (out / f"rank{trainer.global_rank}.json").write_text(json.dumps(record))
-    launcher = trainer.strategy.launcher
-    for proc in getattr(launcher, "procs", None) or []:  # rank 0 started rank 1: wait for it
-        proc.wait(timeout=120)
+    fit_and_record(trainer, cb, RankBranch(), loader(n=48, batch=4, seed=trainer.global_rank), out)
 
 
 if __name__ == "__main__":

@@ -12,13 +12,12 @@ gradient: the ground truth the report's shard-combined values must match.
 from __future__ import annotations
 
 import json
-from datetime import timedelta
 from pathlib import Path
 from typing import Any, Optional
 
 import torch
 import torch.distributed as dist
-from _dist_helpers import STEPS, WORLD, _data, _run
+from _dist_helpers import STEPS, WORLD, _data, _run, join_gloo
 from torch import nn
 
 SCENARIOS = ("flat_ghost", "flat_clean", "flat_nan", "flat_explode", "flat_unreadable", "flat_tied")
@@ -155,14 +154,7 @@ def _truth(scenario: str) -> dict[str, Any]:
 
 def flat_worker(rank: int, port: int, out: str) -> None:
     """One rank of every flattened-FSDP1 scenario (``torch.multiprocessing.spawn`` target)."""
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo",
-        init_method=f"tcp://127.0.0.1:{port}",
-        rank=rank,
-        world_size=WORLD,
-        timeout=timedelta(seconds=60),
-    )
+    join_gloo(rank, port)
     try:
         for name in SCENARIOS:
             _run(

@@ -8,9 +8,7 @@ on CPU. Lightning's launcher re-runs this script for rank 1; each rank writes
 
 from __future__ import annotations
 
-import json
 import sys
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -24,10 +22,10 @@ WORLD = 2
 def main(out: Path, scenario: str) -> None:
     sys.path.insert(0, str(Path(__file__).parent))
     import lightning.pytorch as pl
+    from _dist_helpers import fit_and_record
     from _lightning_helpers import DIM, loader
     from lightning.pytorch.strategies import ModelParallelStrategy
 
-    import gradwatch
     from gradwatch.lightning import GradWatchCallback
 
     torch.set_num_threads(1)
@@ -70,24 +68,8 @@ def main(out: Path, scenario: str) -> None:
         default_root_dir=str(out),
         callbacks=[cb],
     )
-    record: dict[str, Any] = {"error": None}
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        try:
-            trainer.fit(
-                Sharded(scenario == "ghost"), loader(n=48, batch=4, seed=trainer.global_rank)
-            )
-        except Exception as exc:
-            record["error"] = f"{type(exc).__name__}: {exc}"
-    record["rank"] = trainer.global_rank
-    record["report"] = cb.report.model_dump(mode="json") if cb.report is not None else None
-    record["warnings"] = [
-        str(w.message) for w in caught if issubclass(w.category, gradwatch.GradWatchWarning)
-    ]
-    (out / f"rank{trainer.global_rank}.json").write_text(json.dumps(record))
-    launcher = trainer.strategy.launcher
-    for proc in getattr(launcher, "procs", None) or []:  # rank 0 started rank 1: wait for it
-        proc.wait(timeout=120)
+    data = loader(n=48, batch=4, seed=trainer.global_rank)
+    fit_and_record(trainer, cb, Sharded(scenario == "ghost"), data, out)
 
 
 if __name__ == "__main__":

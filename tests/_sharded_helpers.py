@@ -8,13 +8,12 @@ the gradwatch warnings it emitted, the error that ended it) through the DDP help
 from __future__ import annotations
 
 import json
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
-from _dist_helpers import STEPS, WORLD, _data, _run
+from _dist_helpers import STEPS, WORLD, _data, _run, join_gloo
 from torch import nn
 
 ENGINES = ("fsdp2", "fsdp1_orig", "fsdp1_flat", "fsdp1_inner")
@@ -123,14 +122,7 @@ def _full_norms(model: nn.Module, engine: str) -> dict[str, float]:
 
 def sharded_worker(rank: int, port: int, out: str, config: dict[str, Any]) -> None:
     """One rank of every sharded scenario (``torch.multiprocessing.spawn`` target)."""
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo",
-        init_method=f"tcp://127.0.0.1:{port}",
-        rank=rank,
-        world_size=WORLD,
-        timeout=timedelta(seconds=60),
-    )
+    join_gloo(rank, port)
     try:
         for name in SCENARIOS:
             engine, mode = name.rsplit("_", 1)
@@ -181,14 +173,7 @@ def frozen_worker(rank: int, port: int, out: str) -> None:
     """
     from _flat_helpers import _build as build_flat
 
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo",
-        init_method=f"tcp://127.0.0.1:{port}",
-        rank=rank,
-        world_size=WORLD,
-        timeout=timedelta(seconds=60),
-    )
+    join_gloo(rank, port)
 
     def body(model: nn.Module, opt: torch.optim.Optimizer, engine: str) -> None:
         frozen: dict[str, torch.Tensor] = {}

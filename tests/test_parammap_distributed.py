@@ -6,12 +6,12 @@ import copy
 import os
 import socket
 import sys
-from datetime import timedelta
 
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from _dist_helpers import join_gloo
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
@@ -42,14 +42,7 @@ def _grads(model: nn.Module) -> dict[str, torch.Tensor]:
 
 
 def _worker(rank: int, port: int) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo",
-        init_method=f"tcp://127.0.0.1:{port}",
-        rank=rank,
-        world_size=WORLD,
-        timeout=timedelta(seconds=60),
-    )
+    join_gloo(rank, port, WORLD)
     try:
         torch.manual_seed(0)
         model = Net()
