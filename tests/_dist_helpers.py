@@ -15,7 +15,9 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import os
 import socket
+import subprocess
 import sys
 import traceback
 import warnings
@@ -215,6 +217,31 @@ def raw_worker(rank: int, port: int, out: str) -> None:
 
 
 # -- Lightning, strategy="ddp" ----------------------------------------------------------
+
+
+def run_lightning_scenarios(script: list[str], outs: dict[str, Path]) -> None:
+    """Run ``python *script OUT SCENARIO`` for each scenario side by side (each start-up
+    imports Lightning twice) and wait: Lightning's launcher starts the other rank itself."""
+    procs = {}
+    for scenario, out in outs.items():
+        env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+        for var in ("LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "RANK"):
+            env.pop(var, None)
+        with open(out / "launcher.log", "wb") as log:  # the child keeps its own descriptor
+            procs[scenario] = subprocess.Popen(
+                [sys.executable, *script, str(out), scenario],
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+    for scenario, proc in procs.items():
+        try:
+            rc = proc.wait(timeout=240)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise
+        log_text = (outs[scenario] / "launcher.log").read_text(errors="replace")
+        assert rc == 0, f"{scenario}: exit {rc}\n{log_text[-3000:]}"
 
 
 def fit_and_record(trainer: Any, cb: Any, module: Any, data: Any, out: Path) -> None:

@@ -7,15 +7,12 @@ warnings, stdout, the error that ended it) to a tmp dir that the tests read back
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch.multiprocessing as mp
-from _dist_helpers import RAW_SCENARIOS, WORLD, free_port, raw_worker
+from _dist_helpers import RAW_SCENARIOS, WORLD, free_port, raw_worker, run_lightning_scenarios
 
 pytestmark = pytest.mark.slow
 
@@ -139,32 +136,11 @@ def test_report_is_ready_before_ddp_dies(raw: Raw) -> None:
 # -- Lightning, strategy="ddp" ----------------------------------------------------------
 
 
-def _launch(out: Path, scenario: str) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
-    for var in ("LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "RANK"):
-        env.pop(var, None)
-    with open(out / "launcher.log", "wb") as log:  # the child keeps its own descriptor
-        return subprocess.Popen(
-            [sys.executable, str(HERE / "_dist_helpers.py"), "lightning", str(out), scenario],
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-
-
 @pytest.fixture(scope="module")
 def lightning_ddp(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Both Lightning scenarios, launched side by side (each start-up imports Lightning twice)."""
     outs = {s: tmp_path_factory.mktemp(f"pl_{s}") for s in ("unused_true", "unused_false")}
-    procs = {s: _launch(out, s) for s, out in outs.items()}
-    for s, proc in procs.items():
-        try:
-            rc = proc.wait(timeout=240)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            raise
-        log = (outs[s] / "launcher.log").read_text(errors="replace")
-        assert rc == 0, f"{s}: exit {rc}\n{log[-3000:]}"
+    run_lightning_scenarios([str(HERE / "_dist_helpers.py"), "lightning"], outs)
     return outs
 
 

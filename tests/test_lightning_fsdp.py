@@ -7,44 +7,20 @@ run here; the refusal is pinned below (the README says so too).
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-from _dist_helpers import free_port
+from _dist_helpers import run_lightning_scenarios
 
 HERE = Path(__file__).parent
 WORLD, STEPS = 2, 3
 
 
-def _launch(out: Path, scenario: str) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
-    for var in ("LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "RANK"):
-        env.pop(var, None)
-    with open(out / "launcher.log", "wb") as log:  # the child keeps its own descriptor
-        return subprocess.Popen(
-            [sys.executable, str(HERE / "_lightning_fsdp.py"), str(out), scenario],
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[str, Any]]]:
     outs = {s: tmp_path_factory.mktemp(f"pl_fsdp_{s}") for s in ("ghost", "clean")}
-    procs = {s: _launch(out, s) for s, out in outs.items()}
-    for s, proc in procs.items():
-        try:
-            rc = proc.wait(timeout=240)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            raise
-        log = (outs[s] / "launcher.log").read_text(errors="replace")
-        assert rc == 0, f"{s}: exit {rc}\n{log[-3000:]}"
+    run_lightning_scenarios([str(HERE / "_lightning_fsdp.py")], outs)
     return {
         s: [json.loads((out / f"rank{r}.json").read_text()) for r in range(WORLD)]
         for s, out in outs.items()
