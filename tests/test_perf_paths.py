@@ -37,6 +37,8 @@ def test_abs_stats_match_the_separate_kernels(dtype: torch.dtype) -> None:
     ts = [torch.randn(2 * CHUNK + 123, generator=g, dtype=dtype), torch.randn(5000, dtype=dtype)]
     ts[0][CHUNK - 3 : CHUNK + 40] = 0.0  # zeros across a chunk boundary
     ts[0][CHUNK + 77] = -1e30 if dtype is torch.float64 else -3e30  # the max, negative
+    ts[1][:50] = -0.0  # a zero with its sign bit set is a zero (the count reads bit patterns)
+    ts[1][60] = 1e-45 if dtype is torch.float32 else 5e-324  # the smallest subnormal is not
     l1, mx, nnz = abs_stats(ts)  # type: ignore[misc]
     for k, t in enumerate(ts):
         assert float(l1[k]) == pytest.approx(float(t.double().abs().sum()), rel=1e-5)

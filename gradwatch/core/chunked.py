@@ -23,6 +23,7 @@ __all__ = ["CHUNK", "abs_stats", "stacked_stats"]
 
 CHUNK = 1 << 18  # elements per chunk (1 MiB of float32): best of 16K-256K measured
 _ONES: dict[torch.dtype, torch.Tensor] = {}
+_INT_OF = {torch.float32: torch.int32, torch.float64: torch.int64}
 
 
 def _ones(dtype: torch.dtype) -> torch.Tensor:
@@ -52,6 +53,7 @@ def abs_stats(tensors: Sequence[torch.Tensor]) -> Optional[list[torch.Tensor]]:
         return None
     ones = _ones(dtype)
     buf = torch.empty(min(CHUNK, max(t.numel() for t in tensors)), dtype=dtype)
+    bits = buf.view(_INT_OF[dtype])
     rows: list[torch.Tensor] = []
     for t in tensors:
         flat = t.detach().reshape(-1)
@@ -64,7 +66,10 @@ def abs_stats(tensors: Sequence[torch.Tensor]) -> Optional[list[torch.Tensor]]:
                     [
                         torch.dot(a, ones[:m]).double(),
                         a.amax().double(),
-                        torch.count_nonzero(a).double(),
+                        # After abs, a value is zero exactly when its bit pattern is (-0.0
+                        # loses its sign bit; NaN stays non-zero): counting non-zero integers
+                        # is about twice as fast as counting non-zero floats (measured).
+                        torch.count_nonzero(bits[:m]).double(),
                     ]
                 )
             )
