@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass, field
-from typing import Iterator, Optional
+from typing import Iterable, Iterator, Optional
 
 import torch
 from torch import nn
@@ -152,3 +152,15 @@ class ParamIndex:
     @staticmethod
     def uninitialized(p: torch.Tensor) -> bool:
         return _is_uninitialized(p)
+
+    @staticmethod
+    def any_uninitialized(params: Iterable[torch.Tensor]) -> bool:
+        """Whether any of ``params`` is a lazy parameter without values yet.
+
+        One C-level pass over the types in the usual case (every parameter a plain one):
+        this runs on every statistics step, over every parameter.
+        """
+        types = set(map(type, params))
+        return not types <= _PLAIN_TYPES and any(
+            issubclass(t, nn.parameter.UninitializedParameter) for t in types
+        )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import weakref
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any, Callable, Optional
 
 import torch
@@ -16,6 +17,8 @@ from gradwatch.core.layer_rows import fast_layer_samples
 from gradwatch.core.sketch import Fingerprint, measure
 from gradwatch.core.stats import Chunk, to_host
 from gradwatch.core.stats import norms as vector_norms
+
+_requires_grad = attrgetter("requires_grad")
 
 
 @dataclass
@@ -115,7 +118,7 @@ def gather(
     start = track.start
     ls = t.last_seq
     params = track.params
-    if last_hooked <= start and all(p.requires_grad for p in params):
+    if last_hooked <= start and all(map(_requires_grad, params)):
         ks, ids, judged = track.positions, track.ids, params
     else:  # frozen since, or hooked during this window: not judged this step
         ks = [
@@ -156,7 +159,10 @@ def gather(
     pnorm_ks: list[int] = []
     has_delta = False
     if observed:
-        pnorm_ks = [j for j in range(n) if not ParamIndex.uninitialized(judged[j])]
+        if ParamIndex.any_uninitialized(judged):
+            pnorm_ks = [j for j in range(n) if not ParamIndex.uninitialized(judged[j])]
+        else:
+            pnorm_ks = list(range(n))
         ps = judged if len(pnorm_ks) == n else [judged[j] for j in pnorm_ks]
         if ps:  # parameter norms, and what changed across the step (no parameter copy)
             fp = track.fingerprint

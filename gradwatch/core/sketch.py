@@ -115,7 +115,7 @@ class Fingerprint:
 
 
 def _key(tensors: list[torch.Tensor]) -> tuple[int, ...]:
-    return tuple(id(t) for t in tensors)
+    return tuple(map(id, tensors))
 
 
 def _bits(flat: torch.Tensor) -> torch.Tensor:
@@ -248,7 +248,7 @@ def _big_values(t: torch.Tensor, b: _Big) -> tuple[torch.Tensor, torch.Tensor]:
 def _cached_plan(tensors: list[torch.Tensor]) -> Plan:
     # Keyed by identity and total size: the shape-keyed lookup walks every tensor's
     # attributes (about 1 ms for 400 tensors), too much for each statistics step.
-    key = (tuple(map(id, tensors)), sum(t.numel() for t in tensors))
+    key = (tuple(map(id, tensors)), sum(map(torch.Tensor.numel, tensors)))
     found = _BY_ID.get(key)
     if found is None:
         if len(_BY_ID) > 64:

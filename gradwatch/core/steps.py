@@ -44,9 +44,9 @@ def _fingerprint_track(track: Track) -> None:
         track.fingerprint = _fingerprint(track.pieces)
         track.frozen_fp = _fingerprint(track.frozen_pieces) if track.frozen else None
         return
-    if track.frozen and not any(ParamIndex.uninitialized(p) for p in track.frozen):
+    if track.frozen and not ParamIndex.any_uninitialized(track.frozen):
         track.frozen_fp = _fingerprint(track.frozen)
-    if not track.params or any(ParamIndex.uninitialized(p) for p in track.params):
+    if not track.params or ParamIndex.any_uninitialized(track.params):
         return  # no update ratio while a lazy parameter has no values yet
     track.fingerprint = _fingerprint(track.params)
 

@@ -8,6 +8,7 @@ a :class:`~gradwatch.checks.StructureView` then.
 from __future__ import annotations
 
 import weakref
+from operator import attrgetter
 from typing import Any, Optional
 
 import torch
@@ -19,6 +20,8 @@ from gradwatch.core.evidence import Tracker
 from gradwatch.core.hooks import HookSet
 from gradwatch.core.index import ParamIndex
 from gradwatch.core.pipeline import Track
+
+_requires_grad = attrgetter("requires_grad")
 
 __all__ = ["Structure"]
 
@@ -154,7 +157,7 @@ class Structure:
             if tuple(map(id, model.parameters())) != self._model_signature:
                 return True
             self._generation = gen  # a registration elsewhere: this model is unchanged
-        if any(not p.requires_grad for t in self.tracks for p in t.params):
+        if not all(all(map(_requires_grad, t.params)) for t in self.tracks):
             return True  # frozen since the last scan
         return any(p is not None and p.requires_grad for p in (r() for r in self._frozen))
 
