@@ -21,7 +21,6 @@ import torch
 from torch import nn
 
 import gradwatch
-import gradwatch.core.evidence
 import gradwatch.core.pipeline
 import gradwatch.core.steps
 import gradwatch.report_io
@@ -157,10 +156,7 @@ FAULTS = {
     # the tensor hook that runs before a gradient is accumulated into .grad
     "pre_accumulate": Fault("pre-accumulate hook", _tracker_list("incoming")),
     # the hook that runs after .grad was written
-    # (it binds the tracker's lists when it is made: the fault goes into a function it calls)
-    "post_accumulate": Fault(
-        "post-accumulate hook", lambda mp, w: mp.setattr(gradwatch.core.evidence, "task_id", _boom)
-    ),
+    "post_accumulate": Fault("post-accumulate hook", _tracker_list("acc_ref")),
     # the autograd-engine callback at the end of backward (decides steps without optimizer)
     "backward_end": Fault(
         "backward end",
@@ -283,8 +279,8 @@ def test_faults_at_several_hook_points_do_not_stop_training(
     model = make_model()
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     with gradwatch.watch(model, opt, config={"every_n_steps": 1}, sinks=[FaultySink()]) as w:
-        monkeypatch.setattr(w._tracker, "incoming", RaisingList(w._tracker.incoming))
-        monkeypatch.setattr(gradwatch.core.evidence, "task_id", _boom)
+        for name in ("incoming", "acc_ref"):
+            monkeypatch.setattr(w._tracker, name, RaisingList(getattr(w._tracker, name)))
         monkeypatch.setattr(w._tracker, "fwd_grad", RaisingDict())
         monkeypatch.setattr(gradwatch.core.pipeline, "vector_norms", _boom)
         losses = train(model, opt)

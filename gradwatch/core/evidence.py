@@ -153,38 +153,40 @@ def make_param_hooks(
             on_error("pre-accumulate hook", exc)
         return None
 
-    # The post hook runs once per parameter per backward pass: the lists it writes are bound
-    # here (the tracker only ever appends to them), so the hot path does no attribute lookups.
-    has_pre, incoming, fresh, dirty = t.has_pre, t.incoming, t.fresh, t.dirty
-    acc_ref, acc_ver, snap_ref, snap_ver = t.acc_ref, t.acc_ver, t.snap_ref, t.snap_ver
-    last_seq, pending, counter, ref = t.last_seq, t.pending, t.counter, weakref.ref
-
     def post(p: torch.Tensor) -> None:
         try:
             g = p.grad
             if g is None:
                 return  # the hook fired but no gradient arrived (seen under torch.compile)
             ver = g._version
-            if has_pre[i]:
-                if not incoming[i]:
-                    incoming[i] = True
+            if t.has_pre[i]:
+                if not t.incoming[i]:
+                    t.incoming[i] = True
                     return
-            else:
-                acc, snap = acc_ref[i](), snap_ref[i]()
-                if (acc is g and ver == acc_ver[i]) or (snap is g and ver == snap_ver[i]):
-                    return  # fired, yet the gradient is untouched: nothing arrived
-                if fresh[i] and snap is g and (g._base is not None or ver < snap_ver[i] + 2):
-                    t.want_pre.add(i)  # accumulated into the step's gradient: reset or not?
-                elif pending and i in pending:
-                    # No value check here (trimmed): a flag core/resets.py raised at an
-                    # earlier backward's start is void when the gradient was reset since (a
-                    # GAN's G). Fresh and reaching here: replaced or zero_()'d since the step.
-                    if fresh[i] or acc is not g or (g._base is None and ver != acc_ver[i] + 1):
-                        dirty[i] = False
-                        pending.discard(i)
-            last_seq[i] = next(counter)
-            acc_ref[i], acc_ver[i] = ref(g), ver
-            fresh[i] = False
+            elif (t.acc_ref[i]() is g and ver == t.acc_ver[i]) or (
+                t.snap_ref[i]() is g and ver == t.snap_ver[i]
+            ):
+                return  # fired, yet the gradient is untouched: nothing arrived
+            elif (
+                t.fresh[i]
+                and t.snap_ref[i]() is g
+                and (g._base is not None or ver < t.snap_ver[i] + 2)
+            ):
+                t.want_pre.add(i)  # accumulated into the step's gradient: reset or not?
+            elif t.pending and i in t.pending:
+                # No value check here (trimmed): a flag core/resets.py raised at an earlier
+                # backward's start is void when the gradient was reset since (a GAN's G).
+                # Fresh and reaching here: replaced or zero_()'d since the step.
+                if (
+                    t.fresh[i]
+                    or t.acc_ref[i]() is not g
+                    or (g._base is None and ver != t.acc_ver[i] + 1)
+                ):
+                    t.dirty[i] = False
+                    t.pending.discard(i)
+            t.last_seq[i] = next(t.counter)
+            t.acc_ref[i], t.acc_ver[i] = weakref.ref(g), ver
+            t.fresh[i] = False
             if t.task != task_id():  # first arrival in this graph task (nested ones too)
                 t.leader = i
                 on_arrival()
