@@ -1,4 +1,5 @@
-"""Added CPU ms/step of gradwatch with every statistic every step on model (a), one number.
+"""Added CPU ms/step of gradwatch on model (a), one number (every statistic every step, or
+``--every-n-steps 10`` for the default cadence).
 
 For before/after comparisons of two checkouts on a noisy machine: run it alternately from
 each checkout (``PYTHONPATH=<checkout> python benchmarks/every_step_added.py``) and compare
@@ -39,10 +40,13 @@ _BATCHES = hook_bound.batches()
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--blocks", type=int, default=8)
+    ap.add_argument(
+        "--every-n-steps", type=int, default=1, help="the statistics cadence (10: the default)"
+    )
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     (bare, bare_opt), (watched, watched_opt) = hook_bound.instances(2)
-    cfg = gradwatch.GradWatchConfig(every_n_steps=1)
+    cfg = gradwatch.GradWatchConfig(every_n_steps=args.every_n_steps)
     with gradwatch.watch(watched, watched_opt, config=cfg):
         _run(bare, bare_opt, 20)
         _run(watched, watched_opt, 20)  # past the hook trim: the steady state
