@@ -54,3 +54,15 @@ def test_quick_benchmark_writes_every_variant(tmp_path: Path) -> None:
     assert res["variants"]["baseline"]["added_ms"] == 0.0
     assert [b["line"].split()[0] for b in res["budget"]] == ["default", "every", "hooks"]
     assert "gradwatch_default" in proc.stdout and "x clip" in proc.stdout
+
+
+def test_kernel_table_runs_and_names_every_piece() -> None:
+    """``benchmarks/kernels.py`` on small tensors: every piece timed, the ratio printed."""
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "kernels.py")]
+    cmd += ["--count", "3", "--size", "70000", "--repeat", "2"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = proc.stdout.splitlines()
+    assert len(lines) == 7 and "3 x 70,000 float32" in lines[0]
+    assert "clip_grad_norm_" in lines[1] and "x clip_grad_norm_" in lines[-1]
+    assert all(float(line.split()[0]) >= 0 for line in lines[1:])

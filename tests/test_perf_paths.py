@@ -155,3 +155,25 @@ def test_stacked_fingerprints_see_one_changed_element_of_many_same_shape_tensors
     exact = torch.stack([t.norm() for t in ts])
     assert torch.allclose(m.param_norm, exact, rtol=1e-6)
     assert all(v == 0.0 for k, v in enumerate(m.delta.tolist()) if k not in (10, 33))
+
+
+def test_stacked_norms_with_a_stale_layout_key_stay_right() -> None:
+    """The caller's layout key skips reading shapes; a key whose shapes changed is dropped."""
+    from gradwatch.core.chunked import stacked_stats
+
+    def truth(ts: list[torch.Tensor]) -> list[float]:
+        return [float(t.double().norm()) for t in ts]
+
+    layout = object()
+    first = [torch.randn(4, 4) if k % 2 else torch.randn(4) for k in range(12)]
+    got = stacked_stats(first, (2.0,), id(layout))
+    assert got is not None and got[0].tolist() == pytest.approx(truth(first), rel=1e-6)
+    # same shapes in another grouping that still holds (each group one shape): same values
+    swapped = [torch.randn(4) if k % 2 else torch.randn(4, 4) for k in range(12)]
+    got = stacked_stats(swapped, (2.0,), id(layout))
+    assert got is not None and got[0].tolist() == pytest.approx(truth(swapped), rel=1e-6)
+    # shapes moved across the stale groups: a group mixes shapes -> declined, key dropped
+    moved = [torch.randn(4) for _ in range(6)] + [torch.randn(4, 4) for _ in range(6)]
+    assert stacked_stats(moved, (2.0,), id(layout)) is None
+    again = stacked_stats(moved, (2.0,), id(layout))  # regrouped from the shapes
+    assert again is not None and again[0].tolist() == pytest.approx(truth(moved), rel=1e-6)

@@ -146,7 +146,10 @@ def gather(
     present = [j for j, g in enumerate(grads) if g is not None]
     pg = grads if len(present) == n else [grads[j] for j in present]
     ords = (2.0, 1.0, math.inf, 0.0) if observed else (2.0,)
-    grad_chunks = vector_norms(pg, ords)  # type: ignore[arg-type]
+    # Every gradient present: their shapes are the parameters' (autograd enforces it), so the
+    # parameter list's identity keys their grouping by shape (core/chunked.py).
+    layout = id(params) if pg is grads and judged is params else None
+    grad_chunks = vector_norms(pg, ords, layout)  # type: ignore[arg-type]
     chunks: list[Chunk] = [grad_chunks[0]]
     pending: list[int] = []
     if t.pending:

@@ -102,7 +102,7 @@ def _small_cpu(tensors: Sequence[torch.Tensor]) -> bool:
     if first.device.type != "cpu" or not first.is_floating_point() or first.is_sparse:
         return False
     # large tensors: foreach's per-tensor cost is small next to a full copy
-    return sum(t.numel() for t in tensors) <= _FLAT_MAX_MEAN * len(tensors)
+    return sum(map(torch.Tensor.numel, tensors)) <= _FLAT_MAX_MEAN * len(tensors)
 
 
 def flatten_cpu(tensors: Sequence[torch.Tensor], *, copy: bool = False) -> Optional[torch.Tensor]:
@@ -146,16 +146,20 @@ def segment_norms(
     return out
 
 
-def norms(tensors: Sequence[torch.Tensor], ords: Sequence[float]) -> list[Chunk]:
+def norms(
+    tensors: Sequence[torch.Tensor], ords: Sequence[float], layout: Optional[object] = None
+) -> list[Chunk]:
     """Per-tensor vector norms for each ``ord`` in ``ords``, aligned with ``tensors``.
 
     ``ord=0`` counts non-zero elements, ``1`` sums absolute values, ``2`` is the L2 norm,
-    ``inf`` the max |x|. NaN and Inf propagate.
+    ``inf`` the max |x|. NaN and Inf propagate. ``layout``: a hashable key the caller keeps
+    for tensors of unchanged shapes (the gradients of one parameter list), so that their
+    grouping by shape is not rebuilt from 400 shapes every step (see ``stacked_stats``).
     """
     if not tensors:
         return [[] for _ in ords]
     if _small_cpu(tensors):  # few shapes (stacked layers): one stack per shape
-        stacked = stacked_stats(tensors, ords)
+        stacked = stacked_stats(tensors, ords, layout)
         if stacked is not None:
             return stacked
     flat = flatten_cpu(tensors)

@@ -1,0 +1,82 @@
+"""The tensor work of one statistics step on large CPU tensors, piece by piece.
+
+Usage::
+
+    .venv/bin/python benchmarks/kernels.py                 # 16 x 512K float32 (8.4M elements)
+    .venv/bin/python benchmarks/kernels.py --size 1048576 --count 8
+
+Where ``overhead.py`` and ``scaling.py`` time whole steps (and so carry the machine's noise
+into every ratio), this times each piece of gradwatch's statistics step alone, in one
+process, with one torch thread and the process's CPU time (median of ``--repeat``), next
+to ``clip_grad_norm_`` on the same gradients. It shows the floor under the "every
+statistic every step on large tensors" line of ``RESULTS.md``: the kernels gradwatch must
+run, whatever the Python around them costs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from typing import Callable
+
+import torch
+
+from gradwatch.core.chunked import abs_stats
+from gradwatch.core.sketch import fingerprint, measure
+from gradwatch.core.stats import foreach_norms
+
+
+def _ms(fn: Callable[[], object], repeat: int) -> float:
+    times = []
+    for _ in range(repeat):
+        t = time.process_time()
+        fn()
+        times.append(time.process_time() - t)
+    return statistics.median(times) * 1e3
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--count", type=int, default=16, help="parameter tensors")
+    ap.add_argument("--size", type=int, default=1 << 19, help="elements per tensor")
+    ap.add_argument("--repeat", type=int, default=15)
+    args = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    gen = torch.Generator().manual_seed(0)
+    params = [torch.nn.Parameter(torch.randn(args.size, generator=gen)) for _ in range(args.count)]
+    for p in params:
+        p.grad = torch.randn(args.size, generator=gen)
+        p.grad[::7] = 0.0  # some zeros, as ReLU networks have
+    grads = [p.grad for p in params if p.grad is not None]
+    fp = fingerprint(params)
+    rows = [
+        ("clip_grad_norm_ (the reference: one L2 pass, one scale)", lambda: _clip(params)),
+        ("gradient L2 norms (_foreach_norm)", lambda: foreach_norms(grads, 2.0)),
+        ("gradient L1, max |g|, non-zero count (one chunked pass)", lambda: abs_stats(grads)),
+        ("parameter fingerprint before the step (checksum + sample)", lambda: fingerprint(params)),
+        ("after the step: parameter norms, checksum, sample", lambda: measure(params, fp)),
+    ]
+    n = args.count * args.size
+    print(f"{args.count} x {args.size:,} float32 ({n:,} elements), 1 thread, CPU ms (median)")
+    clip = None
+    total = 0.0
+    for name, fn in rows:
+        fn()
+        ms = _ms(fn, args.repeat)
+        if clip is None:
+            clip = ms
+        else:
+            total += ms
+        print(f"  {ms:8.2f}  {name}")
+    assert clip is not None
+    print(f"  {total:8.2f}  gradwatch's kernels together = {total / clip:.2f} x clip_grad_norm_")
+    return 0
+
+
+def _clip(params: list[torch.nn.Parameter]) -> None:
+    torch.nn.utils.clip_grad_norm_(params, max_norm=1e30)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
