@@ -5,7 +5,10 @@ Usage (a single self-contained script; prints one JSON summary on stdout)::
     python benchmarks/gpu.py --quick     # < 3 minutes
     python benchmarks/gpu.py             # more blocks, larger tensors
 
-Without CUDA it prints ``{"skipped": "no CUDA device"}`` and exits 0.
+Without CUDA it prints ``{"skipped": "no CUDA device"}`` and exits 0. ``--cpu-dry-run`` runs
+every combination below on the CPU with tiny sizes and one block (times only: sync counting
+and peak memory need CUDA), so that the script's own code is tested where no GPU is
+(``tests/test_benchmark_smoke.py``): a GPU machine's time is too scarce to find its bugs.
 
 For each parameter dtype (fp32, bf16, fp16) and optimizer (AdamW fused, AdamW foreach,
 SGD+momentum foreach) and each model (400 small tensors; 16 large tensors):
@@ -53,19 +56,26 @@ def optimizers() -> dict[str, Callable[[list[nn.Parameter]], torch.optim.Optimiz
     }
 
 
-def model(kind: str, dtype: torch.dtype, quick: bool) -> tuple[nn.Module, torch.Tensor]:
+def model(
+    kind: str, dtype: torch.dtype, quick: bool, device: str = "cuda"
+) -> tuple[nn.Module, torch.Tensor]:
     torch.manual_seed(0)
     if kind == "small":  # hook-bound: 200 x Linear(16, 16) + Tanh, 400 tensors
         layers: list[nn.Module] = []
-        for _ in range(200):
+        for _ in range(20 if device == "cpu" else 200):
             lin = nn.Linear(16, 16)
             nn.init.orthogonal_(lin.weight)
             layers += [lin, nn.Tanh()]
         m, x = nn.Sequential(*layers), torch.randn(32, 16)
     else:  # 16 large tensors: 8 x Linear(w, w)
-        w = 2048 if quick else 8192
+        w = 64 if device == "cpu" else 2048 if quick else 8192
         m, x = nn.Sequential(*[nn.Linear(w, w) for _ in range(8)]), torch.randn(16, w)
-    return m.to("cuda", dtype), x.to("cuda", dtype)
+    return m.to(device, dtype), x.to(device, dtype)
+
+
+def sync(x: torch.Tensor) -> None:
+    if x.is_cuda:
+        torch.cuda.synchronize()
 
 
 def step(m: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, extra: Any = None) -> None:
@@ -92,11 +102,11 @@ def time_variants(
                 w = gradwatch.watch(m, opt, config=cfg).attach()
                 for _ in range(10):  # past the hook trim (8 steps): the steady state
                     step(m, opt, x)
-            torch.cuda.synchronize()
+            sync(x)
             t0 = time.perf_counter()
             for _ in range(10):
                 step(m, opt, x, clip if name == "clip" else None)
-            torch.cuda.synchronize()
+            sync(x)
             dt = (time.perf_counter() - t0) / 10 * 1e3
             if w is not None:
                 w.close()
@@ -169,37 +179,45 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer blocks, smaller large tensors")
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--cpu-dry-run", action="store_true", help="every combination, tiny, on CPU")
     args = ap.parse_args(argv)
-    if not torch.cuda.is_available():
+    dry = args.cpu_dry_run
+    if not dry and not torch.cuda.is_available():
         print(json.dumps({"skipped": "no CUDA device"}))
         return 0
+    device = "cpu" if dry else "cuda"
+    if dry:
+        torch.set_num_threads(1)  # a smoke run: do not take every core of a CI runner
     warnings.simplefilter("ignore", gradwatch.GradWatchWarning)
     t_start = time.perf_counter()
-    blocks = 3 if args.quick else 8
+    blocks = 1 if dry else 3 if args.quick else 8
     runs = []
-    dtypes = ["fp32", "bf16"] if args.quick else list(DTYPES)
+    dtypes = ["fp32", "bf16"] if args.quick and not dry else list(DTYPES)
     for kind in ("small", "large"):
         for dname in dtypes:
             for oname, make in optimizers().items():
-                if args.quick and kind == "small" and oname != "adamw_fused":
+                if args.quick and not dry and kind == "small" and oname != "adamw_fused":
                     continue
-                m, x = model(kind, DTYPES[dname], args.quick)
+                m, x = model(kind, DTYPES[dname], args.quick, device)
                 opt = make(list(m.parameters()))
                 row: dict[str, Any] = {"model": kind, "dtype": dname, "optimizer": oname}
                 try:
                     row["time"] = time_variants(m, opt, x, blocks)
-                    row["syncs"] = count_syncs(m, opt, x)
-                    row["memory"] = peak_memory(m, opt, x)
+                    if not dry:
+                        row["syncs"] = count_syncs(m, opt, x)
+                        row["memory"] = peak_memory(m, opt, x)
                 except Exception as exc:  # report, keep going: one JSON at the end
                     row["error"] = f"{type(exc).__name__}: {exc}"
                 runs.append(row)
                 print(json.dumps(row), file=sys.stderr, flush=True)
                 del m, opt, x
-                torch.cuda.empty_cache()
+                if not dry:
+                    torch.cuda.empty_cache()
     summary = {
-        "device": torch.cuda.get_device_name(),
+        "device": "cpu (dry run)" if dry else torch.cuda.get_device_name(),
         "torch": torch.__version__,
         "seconds": time.perf_counter() - t_start,
+        "errors": sum(1 for r in runs if "error" in r),
         "syncs_met": all(r.get("syncs", {}).get("met", False) for r in runs),
         "memory_met": all(
             r.get("memory", {}).get("met", False) for r in runs if r["model"] == "large"

@@ -66,3 +66,20 @@ def test_kernel_table_runs_and_names_every_piece() -> None:
     assert len(lines) == 7 and "3 x 70,000 float32" in lines[0]
     assert "clip_grad_norm_" in lines[1] and "x clip_grad_norm_" in lines[-1]
     assert all(float(line.split()[0]) >= 0 for line in lines[1:])
+
+
+@pytest.mark.slow  # 18 combinations of dtype x optimizer x model, each interleaving 4 variants
+def test_gpu_script_runs_every_combination_on_the_cpu() -> None:
+    """``benchmarks/gpu.py --cpu-dry-run``: the GPU script's own code, where no GPU is."""
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "gpu.py"), "--cpu-dry-run"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    summary = json.loads(proc.stdout)
+    assert summary["device"] == "cpu (dry run)"
+    runs = summary["runs"]
+    assert len(runs) == 2 * 3 * 3  # model kinds x dtypes x optimizers
+    assert summary["errors"] == 0, [r["error"] for r in runs if "error" in r]
+    for row in runs:
+        variants = row["time"]["added_ms"]
+        assert list(variants) == ["baseline", "clip", "gradwatch_default", "gradwatch_every_step"]
+        assert all(math.isfinite(v) for v in variants.values()), row
