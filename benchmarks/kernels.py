@@ -28,6 +28,7 @@ from gradwatch.core.stats import foreach_norms
 
 
 def _ms(fn: Callable[[], object], repeat: int) -> float:
+    fn()  # warm-up: caches, plans, allocator
     times = []
     for _ in range(repeat):
         t = time.process_time()
@@ -50,8 +51,8 @@ def main(argv: list[str] | None = None) -> int:
         p.grad[::7] = 0.0  # some zeros, as ReLU networks have
     grads = [p.grad for p in params if p.grad is not None]
     fp = fingerprint(params)
-    rows = [
-        ("clip_grad_norm_ (the reference: one L2 pass, one scale)", lambda: _clip(params)),
+    reference = "clip_grad_norm_ (the reference: one L2 pass, one scale)"
+    pieces = [
         ("gradient L2 norms (_foreach_norm)", lambda: foreach_norms(grads, 2.0)),
         ("gradient L1, max |g|, non-zero count (one chunked pass)", lambda: abs_stats(grads)),
         ("parameter fingerprint before the step (checksum + sample)", lambda: fingerprint(params)),
@@ -59,18 +60,13 @@ def main(argv: list[str] | None = None) -> int:
     ]
     n = args.count * args.size
     print(f"{args.count} x {args.size:,} float32 ({n:,} elements), 1 thread, CPU ms (median)")
-    clip = None
-    total = 0.0
-    for name, fn in rows:
-        fn()
-        ms = _ms(fn, args.repeat)
-        if clip is None:
-            clip = ms
-        else:
-            total += ms
+    times = [_ms(fn, args.repeat) for fn in [lambda: _clip(params)] + [f for _, f in pieces]]
+    for ms, name in zip(times, [reference] + [name for name, _ in pieces]):
         print(f"  {ms:8.2f}  {name}")
-    assert clip is not None
-    print(f"  {total:8.2f}  gradwatch's kernels together = {total / clip:.2f} x clip_grad_norm_")
+    total = sum(times[1:])
+    print(
+        f"  {total:8.2f}  gradwatch's kernels together = {total / times[0]:.2f} x clip_grad_norm_"
+    )
     return 0
 
 
