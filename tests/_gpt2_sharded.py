@@ -17,24 +17,18 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from _architectures import ARCHITECTURES, V
 from _dist_helpers import _run, join_gloo
 from torch import nn
 
 STEPS = 4
 ENGINES = ("fsdp2", "fsdp1_orig", "fsdp1_flat")
 SCENARIOS = tuple(f"{e}_{m}" for e in ENGINES for m in ("clean", "ghost"))
-VOCAB = 100
 
 
 def _build(engine: str, ghost: bool) -> tuple[nn.Module, nn.Module, torch.optim.Optimizer]:
-    import transformers
-
     torch.manual_seed(0)  # the same initial weights on every rank and in both runs
-    cfg = transformers.GPT2Config(
-        n_layer=2, n_embd=32, n_head=2, vocab_size=VOCAB, n_positions=32, bos_token_id=0,
-        eos_token_id=0,
-    )  # fmt: skip
-    model = transformers.GPT2LMHeadModel(cfg)  # wte and lm_head are tied
+    model, _ = ARCHITECTURES["gpt2"]()  # the suite's tiny GPT-2 (tied wte and lm_head)
     if ghost:
         model.aux = nn.Linear(32, 32)  # a head added for an experiment and never called
     block = type(model.transformer.h[0])
@@ -62,7 +56,7 @@ def _train(model: nn.Module, opt: torch.optim.Optimizer, rank: int) -> list[floa
     g = torch.Generator().manual_seed(rank)  # each rank its own batches
     losses = []
     for _ in range(STEPS):
-        ids = torch.randint(0, VOCAB, (2, 12), generator=g)
+        ids = torch.randint(3, V, (2, 12), generator=g)
         opt.zero_grad()
         loss = model(input_ids=ids, labels=ids).loss
         loss.backward()

@@ -22,6 +22,7 @@ import pytest
 import torch
 import torch.nn.utils.parametrizations as parametrizations
 import torch.nn.utils.prune as prune
+from _architectures import ARCHITECTURES
 from torch import nn
 from torch.optim.swa_utils import AveragedModel
 
@@ -134,16 +135,7 @@ def _adamw(model: nn.Module, *, everything: bool = False) -> torch.optim.Optimiz
 
 
 def _gpt2() -> nn.Module:
-    cfg = transformers.GPT2Config(
-        n_layer=2,
-        n_embd=32,
-        n_head=2,
-        vocab_size=VOCAB,
-        n_positions=32,
-        bos_token_id=0,
-        eos_token_id=0,
-    )
-    return transformers.GPT2LMHeadModel(cfg)
+    return ARCHITECTURES["gpt2"]()[0]  # the suite's tiny GPT-2 (tests/_architectures.py)
 
 
 def _gpt2_lora(everything: bool = False) -> Loop:
