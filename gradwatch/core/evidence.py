@@ -65,6 +65,9 @@ class Tracker:
         self.leader = -1  # the parameter that arrived first in the latest graph task
         self.want_call: set[str] = set()  # flagged layers whose caller's line is wanted
         self.called_at: dict[str, str] = {}  # layer -> "file:line" that called it
+        # Arrival order of the last step whose hooks were all on: a read step's order
+        # (core/step_reading.py); None while every arrival is hooked.
+        self.rank: Optional[dict[int, int]] = None
 
     def now(self) -> int:
         """A fresh event number (later than every event so far)."""

@@ -29,8 +29,9 @@ OnError = Callable[[str, BaseException], None]
 class HookSet:
     """Every handle of one watcher: parameter, forward and optimizer hooks.
 
-    Per parameter: a post-accumulate hook (always) and a pre-accumulation value-check hook
-    (every parameter until :meth:`trim`, afterwards only where the tracker asks for it).
+    Per parameter: a post-accumulate hook (until the step can read its arrival itself,
+    ``core/step_reading.py``) and a pre-accumulation value-check hook (every parameter until
+    :meth:`trim`, afterwards only where the tracker asks for it).
     Per layer (a module that owns parameters): a forward hook that stamps its grad mode,
     trimmed to the layers with a ghost finding after ``trim_hooks_after`` steps.
     """
@@ -43,6 +44,10 @@ class HookSet:
         self.param: dict[int, RemovableHandle] = {}
         self.pre: dict[int, RemovableHandle] = {}
         self._pre_fns: dict[int, Any] = {}
+        self._post_fns: dict[int, Any] = {}
+        self._refs: dict[int, weakref.ref[torch.Tensor]] = {}
+        # Parameters whose post hook is off: the step reads their arrival (core/step_reading.py).
+        self.unhooked: set[int] = set()
         self.forward: dict[str, RemovableHandle] = {}
         self._modules: dict[str, weakref.ref[nn.Module]] = {}
         self._hooked_modules: set[int] = set()
@@ -69,10 +74,28 @@ class HookSet:
         torch.utils.hooks.unserializable_hook(pre)
         self.param[i] = p.register_post_accumulate_grad_hook(post)
         self._pre_fns[i] = pre
+        self._post_fns[i] = post
+        self._refs[i] = weakref.ref(p)
         if not self.trimmed:  # every hook on until trim_hooks_after
             self.pre[i] = p.register_hook(pre)
             self.tracker.has_pre[i] = True
         self.hooked_at[i] = self.last_hooked = self.tracker.now()
+
+    def unhook_post(self, i: int) -> None:
+        """Parameter ``i``'s post hook off: the step reads its arrival instead."""
+        handle = self.param.pop(i, None)
+        if handle is not None:
+            handle.remove()
+            self.unhooked.add(i)
+
+    def rehook_post(self, i: int) -> None:
+        """Parameter ``i``'s post hook back on (whole windows count from the next one)."""
+        p = self._refs[i]() if i in self.unhooked else None
+        if p is None:
+            self.unhooked.discard(i)  # gone with its tensor
+        elif p.requires_grad:  # a frozen one gets its hook back when it trains again
+            self.unhooked.discard(i)
+            self.param[i] = p.register_post_accumulate_grad_hook(self._post_fns[i])
 
     def restore_pre_hooks(self, index: ParamIndex) -> None:
         """Value checks back on for the parameters whose resets the version cannot tell."""
@@ -81,6 +104,7 @@ class HookSet:
             p = index.params[i].ref()
             if p is None or i in self.pre or i not in self._pre_fns:
                 continue
+            self.rehook_post(i)  # a value check pairs with its post hook
             self.pre[i] = p.register_hook(self._pre_fns[i])
             tracker.has_pre[i] = True
         tracker.want_pre.clear()
@@ -161,6 +185,9 @@ class HookSet:
         self.param.clear()
         self.pre.clear()
         self._pre_fns.clear()
+        self._post_fns.clear()
+        self._refs.clear()
+        self.unhooked.clear()
         removers, self.removers = self.removers, []
         for remove in removers:
             remove()

@@ -29,6 +29,7 @@ from gradwatch.core.scaler import ScalerWatch
 from gradwatch.core.sharded_gather import merge_shards
 from gradwatch.core.sharded_report import adopt_engine, forward_arrival, late_sharding
 from gradwatch.core.sketch import Fingerprint, fingerprint
+from gradwatch.core.step_reading import StepReading
 from gradwatch.core.structure import Structure, group_signature
 from gradwatch.core.unwatched import StepNesting, UnwatchedUpdates
 
@@ -93,6 +94,7 @@ class StepPipeline:
         self.nesting = StepNesting()
         self.unwatched = UnwatchedUpdates()
         self.sharded: Optional[str] = None  # the sharding engine (core/sharded.py), if any
+        self.reading = StepReading(self.tracker, hooks)
 
     # -- layout ----------------------------------------------------------------------------
 
@@ -188,6 +190,7 @@ class StepPipeline:
         ):
             self.sync(step=track.steps)
             track = structure.track_of(track.index) or track
+        readable = self.reading.before_gather(self, track)
         with torch.profiler.record_function("gradwatch::step"), torch.no_grad():
             g = gather(
                 track,
@@ -199,9 +202,10 @@ class StepPipeline:
                 arrival=forward_arrival(self.sharded, structure.index, self.tracker, track.start),
                 extra=self.scout.pending_flags(),
             )
+        self.reading.after_gather(g, track, readable, structure.tracks)
         trace = self.scout.interpret(g.extra) if self.scout.armed else None
         skipped = self.scaler.note(g.scale)
-        self._note_skips(skipped, track.steps, trace)
+        _note_skips(self, skipped, track.steps, trace)
         view = self._view(track, g, observed)
         self.extra.fill(view, track, g, trace, skipped)
         for check in self.checks:
@@ -286,17 +290,10 @@ class StepPipeline:
 
     # -- the scaler ------------------------------------------------------------------------
 
-    def _note_skips(self, skipped: int, step: int, trace: Optional[dict] = None) -> None:
-        if not skipped:
-            return
-        for check in self.checks:
-            if isinstance(check, NonfiniteGrad):
-                check.on_skipped(skipped, self.scaler.skipped, step, self.findings, trace)
-
     def check_scaler(self) -> None:
         """At exit: account for a skip of the very last step."""
         skipped = self.scaler.note_current()
-        self._note_skips(skipped, self.steps, self.extra.exit_trace(skipped))
+        _note_skips(self, skipped, self.steps, self.extra.exit_trace(skipped))
 
     def finish(self, faults: list[str]) -> None:
         """The run is over: checks judge it as a whole once."""
@@ -308,6 +305,15 @@ class StepPipeline:
         self.model = None
         self.nesting.clear()
         self.structure.release()
+
+
+def _note_skips(pipe: StepPipeline, skipped: int, step: int, trace: Optional[dict] = None) -> None:
+    """Steps the GradScaler skipped (inf/NaN gradients): nonfinite_grad reports them."""
+    if not skipped:
+        return
+    for check in pipe.checks:
+        if isinstance(check, NonfiniteGrad):
+            check.on_skipped(skipped, pipe.scaler.skipped, step, pipe.findings, trace)
 
 
 def run_view(pipe: StepPipeline, faults: list[str]) -> RunView:

@@ -1,0 +1,259 @@
+"""Arrivals read at the step (core/step_reading.py): the same findings as with every hook on.
+
+Each loop runs on a model of ~100 tensors (enough for the step to read arrivals) twice: with
+the default configuration, where most post hooks come off after the first steps, and with
+``trim_hooks_after: null``, where every hook stays on: the ground truth. The bugs start after
+the reading has begun, so each finding must come from a step that read arrivals.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Callable, Optional
+
+import pytest
+import torch
+from torch import nn
+
+import gradwatch
+from gradwatch.core.step_reading import MIN_READ
+
+Loop = Callable[[int, nn.Module, torch.optim.Optimizer, "Deep"], None]
+LATE = 15  # every bug starts here, well after the reading begins (trim_hooks_after: 8)
+STEPS = 40
+
+
+class Deep(nn.Module):
+    """A residual MLP of 2 * depth + 2 tensors; ``skip`` leaves layers out of the forward."""
+
+    def __init__(self, depth: int = 52) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(nn.Linear(8, 8) for _ in range(depth))
+        self.head = nn.Linear(8, 1)
+        self.skip: set[int] = set()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for k, block in enumerate(self.blocks):
+            if k not in self.skip:
+                x = x + 0.1 * torch.tanh(block(x))
+        return self.head(x)
+
+
+def _run(
+    loop: Optional[Loop], *, every_hook: bool, steps: int = STEPS, **cfg: Any
+) -> tuple[gradwatch.Report, list[float], Deep, int]:
+    torch.manual_seed(0)
+    model = Deep()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    g = torch.Generator().manual_seed(1)
+    data = [(torch.randn(16, 8, generator=g), torch.randn(16, 1, generator=g)) for _ in range(8)]
+    config = {"trim_hooks_after": None, **cfg} if every_hook else cfg
+    losses: list[float] = []
+    read = 0
+    with gradwatch.watch(model, opt, config=config) as w:
+        for s in range(steps):
+            x, y = data[s % len(data)]
+            if loop is None:
+                opt.zero_grad()
+                loss = nn.functional.mse_loss(model(x), y)
+                loss.backward()
+                opt.step()
+            else:
+                loop(s, model, opt, Deep)
+                loss = torch.zeros(())
+            losses.append(loss.item())
+            read = max(read, len(w._hooks.unhooked))
+    return w.report(), losses, model, read
+
+
+def _findings(report: gradwatch.Report) -> set[tuple[str, str, tuple[str, ...], str]]:
+    """Each finding with its details (the runs train bit-identically: they must be equal)."""
+    return {
+        (f.check, f.severity, tuple(sorted(f.params)), json.dumps(f.details, sort_keys=True))
+        for f in report.findings
+    }
+
+
+def _data(s: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(s % 8)
+    return torch.randn(16, 8, generator=g), torch.randn(16, 1, generator=g)
+
+
+def _plain(s: int, model: nn.Module, opt: torch.optim.Optimizer, reset: bool = True) -> None:
+    x, y = _data(s)
+    if reset:
+        opt.zero_grad()
+    nn.functional.mse_loss(model(x), y).backward()
+    opt.step()
+
+
+def test_a_clean_loop_reads_arrivals_and_trains_as_unwatched() -> None:
+    report, losses, model, read = _run(None, every_hook=False)
+    assert read >= MIN_READ - 16  # most post hooks came off
+    assert report.steps == STEPS
+    assert _findings(report) == set()
+    torch.manual_seed(0)
+    twin = Deep()
+    opt = torch.optim.SGD(twin.parameters(), lr=0.05)
+    g = torch.Generator().manual_seed(1)
+    data = [(torch.randn(16, 8, generator=g), torch.randn(16, 1, generator=g)) for _ in range(8)]
+    for s in range(STEPS):
+        x, y = data[s % 8]
+        opt.zero_grad()
+        loss = nn.functional.mse_loss(twin(x), y)
+        assert loss.item() == losses[s]
+        loss.backward()
+        opt.step()
+    for a, b in zip(model.parameters(), twin.parameters()):
+        assert torch.equal(a, b)
+
+
+def test_every_hook_is_removed_on_exit_also_the_ones_put_back_in_turn() -> None:
+    model = Deep()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    with gradwatch.watch(model, opt) as w:
+        for s in range(20):
+            _plain(s, model, opt)
+        assert w._hooks.unhooked
+    for p in model.parameters():
+        assert not p._post_accumulate_grad_hooks
+        assert not p._backward_hooks
+
+
+def _late_ghost(s: int, model: nn.Module, opt: torch.optim.Optimizer, _: Any) -> None:
+    model.skip = {30} if s >= LATE else set()  # type: ignore[assignment]
+    _plain(s, model, opt)
+
+
+def _late_ghost_zero_filled(s: int, model: nn.Module, opt: torch.optim.Optimizer, _: Any) -> None:
+    """A late ghost whose missing gradient the loop fills with zeros (a DDP workaround):
+    no hook fires, yet ``.grad`` is a new tensor each step. Only a hook can tell."""
+    model.skip = {30} if s >= LATE else set()  # type: ignore[assignment]
+    x, y = _data(s)
+    opt.zero_grad()
+    nn.functional.mse_loss(model(x), y).backward()
+    for p in model.parameters():
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    opt.step()
+
+
+def _layerdrop(s: int, model: nn.Module, opt: torch.optim.Optimizer, _: Any) -> None:
+    g = torch.Generator().manual_seed(100 + s)
+    model.skip = {k for k in range(52) if torch.rand((), generator=g) < 0.2}  # type: ignore[assignment]
+    _plain(s, model, opt)
+
+
+def _no_zero_grad_once(s: int, model: nn.Module, opt: torch.optim.Optimizer, _: Any) -> None:
+    _plain(s, model, opt, reset=s != LATE + 5)
+
+
+def _no_zero_grad_from_late(s: int, model: nn.Module, opt: torch.optim.Optimizer, _: Any) -> None:
+    _plain(s, model, opt, reset=s < LATE)
+
+
+def _zero_grad_before_step(s: int, model: nn.Module, opt: torch.optim.Optimizer, _: Any) -> None:
+    x, y = _data(s)
+    opt.zero_grad()
+    nn.functional.mse_loss(model(x), y).backward()
+    if s == LATE + 5:
+        opt.zero_grad()  # the bug: the step applies no gradient
+    opt.step()
+
+
+def _nan_in_a_block(s: int, model: nn.Module, opt: torch.optim.Optimizer, _: Any) -> None:
+    x, y = _data(s)
+    opt.zero_grad()
+    nn.functional.mse_loss(model(x), y).backward()
+    if s >= LATE + 5:
+        with torch.no_grad():
+            model.blocks[40].weight.grad[0, 0] = float("nan")  # type: ignore[index]
+    opt.step()
+
+
+def _double_step(s: int, model: nn.Module, opt: torch.optim.Optimizer, _: Any) -> None:
+    _plain(s, model, opt)
+    if s == LATE + 3:
+        opt.step()
+
+
+def _accumulate(s: int, model: nn.Module, opt: torch.optim.Optimizer, _: Any) -> None:
+    opt.zero_grad()
+    for k in range(3):
+        x, y = _data(3 * s + k)
+        (nn.functional.mse_loss(model(x), y) / 3).backward()
+    opt.step()
+
+
+def _freeze_late(s: int, model: nn.Module, opt: torch.optim.Optimizer, _: Any) -> None:
+    if s == LATE:
+        model.blocks[5].requires_grad_(False)  # type: ignore[index]
+    _plain(s, model, opt)
+
+
+def _zero_inplace(s: int, model: nn.Module, opt: torch.optim.Optimizer, _: Any) -> None:
+    x, y = _data(s)
+    opt.zero_grad(set_to_none=False)
+    nn.functional.mse_loss(model(x), y).backward()
+    opt.step()
+
+
+LOOPS = {
+    "late_ghost": _late_ghost,
+    "late_ghost_zero_filled": _late_ghost_zero_filled,
+    "layerdrop": _layerdrop,
+    "no_zero_grad_once": _no_zero_grad_once,
+    "no_zero_grad_from_late": _no_zero_grad_from_late,
+    "zero_grad_before_step": _zero_grad_before_step,
+    "nan_in_a_block": _nan_in_a_block,
+    "double_step": _double_step,
+    "accumulate": _accumulate,
+    "freeze_late": _freeze_late,
+    "zero_inplace": _zero_inplace,
+}
+
+# What a finding may differ in when its step read arrivals: a step whose reading was in doubt
+# judges only the hooked parameters (never a guess), so the finding names fewer of them.
+SUBSET = {"zero_grad_before_step"}
+
+
+@pytest.mark.parametrize("name", sorted(LOOPS))
+def test_findings_match_every_hook_on(name: str) -> None:
+    loop = LOOPS[name]
+    truth, _, _, never = _run(loop, every_hook=True)
+    got, _, _, read = _run(loop, every_hook=False)
+    assert never == 0
+    assert got.steps == truth.steps >= STEPS
+    want, have = _findings(truth), _findings(got)
+    if name in SUBSET:
+        assert {f[:2] for f in have} == {f[:2] for f in want}
+        for check, sev, params, _ in have:
+            full = next(p for c, s, p, _ in want if (c, s) == (check, sev))
+            assert set(params) <= set(full) and params
+    else:
+        assert have == want
+    if name == "zero_inplace":
+        assert read == 0  # the same tensor each step: only a hook can tell, so none came off
+    else:
+        assert read >= MIN_READ - 16, "the reading never started: the test proves nothing"
+    if name == "nan_in_a_block":
+        (f,) = got.by_check("nonfinite_grad")
+        assert f.details["origin_layer"] == "blocks.40"  # where it started, in backward order
+
+
+def test_the_bugs_fire_at_all() -> None:
+    """The ground truth itself: each bug loop has its finding (the comparison is not empty)."""
+    expect = {
+        "late_ghost": "ghost_param",
+        "late_ghost_zero_filled": "ghost_param",
+        "no_zero_grad_once": "missing_zero_grad",
+        "no_zero_grad_from_late": "missing_zero_grad",
+        "zero_grad_before_step": "step_without_grad",
+        "nan_in_a_block": "nonfinite_grad",
+        "double_step": "double_update",
+        "freeze_late": None,
+    }
+    for name, check in expect.items():
+        report, _, _, _ = _run(LOOPS[name], every_hook=False)
+        if check is not None:
+            assert report.by_check(check), name
