@@ -99,7 +99,13 @@ class StepReading:
     def after_gather(self, g: Gathered, track: Track, readable: bool, tracks: list[Track]) -> None:
         """Complete what only a hook sees; at the first step after the trim, choose."""
         self.complete(g)
-        if readable and self.hooks.trimmed and g.ks is track.positions and not any(g.nonfinite):
+        if (
+            readable
+            and self.hooks.trimmed
+            and track.index not in self._tried
+            and g.ks is track.positions
+            and not any(g.nonfinite)
+        ):
             self.choose(track, g, shared_ids(tracks))
 
     # -- choosing ---------------------------------------------------------------------------
@@ -145,40 +151,56 @@ class StepReading:
             return
         start = track.start
         watched = self.sentinels.union(self.rotating.get(track.index, ()))
-        arrivals: list[tuple[int, torch.Tensor]] = []
+        arrived: list[int] = []  # parameter ids, and their gradients in ``grads``
+        grads: list[torch.Tensor] = []
         read: list[int] = []
         unclear: list[int] = []
         doubt = not readable
+        snap_ref = t.snap_ref
         for i, p in zip(track.ids, track.params):
             if i in unhooked:
                 g = p.grad
-                r = self.reading(i, g)
-                if r is None:
-                    unclear.append(i)
-                    continue
-                read.append(i)
-                if r:
-                    arrivals.append((i, g))  # type: ignore[arg-type]
+                if g is None:  # the usual cases first, inline: this runs on every step
+                    read.append(i)
+                elif g._base is None and snap_ref[i]() is not g:
+                    read.append(i)
+                    arrived.append(i)
+                    grads.append(g)
+                else:
+                    plain = self.reading(i, g)
+                    if plain is None:
+                        unclear.append(i)
+                        continue
+                    read.append(i)
+                    if plain:
+                        arrived.append(i)
+                        grads.append(g)
             elif i in watched and self.reading(i, p.grad) is not (t.last_seq[i] > start):
                 doubt = True
-        if doubt or (arrivals and not backward_ran):
+        if doubt or (arrived and not backward_ran):
             self.give_up()
             return
         for i in unclear:
             hooks.rehook_post(i)
             self._not_judged(i)
-        pending, counter = t.pending, t.counter
-        ref = weakref.ref
-        for i, g in arrivals:
-            if pending and i in pending:
-                if t.snap_ref[i]() is g:  # not reset since the step: the value check holds
+        pending = t.pending
+        for i, g in zip(arrived, grads) if pending else ():
+            if i in pending:
+                if snap_ref[i]() is g:  # not reset since the step: the value check holds
                     t.want_pre.add(i)  # and stays on (core/hooks.py restores it with its hook)
                 else:  # reset since the flag was raised (a GAN's G): void
                     t.dirty[i] = False
                     pending.discard(i)
-            t.last_seq[i] = next(counter)
-            t.acc_ref[i], t.acc_ver[i] = ref(g), g._version
-            t.fresh[i] = False
+        # One event number for all: a read step has no arrival order (Tracker.rank has it).
+        seq = next(t.counter)
+        last_seq, acc_ref, acc_ver, fresh = t.last_seq, t.acc_ref, t.acc_ver, t.fresh
+        refs = list(map(weakref.ref, grads))
+        versions = [g._version for g in grads]
+        for i, r, v in zip(arrived, refs, versions):
+            last_seq[i] = seq
+            acc_ref[i] = r
+            acc_ver[i] = v
+            fresh[i] = False
         self.read_now = set(read)
         self._rotate(track)
 
@@ -191,7 +213,7 @@ class StepReading:
           hooked one that arrived was.
         """
         read = self.read_now
-        if not read or not read.intersection(g.ids):
+        if not read or not (g.order or any(g.cleared)) or not read.intersection(g.ids):
             return
         rank = self.tracker.rank
         if g.order and rank is not None:
