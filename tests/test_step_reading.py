@@ -191,6 +191,27 @@ def _freeze_late(s: int, model: nn.Module, opt: torch.optim.Optimizer, _: Any) -
     _plain(s, model, opt)
 
 
+def _freeze_and_thaw(s: int, model: nn.Module, opt: torch.optim.Optimizer, _: Any) -> None:
+    if s in (LATE, LATE + 5):
+        model.blocks[5].requires_grad_(s == LATE + 5)  # type: ignore[index]
+    _plain(s, model, opt)
+
+
+def _group_added_late(s: int, model: nn.Module, opt: torch.optim.Optimizer, _: Any) -> None:
+    """A layout change (a new param group) re-reads the layout: read parameters stay read."""
+    if s == LATE:
+        extra = nn.Linear(1, 1)
+        model.add_module("extra", extra)
+        opt.add_param_group({"params": list(extra.parameters())})
+    x, y = _data(s)
+    opt.zero_grad()
+    out = model(x)
+    if s >= LATE:
+        out = model.extra(out)  # type: ignore[operator]
+    nn.functional.mse_loss(out, y).backward()
+    opt.step()
+
+
 def _zero_inplace(s: int, model: nn.Module, opt: torch.optim.Optimizer, _: Any) -> None:
     x, y = _data(s)
     opt.zero_grad(set_to_none=False)
@@ -209,6 +230,8 @@ LOOPS = {
     "double_step": _double_step,
     "accumulate": _accumulate,
     "freeze_late": _freeze_late,
+    "freeze_and_thaw": _freeze_and_thaw,
+    "group_added_late": _group_added_late,
     "zero_inplace": _zero_inplace,
 }
 
@@ -257,3 +280,18 @@ def test_the_bugs_fire_at_all() -> None:
         report, _, _, _ = _run(LOOPS[name], every_hook=False)
         if check is not None:
             assert report.by_check(check), name
+
+
+def test_a_layout_change_leaves_read_parameters_unhooked() -> None:
+    """Re-reading the layout (a new param group) must not put a second hook on a read one."""
+    torch.manual_seed(0)
+    model = Deep()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    with gradwatch.watch(model, opt) as w:
+        for s in range(LATE + 10):
+            _group_added_late(s, model, opt, None)
+        hooks = w._hooks
+        assert len(hooks.unhooked) >= MIN_READ - 16
+        counts = {n: len(p._post_accumulate_grad_hooks or {}) for n, p in model.named_parameters()}
+        assert max(counts.values()) == 1
+        assert sum(counts.values()) == len(hooks.param)

@@ -64,8 +64,8 @@ class HookSet:
         self.other.append(handle)
 
     def hook_param(self, i: int, p: torch.Tensor) -> None:
-        """The evidence hooks of parameter ``i`` (once)."""
-        if i in self.param:
+        """The evidence hooks of parameter ``i`` (once; one the step reads stays unhooked)."""
+        if i in self.param or i in self.unhooked:
             return
         pre, post = make_param_hooks(
             self.tracker, i, weakref.ref(p), self._on_arrival, self._on_error

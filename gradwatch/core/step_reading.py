@@ -147,7 +147,9 @@ class StepReading:
         hooks, t = self.hooks, self.tracker
         unhooked = hooks.unhooked
         self.read_now = set()
-        if not unhooked:
+        if self.off:  # a parameter frozen when every hook came back trains again
+            self.give_up()
+        if not unhooked or self.off:
             return
         start = track.start
         watched = self.sentinels.union(self.rotating.get(track.index, ()))
@@ -246,9 +248,11 @@ class StepReading:
         """Every hook back for good; no read parameter is judged in its current window."""
         self.off = True
         self.tracker.rank = None
-        for i in list(self.hooks.unhooked):
+        unhooked = self.hooks.unhooked
+        for i in list(unhooked):
             self.hooks.rehook_post(i)
-            self._not_judged(i)
+            if i not in unhooked:  # a frozen one stays unhooked until it trains again
+                self._not_judged(i)
         self.rotating.clear()
         self.sentinels.clear()
         self.read_now = set()
