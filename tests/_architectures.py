@@ -8,10 +8,19 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+import pytest
 import torch
 from torch import nn
 
 Build = Callable[[], tuple[nn.Module, Callable[[torch.Generator], dict[str, torch.Tensor]]]]
+
+# The marks of a slow sweep over these models (transformers warns on tiny configs).
+SWEEP_MARKS = [
+    pytest.mark.slow,
+    pytest.mark.filterwarnings("ignore::FutureWarning"),
+    pytest.mark.filterwarnings("ignore::DeprecationWarning"),
+    pytest.mark.filterwarnings("ignore::UserWarning"),
+]
 
 V = 99  # vocabulary
 B, T = 2, 8  # batch, sequence length

@@ -10,18 +10,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _architectures import ARCHITECTURES
+from _architectures import ARCHITECTURES, SWEEP_MARKS
 
 import gradwatch
 
 pytest.importorskip("transformers")
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.filterwarnings("ignore::FutureWarning"),
-    pytest.mark.filterwarnings("ignore::DeprecationWarning"),
-    pytest.mark.filterwarnings("ignore::UserWarning"),
-]
+pytestmark = SWEEP_MARKS
 
 STEPS = 3
 

@@ -13,19 +13,14 @@ import json
 
 import pytest
 import torch
-from _architectures import ARCHITECTURES
+from _architectures import ARCHITECTURES, SWEEP_MARKS
 
 import gradwatch
 from gradwatch.core import step_reading
 
 pytest.importorskip("transformers")
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.filterwarnings("ignore::FutureWarning"),
-    pytest.mark.filterwarnings("ignore::DeprecationWarning"),
-    pytest.mark.filterwarnings("ignore::UserWarning"),
-]
+pytestmark = SWEEP_MARKS
 
 STEPS = 20
 
