@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 import gradwatch
-from gradwatch.core.step_reading import MIN_READ
+from gradwatch.core.step_reading import MIN_READ, ROTATE
 
 Loop = Callable[[int, nn.Module, torch.optim.Optimizer, "Deep"], None]
 LATE = 15  # every bug starts here, well after the reading begins (trim_hooks_after: 8)
@@ -219,6 +219,40 @@ def _zero_inplace(s: int, model: nn.Module, opt: torch.optim.Optimizer, _: Any) 
     opt.step()
 
 
+def _closure_late_ghost(s: int, model: nn.Module, opt: torch.optim.Optimizer, _: Any) -> None:
+    """Lightning's shape: zero_grad, forward and backward run inside ``step(closure)``."""
+    model.skip = {30} if s >= LATE else set()  # type: ignore[assignment]
+
+    def closure() -> torch.Tensor:
+        x, y = _data(s)
+        opt.zero_grad()
+        loss = nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        return loss
+
+    opt.step(closure)
+
+
+def _zero_grad_after_step(s: int, model: nn.Module, opt: torch.optim.Optimizer, _: Any) -> None:
+    """backward, step, zero_grad (the reset at the end of the iteration), and a late ghost."""
+    model.skip = {30} if s >= LATE else set()  # type: ignore[assignment]
+    x, y = _data(s)
+    nn.functional.mse_loss(model(x), y).backward()
+    opt.step()
+    opt.zero_grad()
+
+
+def _grad_dropped_late(s: int, model: nn.Module, opt: torch.optim.Optimizer, _: Any) -> None:
+    """The loop sets one layer's gradients to None between backward and step."""
+    x, y = _data(s)
+    opt.zero_grad()
+    nn.functional.mse_loss(model(x), y).backward()
+    if s >= LATE:
+        for p in model.blocks[20].parameters():  # type: ignore[index]
+            p.grad = None
+    opt.step()
+
+
 LOOPS = {
     "late_ghost": _late_ghost,
     "late_ghost_zero_filled": _late_ghost_zero_filled,
@@ -233,11 +267,18 @@ LOOPS = {
     "freeze_and_thaw": _freeze_and_thaw,
     "group_added_late": _group_added_late,
     "zero_inplace": _zero_inplace,
+    "closure_late_ghost": _closure_late_ghost,
+    "zero_grad_after_step": _zero_grad_after_step,
+    "grad_dropped_late": _grad_dropped_late,
 }
 
 # What a finding may differ in when its step read arrivals: a step whose reading was in doubt
 # judges only the hooked parameters (never a guess), so the finding names fewer of them.
 SUBSET = {"zero_grad_before_step"}
+# A gradient the loop drops (``p.grad = None``) reads as none arrived until the parameter's
+# turn to be compared comes (README, limitations): an intermittent ghost at ``info``, for at
+# most n / ROTATE steps, where every hook on says nothing. Nothing else may differ.
+DROPPED = {"grad_dropped_late": ("blocks.20.bias", "blocks.20.weight")}
 
 
 @pytest.mark.parametrize("name", sorted(LOOPS))
@@ -248,6 +289,13 @@ def test_findings_match_every_hook_on(name: str) -> None:
     assert never == 0
     assert got.steps == truth.steps >= STEPS
     want, have = _findings(truth), _findings(got)
+    if name in DROPPED:
+        extra = have - want
+        have -= extra
+        for check, sev, params, details in extra:
+            assert (check, sev, params) == ("ghost_param", "info", DROPPED[name])
+            turns = -(-len(list(Deep().parameters())) // ROTATE)  # steps to compare them all
+            assert json.loads(details)["steps_missing"] <= turns + 1
     if name in SUBSET:
         assert {f[:2] for f in have} == {f[:2] for f in want}
         for check, sev, params, _ in have:
@@ -275,6 +323,8 @@ def test_the_bugs_fire_at_all() -> None:
         "nan_in_a_block": "nonfinite_grad",
         "double_step": "double_update",
         "freeze_late": None,
+        "closure_late_ghost": "ghost_param",
+        "zero_grad_after_step": "ghost_param",
     }
     for name, check in expect.items():
         report, _, _, _ = _run(LOOPS[name], every_hook=False)
