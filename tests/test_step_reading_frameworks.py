@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import pytest
 import torch
@@ -29,6 +29,7 @@ pytestmark = [
 ]
 
 STEPS = 30
+Run = tuple[set[Any], list[torch.Tensor], int, int]  # findings, weights, read, steps
 
 
 def _found(report: Any) -> set[tuple[str, str, tuple[str, ...], str]]:
@@ -67,7 +68,7 @@ class DeepModule(pl.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.05)
 
 
-def _lightning(root: Path, every_hook: bool) -> tuple[set, list[torch.Tensor], int, int]:
+def _lightning(root: Path, every_hook: bool) -> Run:
     from gradwatch.lightning import GradWatchCallback
 
     torch.manual_seed(0)
@@ -97,17 +98,23 @@ def _lightning(root: Path, every_hook: bool) -> tuple[set, list[torch.Tensor], i
     return _found(cb.report), weights, read[0], cb.report.steps
 
 
-def test_lightning_closure_accumulation_clipping(tmp_path: Path) -> None:
-    want, want_w, never, steps = _lightning(tmp_path / "a", every_hook=True)
-    have, have_w, read, got_steps = _lightning(tmp_path / "b", every_hook=False)
-    assert never == 0 and read >= 64, "the reading never started: the test proves nothing"
+def _compare(run: Callable[[Path, bool], Run], tmp_path: Path, min_read: int) -> set[Any]:
+    """Both runs, compared; the findings (the same in both)."""
+    want, want_w, never, steps = run(tmp_path / "a", True)
+    have, have_w, read, got_steps = run(tmp_path / "b", False)
+    assert never == 0 and read >= min_read, "the reading never started: the test proves nothing"
     assert got_steps == steps == STEPS
     assert all(torch.equal(a, b) for a, b in zip(want_w, have_w))
     assert have == want
-    assert {f[:2] for f in want} == {("ghost_param", "info")}  # the late ghost, found
+    return have
 
 
-def _hf(root: Path, every_hook: bool) -> tuple[set, list[torch.Tensor], int, int]:
+def test_lightning_closure_accumulation_clipping(tmp_path: Path) -> None:
+    found = _compare(_lightning, tmp_path, 64)
+    assert {f[:2] for f in found} == {("ghost_param", "info")}  # the late ghost, found
+
+
+def _hf(root: Path, every_hook: bool) -> Run:
     transformers = pytest.importorskip("transformers")
     from gradwatch.transformers import GradWatchCallback
 
@@ -151,9 +158,4 @@ def _hf(root: Path, every_hook: bool) -> tuple[set, list[torch.Tensor], int, int
 
 
 def test_hf_trainer_accumulation_clipping(tmp_path: Path) -> None:
-    want, want_w, never, steps = _hf(tmp_path / "a", every_hook=True)
-    have, have_w, read, got_steps = _hf(tmp_path / "b", every_hook=False)
-    assert never == 0 and read >= 40, "the reading never started: the test proves nothing"
-    assert got_steps == steps == STEPS
-    assert all(torch.equal(a, b) for a, b in zip(want_w, have_w))
-    assert have == want
+    _compare(_hf, tmp_path, 40)
