@@ -67,15 +67,14 @@ class HookSet:
         """The evidence hooks of parameter ``i`` (once; one the step reads stays unhooked)."""
         if i in self.param or i in self.unhooked:
             return
-        pre, post = make_param_hooks(
-            self.tracker, i, weakref.ref(p), self._on_arrival, self._on_error
-        )
+        ref = weakref.ref(p)
+        pre, post = make_param_hooks(self.tracker, i, ref, self._on_arrival, self._on_error)
         # Tensor hooks are never saved with a pickled parameter: say so, without a warning.
         torch.utils.hooks.unserializable_hook(pre)
         self.param[i] = p.register_post_accumulate_grad_hook(post)
         self._pre_fns[i] = pre
         self._post_fns[i] = post
-        self._refs[i] = weakref.ref(p)
+        self._refs[i] = ref
         if not self.trimmed:  # every hook on until trim_hooks_after
             self.pre[i] = p.register_hook(pre)
             self.tracker.has_pre[i] = True
