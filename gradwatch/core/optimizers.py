@@ -25,7 +25,7 @@ import torch
 
 from gradwatch.errors import ConfigError
 
-__all__ = ["unwrap_optimizer"]
+__all__ = ["delegates", "unwrap_optimizer"]
 
 # A chain longer than this is a cycle (a wrapper whose ``.optimizer`` leads back to itself).
 _MAX_DEPTH = 16
@@ -60,6 +60,9 @@ def unwrap_optimizer(obj: Any, where: str = "optimizer") -> torch.optim.Optimize
             continue
         if isinstance(current, torch.optim.Optimizer) and _initialised(current):
             return current
+        inner = delegates(current)  # timm's Lookahead: an Optimizer that never ran __init__
+        if inner:
+            return inner[0]
         break
     kind = type(obj).__name__
     if isinstance(current, torch.optim.Optimizer):
@@ -75,3 +78,41 @@ def unwrap_optimizer(obj: Any, where: str = "optimizer") -> torch.optim.Optimize
 def _has_inner(obj: Any) -> bool:
     """A non-optimizer wrapper in the middle of a chain (its ``.optimizer`` leads on)."""
     return obj is not None and hasattr(obj, "optimizer") and not isinstance(obj, (str, bytes))
+
+
+# Where optimizers that wrap another one (SAM, Lookahead) keep it.
+_DELEGATE_ATTRS = ("base_optimizer", "_base_optimizer")
+
+
+def delegates(opt: Any) -> list[torch.optim.Optimizer]:
+    """Optimizers that ``opt`` hands its update to, sharing its very ``param_groups`` list.
+
+    SAM (``first_step``/``second_step``) updates through ``base_optimizer.step()`` and never
+    runs its own ``step()``; Lookahead's ``step()`` calls its base's. Hooking the delegate as
+    well, as the same optimizer, sees the update either way; a delegate's step inside the
+    wrapper's own step is the same step (``StepNesting``). timm's Lookahead never runs
+    ``Optimizer.__init__`` (it cannot be hooked): :func:`unwrap_optimizer` watches its base.
+
+    Example:
+        >>> base = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+        >>> class Sam(torch.optim.Optimizer):
+        ...     def __init__(self, base):
+        ...         super().__init__(base.param_groups, {})
+        ...         self.base_optimizer, self.param_groups = base, base.param_groups
+        >>> delegates(Sam(base)) == [base]
+        True
+    """
+    found: list[torch.optim.Optimizer] = []
+    groups = getattr(opt, "param_groups", None)
+    for name in _DELEGATE_ATTRS:
+        inner = getattr(opt, name, None)
+        if (
+            isinstance(inner, torch.optim.Optimizer)
+            and inner is not opt
+            and _initialised(inner)
+            and groups is not None
+            and inner.param_groups is groups
+            and inner not in found
+        ):
+            found.append(inner)
+    return found

@@ -37,7 +37,7 @@ from gradwatch.core.faults import Faults
 from gradwatch.core.findings import FindingLog
 from gradwatch.core.hooks import HookSet
 from gradwatch.core.locations import Locations
-from gradwatch.core.optimizers import unwrap_optimizer
+from gradwatch.core.optimizers import delegates, unwrap_optimizer
 from gradwatch.core.persist import ReportRefresher
 from gradwatch.core.recorder import LayerRecorder
 from gradwatch.core.resets import sweep_resets
@@ -256,8 +256,9 @@ class Watcher:
             if wrapper is not None:
                 self._hooks.hook_compiled_wrapper(wrapper)
             for k, opt in enumerate(self._pipe.structure.optimizers):
-                self._hooks.add(opt.register_step_pre_hook(self._opt_hook(k, pre=True)))
-                self._hooks.add(opt.register_step_post_hook(self._opt_hook(k, pre=False)))
+                for stepper in [opt, *delegates(opt)]:  # SAM steps through its base only
+                    self._hooks.add(stepper.register_step_pre_hook(self._opt_hook(k, pre=True)))
+                    self._hooks.add(stepper.register_step_post_hook(self._opt_hook(k, pre=False)))
             self._refresher.install()
         except BaseException:
             self.close()
