@@ -29,7 +29,7 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from gradwatch.core.evidence import Tracker
-from gradwatch.core.nan_probe import NanProbe, _compiling, _Owned
+from gradwatch.core.nan_probe import NanProbe, _not_eager, _Owned
 
 __all__ = ["ForwardScout", "container_paths"]
 
@@ -107,17 +107,17 @@ class ForwardScout(NanProbe):
 
         def pre(module: nn.Module, args: Any) -> None:
             me = wself()
-            if me is not None and not _compiling():
+            if me is not None and not _not_eager():
                 me._enter()
 
         def post(module: nn.Module, args: Any, output: Any) -> None:
             me = wself()
-            if me is not None and not _compiling():
+            if me is not None and not _not_eager():
                 me._leave(output)
 
         def pre_root(module: nn.Module, args: Any) -> None:
             me = wself()
-            if me is not None and not _compiling():
+            if me is not None and not _not_eager():
                 if me._children and torch.is_grad_enabled():
                     # The training forward enters through the root: the children's hooks
                     # (there for a training_step that calls self.model(x)) only cost.

@@ -70,9 +70,20 @@ class _Inert:
         return _INERT_REDUCE
 
 
-def _compiling() -> bool:
-    """Inside a torch.compile trace: the scout stays out (its hooks are eager-only evidence)."""
-    return bool(torch.compiler.is_compiling())
+_func_level: Callable[[], Optional[int]] = getattr(
+    torch._C._functorch, "maybe_current_level", lambda: None
+)
+
+
+def _not_eager() -> bool:
+    """Inside a torch.compile trace or a torch.func transform: the scout stays out.
+
+    Its hooks are eager-only evidence. Under ``vmap``/``grad``/``jacrev`` (per-sample
+    gradients, ``functional_call`` in a transform) a flag made from the module's tensors is a
+    wrapped tensor that must not leave the transform, and the forward is not one whose
+    gradients reach ``.grad`` through autograd.
+    """
+    return bool(torch.compiler.is_compiling()) or _func_level() is not None
 
 
 def _tensors(obj: Any) -> list[torch.Tensor]:
@@ -143,7 +154,7 @@ class NanProbe:
 
             def flag(m: nn.Module, args: Any, output: Any, name: str = name or "(root)") -> None:
                 me = wself()
-                if me is None or len(me._records) >= _MAX_RECORDS or _compiling():
+                if me is None or len(me._records) >= _MAX_RECORDS or _not_eager():
                     return
                 try:
                     # no_grad: a flag must not enter the autograd graph (a weight norm would be
