@@ -57,6 +57,9 @@ class StepView:
     missing: list[int]
     dirty: list[bool] = field(default_factory=list)
     cleared: list[bool] = field(default_factory=list)
+    # Per position: no gradient arrived from a backward pass, yet ``.grad`` holds a non-zero
+    # tensor the last step did not leave (written by hand). Empty: none.
+    written: list[bool] = field(default_factory=list)
     mean_abs: Optional[list[Optional[float]]] = None
     max_abs: Optional[list[Optional[float]]] = None
     nonzero: Optional[list[Optional[float]]] = None
@@ -116,6 +119,7 @@ class RunView:
     forward_ran_with_grad: bool
     has_optimizer: bool
     faults: list[str]  # gradwatch's own places that failed
+    hand_written_steps: int = 0  # steps with gradients that no backward pass made
     extra: dict[str, Any] = field(default_factory=dict)
 
 

@@ -134,6 +134,8 @@ DOCS: dict[str, CheckDoc] = {
             "A parameter layout gradwatch cannot read (flattened FSDP1 parameters without "
             "`use_orig_params=True`).",
             "gradwatch's own hooks failed on every step (see `internal_error`).",
+            "Every gradient was written into `.grad` by hand (`torch.func.grad`, "
+            "`torch.autograd.grad`) and no `loss.backward()` ran (`no_backward`).",
         ),
         fix="Watch the optimizer that really steps and train inside the `with` block; use "
         "`use_orig_params=True` with FSDP1. `details.reason` says which case it was.",

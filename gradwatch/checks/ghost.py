@@ -81,6 +81,8 @@ class GhostParam(Check):
     def on_step(self, view: StepView, log: FindingLog) -> None:
         if view.ranks_missing is not None:
             missing = [bool(r) for r in view.ranks_missing]
+        elif view.written:  # a gradient written by hand is a gradient
+            missing = [not a and not w for a, w in zip(view.arrived, view.written)]
         else:
             missing = [not a for a in view.arrived]
         # No gradient anywhere (on any rank: under DDP ``arrived`` is global) is a step

@@ -12,6 +12,10 @@ if TYPE_CHECKING:
     from gradwatch.core.findings import FindingLog
     from gradwatch.core.index import ParamIndex
 
+HINT_BY_HAND = (
+    "The loop wrote this gradient into .grad itself (torch.autograd.grad, torch.func, a merge "
+    "of task gradients): check that computation (a division by a zero norm, log(0))."
+)
 HINT_BACKWARD = (
     "Look at the operation that consumes this parameter: sqrt/log/div at 0 (also inside "
     "torch.where, whose untaken branch still back-propagates), overflow in fp16 (use a "
@@ -122,6 +126,9 @@ class NonfiniteGrad(Check):
         elif phase == "backward":
             where = f"it is born in the backward pass at '{origin.name}' (the forward was finite)"
             hint = HINT_BACKWARD
+        elif view.world_size == 1 and view.written and all(view.written[k] for k in bad):
+            where = f"it is in '{origin.name}', whose gradient no backward pass made (set by hand)"
+            hint = HINT_BY_HAND
         else:
             where = f"it starts at '{origin.name}' (first in backward order)"
             hint = HINT_BACKWARD + (HINT_WEIGHTS if trace.get("weights_nonfinite") else "")

@@ -51,6 +51,8 @@ class NotObserved(Check):
 
     def on_run(self, view: RunView, log: FindingLog) -> None:
         if view.steps > 0:
+            if view.backward_passes == 0 and view.hand_written_steps:
+                _no_backward(view, log, self.severity)
             return
         if view.faults:
             emit_not_observed(
@@ -90,3 +92,21 @@ class NotObserved(Check):
                 "the model and the optimizer object passed to watch() (an optimizer "
                 "re-created later is not watched).",
             )
+
+
+def _no_backward(view: RunView, log: FindingLog, severity: str) -> None:
+    emit_not_observed(
+        log,
+        severity=severity,
+        step=0,
+        reason="no_backward",
+        message=f"{view.hand_written_steps} of {view.steps} optimizer steps found gradients "
+        "that no backward pass made (torch.func.grad or torch.autograd.grad, written into "
+        ".grad by hand), and no loss.backward() ran: gradwatch saw no gradient arrive, so "
+        "ghosts, zero_grad and the per-layer statistics were not checked (only NaN/Inf in "
+        ".grad at each step was).",
+        hint="gradwatch checks the gradients loss.backward() accumulates into .grad; with "
+        "hand-written gradients it can only say so. If that is expected here, turn the "
+        "finding off: checks: {not_observed: {enabled: false}}.",
+        details={"steps": view.steps, "hand_written_steps": view.hand_written_steps},
+    )

@@ -146,12 +146,11 @@ class ExtraEvidence:
             view.backward_called = self.backward_calls > self._calls_at_start.get(track.index, 0)
         last_seq, acc_ref = tracker.last_seq, tracker.acc_ref
         view.acc_state = lambda i: (last_seq[i], acc_ref[i]())
-        snap, ids, grads = tracker.snap_ref, g.ids, g.grads
         # Gradients written by hand (p.grad = torch.autograd.grad(...)) fire no accumulation
-        # hook: a new .grad tensor since the last step tells them apart from a cut-off loss.
-        view.grads_assigned = lambda: any(
-            gr is not None and snap[i]() is not gr for i, gr in zip(ids, grads)
-        )
+        # hook: a new .grad tensor since the last step (core/steps.py) tells them apart from a
+        # cut-off loss.
+        assigned = g.assigned
+        view.grads_assigned = lambda: assigned
         view.scaled_edits = self.scaled_edits.pop(track.index, None)
         view.unregistered = scout.take_unregistered()
         cfg = self.config.checks.nonfinite_grad

@@ -82,6 +82,10 @@ class Gathered:
     grads: list[Optional[torch.Tensor]]
     extra: list[float] = field(default_factory=list)
     frozen_changed: list[int] = field(default_factory=list)
+    written: list[bool] = field(default_factory=list)
+    """Positions with a non-zero ``.grad`` no backward pass made (``core/steps.py`` fills it)."""
+    assigned: bool = False
+    """Some ``.grad`` without an arrival is a tensor the last step did not leave."""
     shard: Optional[list[float]] = None
     """Sharded: this rank's shard values for the cross-rank combine (``core/sharded.py``)."""
     shard_frozen: list[int] = field(default_factory=list)

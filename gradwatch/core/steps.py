@@ -91,6 +91,7 @@ class StepPipeline:
         self.extra = ExtraEvidence(self)
         self.scout = self.extra.scout
         self.step_calls = 0  # outer optimizer steps entered (judged or not)
+        self.hand_written = 0  # steps that found gradients no backward pass made
         self.nesting = StepNesting()
         self.unwatched = UnwatchedUpdates()
         self.sharded: Optional[str] = None  # the sharding engine (core/sharded.py), if any
@@ -206,6 +207,7 @@ class StepPipeline:
         trace = self.scout.interpret(g.extra) if self.scout.armed else None
         skipped = self.scaler.note(g.scale)
         _note_skips(self, skipped, track.steps, trace)
+        _note_hand_written(self, track, g)
         view = self._view(track, g, observed)
         self.extra.fill(view, track, g, trace, skipped)
         for check in self.checks:
@@ -279,6 +281,7 @@ class StepPipeline:
             missing=[tracker.missing[i] for i in g.ids],
             dirty=g.dirty,
             cleared=g.cleared,
+            written=g.written,
             numel=numel,
             ranks_missing=ranks,
             world_size=self.dist.world_size if self.dist is not None else 1,
@@ -316,6 +319,29 @@ def _note_skips(pipe: StepPipeline, skipped: int, step: int, trace: Optional[dic
             check.on_skipped(skipped, pipe.scaler.skipped, step, pipe.findings, trace)
 
 
+def _note_hand_written(pipe: StepPipeline, track: Track, g: Gathered) -> None:
+    """Mark the gradients no backward pass made: a ``.grad`` the last step did not leave, on
+    a parameter no gradient arrived at (``torch.func.grad``/``torch.autograd.grad`` results
+    written by hand, where no hook sees them). ``g.assigned``: there is such a ``.grad``
+    (``loss_disconnected``: not a cut-off loss). ``g.written``: the non-zero ones, each a
+    gradient: no ghost (zeros written for a layer that did not run are still a ghost). A step
+    that found some and had no backward pass at all is counted (``no_backward``)."""
+    if all(g.arrived):  # the usual step: one C call
+        return
+    snap = pipe.tracker.snap_ref
+    new = [gr is not None and snap[i]() is not gr for i, gr in zip(g.ids, g.grads)]
+    g.assigned = any(new)
+    if not g.assigned:
+        return
+    written = [
+        f and not a and n is not None and n != 0.0 for f, a, n in zip(new, g.arrived, g.grad_norm)
+    ]
+    if any(written):
+        g.written = written
+        if pipe.backward_passes == track.backward_at_start:
+            pipe.hand_written += 1
+
+
 def run_view(pipe: StepPipeline, faults: list[str]) -> RunView:
     """What the whole run showed, for the checks that judge it once at the end."""
     if pipe.model is not None:  # a short run may never have re-read the layout
@@ -329,4 +355,5 @@ def run_view(pipe: StepPipeline, faults: list[str]) -> RunView:
         forward_ran_with_grad=bool(tracker.fwd_grad),
         has_optimizer=bool(pipe.structure.optimizers),
         faults=faults,
+        hand_written_steps=pipe.hand_written,
     )
