@@ -135,7 +135,7 @@ def _adamw(model: nn.Module, *, everything: bool = False) -> torch.optim.Optimiz
 
 
 def _gpt2() -> nn.Module:
-    return ARCHITECTURES["gpt2"]()[0]  # the suite's tiny GPT-2 (tests/_architectures.py)
+    return ARCHITECTURES["gpt2"]()[0]  # the suite's tiny models (tests/_architectures.py)
 
 
 def _gpt2_lora(everything: bool = False) -> Loop:
@@ -145,20 +145,8 @@ def _gpt2_lora(everything: bool = False) -> Loop:
 
 
 def _llama_lora() -> Loop:
-    cfg = transformers.LlamaConfig(
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=VOCAB,
-        max_position_embeddings=64,
-        bos_token_id=0,
-        eos_token_id=0,
-        pad_token_id=0,
-    )
     lora = peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"], lora_dropout=0.1)
-    model = _peft(transformers.LlamaForCausalLM(cfg), lora)
+    model = _peft(ARCHITECTURES["llama"]()[0], lora)
     return Loop(model, _adamw(model), _lm_batches(), _hf_loss)
 
 
@@ -182,19 +170,8 @@ def _bert_lora_cls() -> Loop:
 
 
 def _t5_lora() -> Loop:
-    cfg = transformers.T5Config(
-        decoder_start_token_id=0,
-        pad_token_id=0,
-        eos_token_id=1,
-        d_model=32,
-        d_ff=64,
-        num_layers=2,
-        num_heads=2,
-        vocab_size=VOCAB,
-        d_kv=16,
-    )
     lora = peft.LoraConfig(task_type=peft.TaskType.SEQ_2_SEQ_LM, r=4, target_modules=["q", "v"])
-    model = _peft(transformers.T5ForConditionalGeneration(cfg), lora)
+    model = _peft(ARCHITECTURES["t5"]()[0], lora)
     return Loop(model, _adamw(model), _lm_batches(), _hf_loss)
 
 
