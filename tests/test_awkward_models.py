@@ -364,3 +364,32 @@ def test_model_moved_after_attaching_with_swap_on_conversion() -> None:
     finally:
         torch.__future__.set_swap_module_params_on_conversion(previous)
     assert model[0].weight.dtype == torch.float64
+
+
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors:UserWarning")
+def test_validation_through_nested_tensors_between_steps() -> None:
+    """``nn.TransformerEncoder`` in eval under ``no_grad`` with a padding mask runs on nested
+    tensors (its fast path); the NaN probe's forward hooks must pass them by, not fail."""
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True)
+    enc = nn.TransformerEncoder(layer, 2)
+    model = nn.ModuleDict({"emb": nn.Embedding(50, 16, padding_idx=0), "enc": enc})
+    x = torch.randint(1, 50, (4, 12))
+    x[:, 9:] = 0
+
+    def forward() -> torch.Tensor:
+        return model["enc"](model["emb"](x), src_key_padding_mask=x == 0)
+
+    nested: list[bool] = []
+    enc.layers[0].register_forward_hook(lambda m, args, out: nested.append(out.is_nested))
+
+    def validate(step: int) -> None:
+        model.eval()
+        with torch.no_grad():
+            forward()
+        model.train()
+
+    opt = torch.optim.AdamW(model.parameters(), 1e-3)
+    report = train(model, opt, lambda: forward().pow(2).mean(), steps=6, between=validate)
+    assert True in nested  # the fast path really ran
+    assert not report.failed, [f.line() for f in report.findings]

@@ -26,6 +26,7 @@ import gradwatch.core.steps
 import gradwatch.report_io
 from gradwatch.checks.ghost import GhostParam
 from gradwatch.checks.vanishing import VanishingGrad
+from gradwatch.errors import GradWatchWarning
 
 STEPS = 6
 
@@ -354,6 +355,29 @@ def test_sink_keeps_receiving_after_a_fault_elsewhere(monkeypatch: pytest.Monkey
     assert sink.logged == list(range(STEPS))
     assert sink.closed
     assert w.report().steps == STEPS
+
+
+def test_a_pages_long_error_is_one_short_line_in_the_message_and_whole_in_details(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """torch's dispatcher errors list every backend: the finding's message keeps one line."""
+    text = "Could not run 'aten::ne.Scalar' with arguments\n" + "CPU: registered at x\n" * 200
+
+    def boom(*args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError(text)
+
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    monkeypatch.setattr(GhostParam, "on_step", boom)
+    with caplog.at_level(logging.WARNING, logger="gradwatch"), pytest.warns(GradWatchWarning):
+        with gradwatch.watch(model, opt) as w:
+            train(model, opt)
+    (err,) = w.report().by_check("internal_error")
+    assert "\n" not in err.message and len(err.message) < 300
+    assert "NotImplementedError: Could not run 'aten::ne.Scalar'" in err.message
+    assert err.details["error"].count("CPU: registered") == 200
+    (logged,) = [r.getMessage() for r in caplog.records if "internal error" in r.getMessage()]
+    assert "\n" not in logged and len(logged) < 300
 
 
 # -- atomic report writing -----------------------------------------------------------------

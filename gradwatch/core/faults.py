@@ -48,13 +48,13 @@ class Faults:
             return
         self.where.add(where)
         summary = traceback.format_exception(type(exc), exc, exc.__traceback__)[-3:]
-        log.warning("gradwatch internal error in %s: %r (training continues)", where, exc)
+        said = _first_line(exc)
+        log.warning("gradwatch internal error in %s: %s (training continues)", where, said)
         self.findings.emit(
             "internal_error",
             severity="warning",
             step=self.step,
-            message=f"gradwatch's {where} failed with {type(exc).__name__}: {exc}; "
-            "training went on without it.",
+            message=f"gradwatch's {where} failed with {said}; training went on without it.",
             hint="This is a gradwatch bug or a faulty sink/check: please report it with the "
             "traceback in details.",
             key=where,
@@ -71,3 +71,15 @@ class Faults:
                 me.error(where, exc)
 
         return on_error
+
+
+# An exception's first line is enough for a message; torch's dispatcher errors run to pages
+# (``details.error`` keeps the whole text).
+_MAX_SAID = 200
+
+
+def _first_line(exc: BaseException) -> str:
+    """``Type: first line of the message``, cut to ``_MAX_SAID`` characters."""
+    lines = str(exc).strip().splitlines()
+    text = f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+    return text if len(text) <= _MAX_SAID else text[: _MAX_SAID - 3] + "..."

@@ -86,22 +86,36 @@ def _not_eager() -> bool:
     return bool(torch.compiler.is_compiling()) or _func_level() is not None
 
 
+def _dense_float(t: Any) -> bool:
+    """A floating tensor ``isfinite`` can read: strided and not nested.
+
+    ``nn.TransformerEncoder`` under ``no_grad`` with a padding mask hands nested tensors
+    between its layers; sparse ones come from embeddings. Neither supports the check.
+    """
+    return (
+        isinstance(t, torch.Tensor)
+        and t.layout == torch.strided
+        and not t.is_nested
+        and t.is_floating_point()
+    )
+
+
 def _tensors(obj: Any) -> list[torch.Tensor]:
-    """Floating tensors directly in ``obj`` (a tensor, or one level of tuple/list/dict)."""
+    """Dense floating tensors directly in ``obj`` (a tensor, or one level of tuple/list/dict)."""
     if isinstance(obj, torch.Tensor):
-        return [obj] if obj.is_floating_point() else []
+        return [obj] if _dense_float(obj) else []
     if isinstance(obj, (tuple, list)):
         items: Any = obj
     elif isinstance(obj, dict):
         items = obj.values()
     else:
         return []
-    return [t for t in items if isinstance(t, torch.Tensor) and t.is_floating_point()]
+    return [t for t in items if _dense_float(t)]
 
 
 def _all_finite(ts: list[torch.Tensor]) -> Flag:
     """One 0-dim bool tensor on the device (no sync), or ``True`` for nothing to check."""
-    ts = [t for t in ts if not t.is_sparse and t.numel() > 0]
+    ts = [t for t in ts if t.numel() > 0]
     if not ts:
         return True
     flags = [torch.isfinite(t.detach()).all() for t in ts]
