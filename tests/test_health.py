@@ -97,6 +97,31 @@ def test_stale_layer_in_a_param_group_with_lr_zero() -> None:
     (stale,) = report.by_check("stale_param")
     assert stale.module == "0" and stale.params == ["0.weight", "0.bias"]
     assert stale.severity == "warning" and stale.first_step == 2
+    assert stale.details["cause"] == "lr_zero" and "learning rate is 0" in stale.message
+    assert "requires_grad=False" in stale.hint
+
+
+def test_stale_layer_with_a_tensor_lr_zero_names_the_cause() -> None:
+    model = mlp()
+    opt = torch.optim.Adam(
+        [
+            {"params": model[0].parameters(), "lr": torch.tensor(0.0)},
+            {"params": model[2].parameters()},
+        ],
+        lr=torch.tensor(0.01),
+    )
+    (stale,) = train(model, opt, steps=4).by_check("stale_param")
+    assert stale.module == "0" and stale.details["cause"] == "lr_zero"
+
+
+def test_stale_layer_with_a_non_zero_lr_does_not_blame_the_lr() -> None:
+    model = mlp()  # lr 1e-30: every update rounds away, yet the learning rate is not 0
+    opt = torch.optim.SGD(
+        [{"params": model[0].parameters(), "lr": 1e-30}, {"params": model[2].parameters()}], lr=0.01
+    )
+    (stale,) = train(model, opt, steps=4).by_check("stale_param")
+    assert stale.module == "0" and "cause" not in stale.details
+    assert "learning rate is 0" not in stale.message
 
 
 def test_nonfinite_origin_through_torch_where_sqrt() -> None:

@@ -86,6 +86,9 @@ class StepView:
     # ids of frozen (requires_grad=False) parameters of this optimizer whose values changed
     # across this step (observed steps only; exact change detection, no parameter copy)
     frozen_changed: list[int] = field(default_factory=list)
+    # The learning rate of the param group that holds parameter ``i`` (a watched id) in this
+    # step's optimizer; ``None``: not known. For messages: it reads the optimizer each call.
+    group_lr: Callable[[int], Optional[float]] = field(default=lambda i: None)
 
     def by_layer(self) -> dict[str, list[int]]:
         """Positions into ``ids`` grouped by the parameters' layer, in first-seen order."""

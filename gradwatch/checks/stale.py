@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from math import inf
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from gradwatch.checks._patience import Streaks
 from gradwatch.checks.base import Check, StepView
@@ -46,15 +46,32 @@ class StaleParam(Check):
             stale = s.delta_norm == 0.0 and 0 < s.norm < inf  # finite, non-zero gradients
             if self._streaks.hit(layer, stale) < self.config.patience:
                 continue
+            ids = [view.ids[k] for k in s.positions]
+            details: dict[str, Any] = {"optimizer": view.optimizer, "grad_norm": s.norm}
+            said, hint = "", _HINT
+            if all(view.group_lr(i) == 0.0 for i in ids):
+                said, hint = " Its param group's learning rate is 0.", _HINT_LR_ZERO
+                details.update(cause="lr_zero", lr=0.0)
             log.emit(
                 self.id,
                 severity=self.severity,
                 step=view.step,
                 message=f"layer '{layer}': had gradients but its values did not change across "
-                f"optimizer[{view.optimizer}].step() for {self.config.patience}+ observed steps.",
-                hint="Check its param group's learning rate (0?), that the optimizer holds these "
-                "exact tensors (re-created after .to()?), and any skipped or masked update.",
-                params=view.index.names([view.ids[k] for k in s.positions]),
+                f"optimizer[{view.optimizer}].step() for {self.config.patience}+ observed "
+                f"steps.{said}",
+                hint=hint,
+                params=view.index.names(ids),
                 module=layer,
-                details={"optimizer": view.optimizer, "grad_norm": s.norm},
+                details=details,
             )
+
+
+_HINT = (
+    "Check its param group's learning rate (0?), that the optimizer holds these exact tensors "
+    "(re-created after .to()?), and any skipped or masked update."
+)
+_HINT_LR_ZERO = (
+    "A learning rate of 0 trains nothing: check the group's 'lr' and the scheduler (a warm-up "
+    "held at 0, a decay to 0). To keep the layer fixed on purpose, set requires_grad=False on "
+    "its parameters so that no gradient is computed for it."
+)

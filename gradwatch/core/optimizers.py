@@ -19,13 +19,13 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
 from gradwatch.errors import ConfigError
 
-__all__ = ["delegates", "unwrap_optimizer"]
+__all__ = ["delegates", "group_lr", "unwrap_optimizer"]
 
 # A chain longer than this is a cycle (a wrapper whose ``.optimizer`` leads back to itself).
 _MAX_DEPTH = 16
@@ -116,3 +116,25 @@ def delegates(opt: Any) -> list[torch.optim.Optimizer]:
         ):
             found.append(inner)
     return found
+
+
+def group_lr(opt: Optional[torch.optim.Optimizer], param: torch.Tensor) -> Optional[float]:
+    """The ``lr`` of the param group of ``opt`` that holds ``param`` (``None``: not known).
+
+    A tensor learning rate (``capturable`` optimizers, some schedulers) is read as a float:
+    this runs only when a finding is written, never on the hot path.
+
+    Example:
+        >>> w = torch.nn.Parameter(torch.zeros(1))
+        >>> group_lr(torch.optim.SGD([{"params": [w], "lr": 0.0}], lr=0.1), w)
+        0.0
+    """
+    if opt is None:
+        return None
+    for group in opt.param_groups:
+        if any(p is param for p in group["params"]):
+            lr = group.get("lr")
+            if isinstance(lr, torch.Tensor) and lr.numel() == 1:
+                return float(lr.item())
+            return float(lr) if isinstance(lr, (int, float)) else None
+    return None

@@ -23,6 +23,7 @@ from gradwatch.core.findings import FindingLog
 from gradwatch.core.fsdp1_flat import shard_pieces
 from gradwatch.core.hooks import HookSet
 from gradwatch.core.index import ParamIndex
+from gradwatch.core.optimizers import group_lr
 from gradwatch.core.pipeline import Gathered, Track, gather, layer_samples
 from gradwatch.core.recorder import LayerRecorder
 from gradwatch.core.scaler import ScalerWatch
@@ -34,6 +35,13 @@ from gradwatch.core.structure import Structure, group_signature
 from gradwatch.core.unwatched import StepNesting, UnwatchedUpdates
 
 __all__ = ["StepPipeline"]
+
+
+def _lr_of(track: Track, i: int) -> Optional[float]:
+    """The learning rate of the group of ``track``'s optimizer holding watched parameter ``i``."""
+    if track.ref is None or i not in track.ids:
+        return None
+    return group_lr(track.ref(), track.params[track.ids.index(i)])
 
 
 def _fingerprint_track(track: Track) -> None:
@@ -289,6 +297,7 @@ class StepPipeline:
             layers=layer_samples(g, numel, track) if observed else {},
             received=lambda i: tracker.last_seq[i] > 0,
             frozen_changed=g.frozen_changed,
+            group_lr=lambda i: _lr_of(track, i),
         )
 
     # -- the scaler ------------------------------------------------------------------------
