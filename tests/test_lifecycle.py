@@ -252,6 +252,45 @@ def test_gradient_accumulation_and_lbfgs_are_not_unwatched_steps() -> None:
     assert report.steps == 3 and not report.by_check("not_observed")
 
 
+class MaxNormEmbedder(nn.Module):
+    """``nn.Embedding(max_norm=...)`` renormalises the rows it looks up in place, in every
+    forward: its weight's version moves across backward passes with no optimizer step."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(50, 4, max_norm=1.0)
+        self.head = nn.Linear(4 * 6, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.emb(x).flatten(1))
+
+
+def _token_loss(model: nn.Module, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return model(torch.randint(0, 50, (8, 6), generator=g)).pow(2).mean()
+
+
+@pytest.mark.parametrize("replaced", [False, True])
+def test_a_forward_that_edits_a_weight_in_place_is_no_unwatched_optimizer(
+    replaced: bool,
+) -> None:
+    torch.manual_seed(0)
+    model = MaxNormEmbedder()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    with gradwatch.watch(model, opt, config={"every_n_steps": 1}) as w:
+        for k in range(40):
+            if replaced and k == 8:
+                opt = torch.optim.Adam(model.parameters(), lr=1e-2)  # unwatched from here
+            (_token_loss(model, k) / 8).backward()
+            if k % 8 == 7:
+                opt.step()
+                opt.zero_grad()
+    report = w.report()
+    reasons = [f.details["reason"] for f in report.by_check("not_observed")]
+    assert reasons == (["optimizer_0_not_stepping"] if replaced else []), reasons
+    assert report.steps == (1 if replaced else 5)
+
+
 def test_model_ran_but_nothing_was_observed_never_passes() -> None:
     model = mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)

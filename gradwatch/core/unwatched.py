@@ -75,17 +75,23 @@ def _on_stack(frame: FrameType) -> bool:
 
 
 class UnwatchedUpdates:
-    """Counts backward passes across which an optimizer's parameters moved without its step."""
+    """Counts backward passes across which an optimizer's parameters moved without its step.
+
+    An optimizer moves every parameter it holds that has a gradient; a forward that edits a
+    weight in place moves that one alone (``nn.Embedding(max_norm=...)`` renormalises the
+    rows it looks up, on every forward, also during gradient accumulation). So a pass counts
+    only when every sampled parameter with a gradient moved.
+    """
 
     SAMPLE = 8  # parameters looked at per optimizer: their version counters, nothing else
 
     def __init__(self) -> None:
-        self._mark: dict[int, int] = {}
+        self._mark: dict[int, list[int]] = {}
         self._count: dict[int, int] = {}
 
     @staticmethod
-    def _versions(params: list[torch.Tensor]) -> int:
-        return sum(p._version for p in params[: UnwatchedUpdates.SAMPLE])
+    def _versions(params: list[torch.Tensor]) -> list[int]:
+        return [p._version for p in params[: UnwatchedUpdates.SAMPLE]]
 
     def stepped(self, k: int, params: list[torch.Tensor]) -> None:
         """Optimizer ``k`` stepped (its post-step hook): the parameters as it left them."""
@@ -107,7 +113,8 @@ class UnwatchedUpdates:
         Returns how many such passes in a row saw the parameters change.
         """
         now = self._versions(params)
-        if k in self._mark and now != self._mark[k]:
+        before = self._mark.get(k)
+        if before is not None and len(before) == len(now) and _all_moved(params, before, now):
             self._count[k] = self._count.get(k, 0) + 1
         self._mark[k] = now
         return self._count.get(k, 0)
@@ -134,3 +141,9 @@ class UnwatchedUpdates:
             "to watch(): open a new watch() with the new optimizer (or pass all of them).",
             details={"optimizer": k, "backward_passes": moved},
         )
+
+
+def _all_moved(params: list[torch.Tensor], before: list[int], now: list[int]) -> bool:
+    """Whether some sampled parameter moved, and every one holding a gradient did."""
+    with_grad = [j for j in range(len(now)) if params[j].grad is not None]
+    return bool(with_grad) and all(now[j] != before[j] for j in with_grad)
