@@ -25,4 +25,8 @@ def is_compiled(model: nn.Module) -> bool:
     inner = getattr(model, "module", None)  # DDP/DataParallel around a compiled model
     if isinstance(inner, nn.Module) and inner is not model and hasattr(inner, "_orig_mod"):
         return True
-    return any(getattr(m, "_compiled_call_impl", None) is not None for m in model.modules())
+    # A compiled module deeper in (Lightning Fabric's wrapper around ``torch.compile(m)``).
+    return any(
+        hasattr(m, "_orig_mod") or getattr(m, "_compiled_call_impl", None) is not None
+        for m in model.modules()
+    )

@@ -42,10 +42,11 @@ from gradwatch.core.persist import ReportRefresher
 from gradwatch.core.recorder import LayerRecorder
 from gradwatch.core.resets import sweep_resets
 from gradwatch.core.scaler import ScalerWatch
-from gradwatch.core.sharded import engine_of, flat_params, unwrap_fsdp1
+from gradwatch.core.sharded import engine_of, flat_params
 from gradwatch.core.sharded_report import hook_backward, report_layout
 from gradwatch.core.steps import StepPipeline
 from gradwatch.core.structure import Structure
+from gradwatch.core.wrappers import ddp_find_unused, unwrap
 from gradwatch.errors import ConfigError, GradWatchError, GradWatchWarning
 from gradwatch.report import Report
 from gradwatch.report_io import check_report_path, write_watched_report
@@ -56,36 +57,6 @@ _ACTIVE: weakref.WeakKeyDictionary[nn.Module, Watcher] = weakref.WeakKeyDictiona
 
 OptimizerArg = Union[torch.optim.Optimizer, Sequence[torch.optim.Optimizer], None]
 ConfigArg = Union[GradWatchConfig, dict[str, Any], str, Path, None]
-
-
-def unwrap(model: nn.Module) -> nn.Module:
-    """The user's module inside DDP/DataParallel/FSDP1/``torch.compile`` wrappers."""
-    while True:
-        if isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
-            model = model.module
-        elif (inner := unwrap_fsdp1(model)) is not None:
-            model = inner
-        elif hasattr(model, "_orig_mod") and isinstance(model._orig_mod, nn.Module):
-            model = model._orig_mod
-        else:
-            return model
-
-
-def ddp_find_unused(model: nn.Module) -> Optional[bool]:
-    """``find_unused_parameters`` of the DDP wrapper in ``model`` (``None``: no DDP wrapper).
-
-    Read before unwrapping: an intermittent ghost is harmless with it and crashes DDP
-    without it.
-    """
-    while True:
-        if isinstance(model, nn.parallel.DistributedDataParallel):
-            return bool(model.find_unused_parameters)
-        if isinstance(model, nn.DataParallel):
-            model = model.module
-        elif hasattr(model, "_orig_mod") and isinstance(model._orig_mod, nn.Module):
-            model = model._orig_mod
-        else:
-            return None
 
 
 def _optimizers(optimizer: OptimizerArg) -> list[torch.optim.Optimizer]:
