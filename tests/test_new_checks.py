@@ -492,6 +492,49 @@ def test_nan_born_in_forward_after_the_first_steps_is_traced_when_it_recurs() ->
     assert f.details["phase"] == "forward" and f.details["origin_module"] == "1"
 
 
+class Block(nn.Module):
+    """A container with no weights of its own: its child's weights decide its output."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.inner(x))
+
+
+def test_nan_weights_inside_a_block_are_not_the_blocks_forward() -> None:
+    """The block's inputs are finite and its output is not, but its child's weights were
+    NaN already: nothing in the forward made the NaN (no phase, weights_nonfinite)."""
+    model = nn.Sequential(Block(), nn.Linear(8, 1))
+    with torch.no_grad():
+        model[0].inner.weight[0, 0] = float("nan")  # e.g. loaded from a broken checkpoint
+
+    (f,) = _nan_loop(model, lambda k, x: x).by_check("nonfinite_grad")
+    assert f.details["phase"] is None and f.details["weights_nonfinite"] is True
+    assert "update_step" not in f.details  # no finite step came before it
+    assert "forward pass of" not in f.message
+
+
+def test_an_update_that_overflows_fp16_weights_is_named() -> None:
+    """Pure fp16 weights with Adam: eps=1e-8 rounds to 0, step 0's update divides by zero.
+    Its gradients were finite; the NaN appears in the next step's forward, from the weights."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 64), nn.ReLU(), nn.Linear(64, 4)).half()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+    def body(k: int, x: torch.Tensor, y: torch.Tensor) -> None:
+        opt.zero_grad()
+        out = model(x.half()).float()
+        nn.functional.mse_loss(out, torch.zeros_like(out)).backward()
+        opt.step()
+
+    (f,) = _run(model, opt, body, steps=3).by_check("nonfinite_grad")
+    assert f.first_step == 1 and f.details["update_step"] == 0
+    assert f.details["phase"] is None and f.details["weights_nonfinite"] is True
+    assert "update made them" in f.message and "eps" in f.hint and "float32" in f.hint
+
+
 def test_log_zero_in_a_hand_written_loss_is_the_loss() -> None:
     model = nn.Sequential(nn.Linear(8, 4))
     opt = torch.optim.SGD(model.parameters(), lr=0.0)

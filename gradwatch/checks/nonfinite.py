@@ -32,9 +32,16 @@ HINT_LOSS = (
     "its inputs (e.g. log(p.clamp_min(1e-12))) or use the library loss (cross_entropy)."
 )
 HINT_WEIGHTS = (
-    " The weights were already non-finite at the next step (the optimizer applied the NaN), so "
-    "the forward origin cannot be traced: run with a GradScaler (it skips such steps) or stop "
-    "at the first NaN to trace it."
+    " The weights were already non-finite at the next step (the optimizer applied the NaN, or "
+    "its update overflowed: fp16 weights with Adam), so the forward origin cannot be traced: "
+    "run with a GradScaler (it skips such steps) or stop at the first NaN to trace it."
+)
+
+HINT_UPDATE = (
+    "The optimizer's update turned finite gradients into NaN/Inf weights. With fp16 "
+    "parameters, Adam's eps=1e-8 rounds to 0 and its step divides by zero: keep the weights "
+    "in float32 (torch.autocast computes in fp16 without it), use bf16, or raise eps. "
+    "Otherwise the learning rate is far too high, or code edits the weights between steps."
 )
 
 
@@ -79,6 +86,8 @@ class NonfiniteGrad(Check):
             "A normaliser dividing by a zero norm, log(0) in a hand-written loss.",
             "fp16 overflow (logits, attention scores), with or without a GradScaler.",
             "A learning rate so high that activations overflow.",
+            "An update that overflows the weights from finite gradients (fp16 weights with "
+            "Adam, whose eps=1e-8 rounds to 0): details.update_step names that step.",
         ),
         fix="Look at the operation that consumes details.origin; guard the input (clamp, eps), "
         "use a GradScaler or bf16, or lower the learning rate. Steps a GradScaler skips are "
@@ -89,11 +98,14 @@ class NonfiniteGrad(Check):
         super().__init__(config, watch_config)
         self._trace: Optional[dict[str, Any]] = None
         self._episode: Optional[tuple[str, Any]] = None  # (finding key, origin) of this run
+        self._clean: dict[Optional[int], int] = {}  # optimizer -> its last all-finite step
+        self._after_clean: Optional[int] = None  # that step, when this run followed it
 
     def on_step(self, view: StepView, log: FindingLog) -> None:
         bad = [k for k, b in enumerate(view.nonfinite) if b]
         if not bad:
             self._episode = None  # a finite step ends the run of non-finite ones
+            self._clean[view.optimizer] = view.step
             return
         # Backward visits parameters from the loss outwards; the earliest arrival is the origin,
         # the later ones inherited the NaN/Inf from it.
@@ -107,6 +119,11 @@ class NonfiniteGrad(Check):
             # once an update spread the NaN into the weights, backward order starts elsewhere.
             self._episode = (origin.layer, origin)
             self._trace = new
+            # The weights already non-finite in the forward of the first non-finite step,
+            # right after a step whose gradients were all finite: that update made them.
+            last = self._clean.get(view.optimizer)
+            born = new is not None and new.get("weights_nonfinite") and last == view.step - 1
+            self._after_clean = last if born else None
         elif new is not None and (new.get("phase") or self._trace is None):
             self._trace = new  # a conclusive trace replaces an inconclusive one
         key, origin = self._episode
@@ -129,6 +146,12 @@ class NonfiniteGrad(Check):
         elif view.world_size == 1 and view.written and all(view.written[k] for k in bad):
             where = f"it is in '{origin.name}', whose gradient no backward pass made (set by hand)"
             hint = HINT_BY_HAND
+        elif trace.get("weights_nonfinite") and self._after_clean is not None:
+            where = (
+                "the weights were already NaN/Inf in this step's forward, though every gradient "
+                f"of step {self._after_clean} was finite: that step's update made them"
+            )
+            hint = HINT_UPDATE
         else:
             where = f"it starts at '{origin.name}' (first in backward order)"
             hint = HINT_BACKWARD + (HINT_WEIGHTS if trace.get("weights_nonfinite") else "")
@@ -143,6 +166,8 @@ class NonfiniteGrad(Check):
         }
         if trace.get("weights_nonfinite"):
             details["weights_nonfinite"] = True
+            if self._after_clean is not None:
+                details["update_step"] = self._after_clean
         log.emit(
             self.id,
             severity=self.severity,

@@ -122,6 +122,39 @@ def _all_finite(ts: list[torch.Tensor]) -> Flag:
     return flags[0] if len(flags) == 1 else torch.stack(flags).all()
 
 
+def _weights_by_subtree(model: nn.Module) -> tuple[list[torch.Tensor], dict[str, tuple[int, int]]]:
+    """Every module's own floating weights in module order, and each module's slice of them
+    that covers its whole subtree: a block whose inputs were finite but a child's weights
+    were not did not make the NaN itself.
+
+    ``named_modules`` lists a subtree right after its root (pre-order), so a module's
+    descendants' weights follow its own in one contiguous slice.
+    """
+    plist: list[torch.Tensor] = []
+    prange: dict[str, tuple[int, int]] = {}
+    open_: list[tuple[str, int]] = []  # modules whose subtree is still being listed
+
+    def close_until(name: str) -> None:
+        while open_ and not (open_[-1][0] == "" or name.startswith(open_[-1][0] + ".")):
+            done, start = open_.pop()
+            prange[done or "(root)"] = (start, len(plist))
+
+    for name, mod in model.named_modules():
+        close_until(name)
+        open_.append((name, len(plist)))
+        plist.extend(
+            p
+            for p in mod._parameters.values()
+            if p is not None
+            and p.is_floating_point()
+            and not isinstance(p, nn.parameter.UninitializedParameter)
+        )
+    while open_:  # the last subtrees, the root's included, end with the list
+        done, start = open_.pop()
+        prange[done or "(root)"] = (start, len(plist))
+    return plist, prange
+
+
 class NanProbe:
     """Per-module finiteness flags while armed (a base of the forward scout)."""
 
@@ -151,18 +184,7 @@ class NanProbe:
         self._out_grad.clear()
         self._out_flags.clear()
         self._pvec = None
-        self._plist, self._prange = [], {}
-        for name, mod in model.named_modules():
-            own = [
-                p
-                for p in mod._parameters.values()
-                if p is not None
-                and p.is_floating_point()
-                and not isinstance(p, nn.parameter.UninitializedParameter)
-            ]
-            start = len(self._plist)
-            self._plist.extend(own)
-            self._prange[name or "(root)"] = (start, len(self._plist))
+        self._plist, self._prange = _weights_by_subtree(model)
         wself = weakref.ref(self)
         for name, mod in model.named_modules():
 
