@@ -303,6 +303,50 @@ def test_model_ran_but_nothing_was_observed_never_passes() -> None:
     assert f.details["reason"] == "no_step" and f.severity == "error"
 
 
+def test_a_loop_that_forgets_optimizer_step_never_passes() -> None:
+    """Backward passes and zero_grad, never step(): nothing trains, nothing is checked."""
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with gradwatch.watch(model, opt) as w:
+        for x, y in batches(4):
+            opt.zero_grad()
+            nn.functional.mse_loss(model(x), y).backward()
+    report = w.report()
+    assert report.failed and report.steps == 0
+    (f,) = report.by_check("not_observed")
+    assert f.details["reason"] == "no_step" and f.details["backward_passes"] == 4
+    assert "never stepped" in f.message and "optimizer.step()" in f.hint
+
+
+def test_a_step_that_raises_before_the_optimizer_leaves_no_pass() -> None:
+    """A wrapper whose step raised before reaching the optimizer (Opacus on a parameter
+    without a gradient): the report written at exit says nothing was checked."""
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    w = gradwatch.watch(model, opt)
+    with pytest.raises(RuntimeError, match="before the step"):
+        with w:
+            x, y = batches(1)[0]
+            nn.functional.mse_loss(model(x), y).backward()
+            raise RuntimeError("the wrapper failed before the step")
+    assert [f.details["reason"] for f in w.report().by_check("not_observed")] == ["no_step"]
+
+
+def test_steps_a_grad_scaler_skipped_are_not_a_forgotten_step() -> None:
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16)
+    with gradwatch.watch(model, opt, scaler=scaler) as w:
+        for x, y in batches(2):
+            opt.zero_grad()
+            loss = nn.functional.mse_loss(model(x), y) * float("inf")  # every step skipped
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+    report = w.report()
+    assert report.skipped_steps == 2 and not report.by_check("not_observed")
+
+
 def test_watcher_whose_model_never_ran_does_not_pass() -> None:
     model = mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)

@@ -123,6 +123,9 @@ class RunView:
     has_optimizer: bool
     faults: list[str]  # gradwatch's own places that failed
     hand_written_steps: int = 0  # steps with gradients that no backward pass made
+    skipped_steps: int = 0  # optimizer steps a GradScaler skipped (inf/NaN gradients)
+    # In a run without a step: the trainable parameters no backward pass reached.
+    unreached: list[str] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
 
 

@@ -129,6 +129,8 @@ DOCS: dict[str, CheckDoc] = {
         causes=(
             "The model ran but no optimizer step or backward pass happened while watching "
             "(the `with` block ended early, a different optimizer object stepped).",
+            "Backward passes ran but the watched optimizer never stepped: a forgotten "
+            "`optimizer.step()`, or a step that raised before reaching it (`no_step`).",
             "The watched model never ran at all: the loop trained a copy of it, or ran "
             "outside the `with` block (`details.reason: never_ran`).",
             "A parameter layout gradwatch cannot read (flattened FSDP1 parameters without "

@@ -66,6 +66,14 @@ class NotObserved(Check):
                 "finding of the failing place; please report it.",
                 details={"faults": sorted(view.faults), "step_calls": view.step_calls},
             )
+        elif (
+            view.backward_passes
+            and not view.step_calls
+            and view.has_optimizer
+            and not view.skipped_steps  # a GradScaler skipped them: said as info
+        ):
+            if not any(f.check == ID for f in log.findings()):  # not_stepping said it better
+                _never_stepped(view, log, self.severity)
         elif view.backward_passes == 0 and view.step_calls == 0 and not view.forward_ran:
             emit_not_observed(
                 log,
@@ -94,6 +102,29 @@ class NotObserved(Check):
             )
 
 
+def _never_stepped(view: RunView, log: FindingLog, severity: str) -> None:
+    """Backward passes ran, the watched optimizer never stepped: a forgotten
+    ``optimizer.step()``, or a step that raised before reaching it (Opacus, DDP)."""
+    unreached = ""
+    if view.unreached:
+        shown = ", ".join(view.unreached[:5]) + (", ..." if len(view.unreached) > 5 else "")
+        unreached = f" No gradient reached {len(view.unreached)} parameter(s) ({shown})."
+    emit_not_observed(
+        log,
+        severity=severity,
+        step=0,
+        reason="no_step",
+        message=f"{view.backward_passes} backward pass(es) ran but the watched optimizer never "
+        f"stepped: the model did not train, and no step was checked.{unreached}",
+        hint="Call optimizer.step() after loss.backward(), on the optimizer object passed to "
+        "watch(). If the loop stopped with an error before the first step, that error is the "
+        "cause (a wrapper's step that raised before reaching the optimizer, e.g. Opacus on a "
+        "parameter that got no gradient).",
+        params=view.unreached or None,
+        details={"backward_passes": view.backward_passes, "unreached": len(view.unreached)},
+    )
+
+
 def _no_backward(view: RunView, log: FindingLog, severity: str) -> None:
     emit_not_observed(
         log,
@@ -102,7 +133,9 @@ def _no_backward(view: RunView, log: FindingLog, severity: str) -> None:
         reason="no_backward",
         message=f"{view.hand_written_steps} of {view.steps} optimizer steps found gradients "
         "that no backward pass made (torch.func.grad or torch.autograd.grad, written into "
-        ".grad by hand), and no loss.backward() ran: gradwatch saw no gradient arrive, so "
+        ".grad by hand), and no backward pass accumulated a gradient into .grad (no "
+        "loss.backward(), or one that bypasses it: Opacus's ExpandedWeights mode): gradwatch "
+        "saw no gradient arrive, so "
         "ghosts, zero_grad and the per-layer statistics were not checked (only NaN/Inf in "
         ".grad at each step was).",
         hint="gradwatch checks the gradients loss.backward() accumulates into .grad; with "

@@ -80,15 +80,16 @@ def _has_inner(obj: Any) -> bool:
     return obj is not None and hasattr(obj, "optimizer") and not isinstance(obj, (str, bytes))
 
 
-# Where optimizers that wrap another one (SAM, Lookahead) keep it.
-_DELEGATE_ATTRS = ("base_optimizer", "_base_optimizer")
+# Where optimizers that wrap another one keep it: SAM, Lookahead, Opacus's DPOptimizer.
+_DELEGATE_ATTRS = ("base_optimizer", "_base_optimizer", "original_optimizer")
 
 
 def delegates(opt: Any) -> list[torch.optim.Optimizer]:
     """Optimizers that ``opt`` hands its update to, sharing its very ``param_groups`` list.
 
     SAM (``first_step``/``second_step``) updates through ``base_optimizer.step()`` and never
-    runs its own ``step()``; Lookahead's ``step()`` calls its base's. Hooking the delegate as
+    runs its own ``step()``; Lookahead's ``step()`` calls its base's, Opacus's ``DPOptimizer``
+    (which never runs ``Optimizer.__init__``) its ``original_optimizer``'s. Hooking the delegate as
     well, as the same optimizer, sees the update either way; a delegate's step inside the
     wrapper's own step is the same step (``StepNesting``). timm's Lookahead never runs
     ``Optimizer.__init__`` (it cannot be hooked): :func:`unwrap_optimizer` watches its base.

@@ -365,4 +365,18 @@ def run_view(pipe: StepPipeline, faults: list[str]) -> RunView:
         has_optimizer=bool(pipe.structure.optimizers),
         faults=faults,
         hand_written_steps=pipe.hand_written,
+        skipped_steps=pipe.scaler.skipped,
+        unreached=_unreached(pipe) if pipe.steps == 0 and pipe.backward_passes else [],
     )
+
+
+def _unreached(pipe: StepPipeline) -> list[str]:
+    """Trainable optimizer parameters no backward pass reached, in a run without a step."""
+    seq = pipe.tracker.last_seq
+    ids = [
+        i
+        for track in pipe.structure.tracks
+        for i, p in zip(track.ids, track.params)
+        if p.requires_grad and i < len(seq) and seq[i] == 0
+    ]
+    return pipe.structure.index.names(ids)

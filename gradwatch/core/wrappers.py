@@ -1,8 +1,9 @@
 """The user's module inside the wrappers that training frameworks put around it.
 
 DDP and DataParallel (``.module``), FSDP1 (``core/sharded.py``), ``torch.compile``
-(``._orig_mod``) and Lightning Fabric's ``_FabricModule`` (``._forward_module``, read by its
-attributes: the core never imports Lightning). gradwatch watches the inner module, so
+(``._orig_mod``), Lightning Fabric's ``_FabricModule`` (``._forward_module``) and Opacus's
+``GradSampleModule`` (``._module``). The last two are recognised by attribute or class name:
+the core imports neither library. gradwatch watches the inner module, so
 findings carry the user's own parameter names, without the wrappers' prefixes.
 """
 
@@ -30,13 +31,23 @@ def _fabric_inner(model: nn.Module) -> Optional[nn.Module]:
     return None
 
 
+def _opacus_inner(model: nn.Module) -> Optional[nn.Module]:
+    """The module inside Opacus's ``GradSampleModule`` (``make_private``), else None."""
+    if any(c.__name__ == "AbstractGradSampleModule" for c in type(model).__mro__):
+        inner = getattr(model, "_module", None)
+        return inner if isinstance(inner, nn.Module) else None
+    return None
+
+
 def unwrap(model: nn.Module) -> nn.Module:
-    """The user's module inside DDP/DataParallel/FSDP1/``torch.compile``/Fabric wrappers."""
+    """The user's module inside DDP/DataParallel/FSDP1/``torch.compile``/Fabric/Opacus."""
     while True:
         if isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
             model = model.module
         elif (fabric := _fabric_inner(model)) is not None:
             model = fabric
+        elif (private := _opacus_inner(model)) is not None:
+            model = private
         elif (inner := unwrap_fsdp1(model)) is not None:
             model = inner
         elif hasattr(model, "_orig_mod") and isinstance(model._orig_mod, nn.Module):
@@ -58,6 +69,8 @@ def ddp_find_unused(model: nn.Module) -> Optional[bool]:
             model = model.module
         elif (fabric := _fabric_inner(model)) is not None:
             model = fabric
+        elif (private := _opacus_inner(model)) is not None:
+            model = private
         elif hasattr(model, "_orig_mod") and isinstance(model._orig_mod, nn.Module):
             model = model._orig_mod
         else:
