@@ -55,3 +55,18 @@ def fired(report: gradwatch.Report, min_severity: str = "warning") -> set[str]:
 
 def mlp(dim: int = 8, hidden: int = 16, out: int = 1) -> nn.Sequential:
     return nn.Sequential(nn.Linear(dim, hidden), nn.Tanh(), nn.Linear(hidden, out))
+
+
+class SideNet(nn.Module):
+    """An MLP ``body`` plus a ``side`` layer called only when ``use_side`` is set: otherwise
+    ``side`` is a ghost (cause ``not_called``). For wrappers that must keep the user's names."""
+
+    def __init__(self, use_side: bool = True) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+        self.side = nn.Linear(8, 4)
+        self.use_side = use_side
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.body(x)
+        return out + self.side(x) if self.use_side else out

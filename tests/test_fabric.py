@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 import torch
+from _loops import SideNet
 from torch import nn
 
 import gradwatch
@@ -19,24 +20,10 @@ from gradwatch.core.compiled import is_compiled
 fabric_mod = pytest.importorskip("lightning.fabric")
 
 
-class Net(nn.Module):
-    """``side`` is called only when ``use_side`` is set: otherwise a ghost (not_called)."""
-
-    def __init__(self, use_side: bool) -> None:
-        super().__init__()
-        self.body = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
-        self.side = nn.Linear(8, 4)
-        self.use_side = use_side
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = self.body(x)
-        return out + self.side(x) if self.use_side else out
-
-
 def _train(use_side: bool, precision: str, zero_grad: bool = True) -> gradwatch.Report:
     fabric: Any = fabric_mod.Fabric(accelerator="cpu", devices=1, precision=precision)
     torch.manual_seed(0)
-    model = Net(use_side)
+    model = SideNet(use_side)
     module, opt = fabric.setup(model, torch.optim.AdamW(model.parameters(), lr=1e-3))
     g = torch.Generator().manual_seed(1)
     with gradwatch.watch(module, opt, config={"every_n_steps": 1}) as w:

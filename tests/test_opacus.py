@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 import torch
+from _loops import SideNet
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -28,21 +29,9 @@ pytestmark = [
 STEPS = 4
 
 
-class Net(nn.Module):
-    def __init__(self, use_side: bool = True) -> None:
-        super().__init__()
-        self.body = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
-        self.side = nn.Linear(8, 4)
-        self.use_side = use_side
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = self.body(x)
-        return out + self.side(x) if self.use_side else out
-
-
 def _private(use_side: bool = True, mode: str = "hooks") -> tuple[Any, Any, Any]:
     torch.manual_seed(0)
-    model = Net(use_side)
+    model = SideNet(use_side)
     data = TensorDataset(torch.randn(STEPS * 16, 8), torch.randn(STEPS * 16, 4))
     return opacus.PrivacyEngine().make_private(
         module=model,

@@ -39,21 +39,26 @@ def _opacus_inner(model: nn.Module) -> Optional[nn.Module]:
     return None
 
 
+def _one_in(model: nn.Module) -> Optional[nn.Module]:
+    """The module one wrapper in (DDP, DataParallel, Fabric, Opacus, compile), else None."""
+    if isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
+        return model.module
+    # isinstance, never ``or``: an empty ``nn.Sequential`` is falsy.
+    for inner in (_fabric_inner(model), _opacus_inner(model), getattr(model, "_orig_mod", None)):
+        if isinstance(inner, nn.Module):
+            return inner
+    return None
+
+
 def unwrap(model: nn.Module) -> nn.Module:
     """The user's module inside DDP/DataParallel/FSDP1/``torch.compile``/Fabric/Opacus."""
     while True:
-        if isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
-            model = model.module
-        elif (fabric := _fabric_inner(model)) is not None:
-            model = fabric
-        elif (private := _opacus_inner(model)) is not None:
-            model = private
-        elif (inner := unwrap_fsdp1(model)) is not None:
-            model = inner
-        elif hasattr(model, "_orig_mod") and isinstance(model._orig_mod, nn.Module):
-            model = model._orig_mod
-        else:
+        inner = _one_in(model)
+        if inner is None:
+            inner = unwrap_fsdp1(model)
+        if inner is None:
             return model
+        model = inner
 
 
 def ddp_find_unused(model: nn.Module) -> Optional[bool]:
@@ -62,16 +67,9 @@ def ddp_find_unused(model: nn.Module) -> Optional[bool]:
     Read before unwrapping: an intermittent ghost is harmless with it and crashes DDP
     without it.
     """
-    while True:
-        if isinstance(model, nn.parallel.DistributedDataParallel):
-            return bool(model.find_unused_parameters)
-        if isinstance(model, nn.DataParallel):
-            model = model.module
-        elif (fabric := _fabric_inner(model)) is not None:
-            model = fabric
-        elif (private := _opacus_inner(model)) is not None:
-            model = private
-        elif hasattr(model, "_orig_mod") and isinstance(model._orig_mod, nn.Module):
-            model = model._orig_mod
-        else:
-            return None
+    current: Optional[nn.Module] = model
+    while current is not None:
+        if isinstance(current, nn.parallel.DistributedDataParallel):
+            return bool(current.find_unused_parameters)
+        current = _one_in(current)
+    return None
