@@ -119,7 +119,8 @@ def _never_stepped(view: RunView, log: FindingLog, severity: str) -> None:
         hint="Call optimizer.step() after loss.backward(), on the optimizer object passed to "
         "watch(). If the loop stopped with an error before the first step, that error is the "
         "cause (a wrapper's step that raised before reaching the optimizer, e.g. Opacus on a "
-        "parameter that got no gradient).",
+        "parameter that got no gradient). To check backward passes alone (a gradient-flow "
+        "test), watch without an optimizer: each backward pass is then judged as a step.",
         params=view.unreached or None,
         details={"backward_passes": view.backward_passes, "unreached": len(view.unreached)},
     )
