@@ -25,9 +25,9 @@ from typing import Callable
 
 import torch
 
-from gradwatch.core.chunked import CHUNK, abs_stats
-from gradwatch.core.sketch import fingerprint, measure
-from gradwatch.core.stats import foreach_norms
+from gradwatch.measure.chunked import CHUNK, abs_stats
+from gradwatch.measure.fingerprint import fingerprint, measure
+from gradwatch.measure.stats import foreach_norms
 
 
 def _ms(fn: Callable[[], object], repeat: int) -> float:

@@ -1,6 +1,6 @@
 """The cost of gradwatch's one collective per observed step under sharding, on 2 gloo ranks.
 
-Times :meth:`gradwatch.core.distributed.DistSync.exchange` for ``N`` parameters: the DDP
+Times :meth:`gradwatch.distributed.sync.DistSync.exchange` for ``N`` parameters: the DDP
 form (one byte per parameter) and the sharded form (the same ``all_gather`` carrying each
 rank's shard sums: 8 float32 values per parameter on an observed step). Prints one line per
 form: median and p90 microseconds per step over ``--reps`` calls.
@@ -20,8 +20,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from gradwatch.core.distributed import DistSync
-from gradwatch.core.evidence import Tracker
+from gradwatch.capture.evidence import Tracker
+from gradwatch.distributed.sync import DistSync
 
 
 def _worker(rank: int, port: int, n: int, reps: int) -> None:

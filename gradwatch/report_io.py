@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Optional, Union
 from gradwatch.errors import ConfigError
 
 if TYPE_CHECKING:
-    from gradwatch.report import Report
+    from gradwatch.results import ReportData as Report
 
 __all__ = ["check_report_path", "resolve_output", "write_text_atomic", "write_watched_report"]
 

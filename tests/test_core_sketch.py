@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from gradwatch.core import sketch
+from gradwatch.measure import fingerprint as sketch
 
 
 def _shapes() -> list[tuple[int, ...]]:

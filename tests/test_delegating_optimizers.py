@@ -14,7 +14,7 @@ from _wrappers import SAM, Lookahead, OldTimmLookahead, TimmLookahead, ghost_mod
 from torch import nn
 
 import gradwatch
-from gradwatch.core.optimizers import delegates, unwrap_optimizer
+from gradwatch.model.optimizers import delegates, unwrap_optimizer
 
 
 def _loss(model: nn.ModuleDict, s: int) -> torch.Tensor:

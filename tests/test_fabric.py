@@ -15,7 +15,7 @@ from _loops import SideNet
 from torch import nn
 
 import gradwatch
-from gradwatch.core.compiled import is_compiled
+from gradwatch.model.compiled import is_compiled
 
 fabric_mod = pytest.importorskip("lightning.fabric")
 

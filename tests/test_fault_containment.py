@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 import gradwatch
-import gradwatch.core.pipeline
+import gradwatch.core.gather
 import gradwatch.core.steps
 import gradwatch.report_io
 from gradwatch.checks.ghost import GhostParam
@@ -170,7 +170,7 @@ FAULTS = {
     # the step decision: gradient norms fail inside gather()
     "optimizer_post_step": Fault(
         "optimizer step hook",
-        lambda mp, w: mp.setattr(gradwatch.core.pipeline, "vector_norms", _boom),
+        lambda mp, w: mp.setattr(gradwatch.core.gather, "vector_norms", _boom),
     ),
     "forward": Fault("forward hook", _tracker_dict("fwd_grad")),
     "sink": Fault("sink", _nothing, sink=FaultySink),
@@ -283,7 +283,7 @@ def test_faults_at_several_hook_points_do_not_stop_training(
         for name in ("incoming", "acc_ref"):
             monkeypatch.setattr(w._tracker, name, RaisingList(getattr(w._tracker, name)))
         monkeypatch.setattr(w._tracker, "fwd_grad", RaisingDict())
-        monkeypatch.setattr(gradwatch.core.pipeline, "vector_norms", _boom)
+        monkeypatch.setattr(gradwatch.core.gather, "vector_norms", _boom)
         losses = train(model, opt)
     assert losses == want_losses
     where = sorted(f.details["where"] for f in w.report().by_check("internal_error"))

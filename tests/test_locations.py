@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 import gradwatch
-from gradwatch.core.locations import call_site, defined_at, where
+from gradwatch.model.locations import call_site, defined_at, where
 from gradwatch.report import Finding
 
 HERE = Path(__file__)

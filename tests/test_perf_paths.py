@@ -11,9 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gradwatch.checks._window import MedianWindow
-from gradwatch.core.chunked import CHUNK, abs_stats
 from gradwatch.core.layer_rows import fast_layer_samples
-from gradwatch.core.stats import foreach_norms, median
+from gradwatch.measure.chunked import CHUNK, abs_stats
+from gradwatch.measure.stats import foreach_norms, median
 
 
 @settings(max_examples=60, deadline=None)
@@ -62,7 +62,7 @@ def test_abs_stats_propagate_nan_and_inf_and_decline_what_they_do_not_cover() ->
 
 
 def _generic(stats, arrived, gn, numel, groups):  # type: ignore[no-untyped-def]
-    """The slow path's arithmetic (core/pipeline.py layer_samples), for comparison."""
+    """The slow path's arithmetic (core/gather.py layer_samples), for comparison."""
     out = {}
     for layer, js in groups.items():
         live = [j for j in js if arrived[j] and gn[j] is not None]
@@ -114,8 +114,8 @@ def test_fast_layer_samples_equal_the_general_path(with_delta: bool) -> None:
 
 
 def test_stacked_stats_equal_the_flattened_segments() -> None:
-    from gradwatch.core.chunked import stacked_stats
-    from gradwatch.core.stats import flatten_cpu, segment_norms
+    from gradwatch.measure.chunked import stacked_stats
+    from gradwatch.measure.stats import flatten_cpu, segment_norms
 
     g = torch.Generator().manual_seed(3)
     ts = [
@@ -138,7 +138,7 @@ def test_stacked_stats_equal_the_flattened_segments() -> None:
 
 
 def test_stacked_fingerprints_see_one_changed_element_of_many_same_shape_tensors() -> None:
-    from gradwatch.core.sketch import fingerprint, measure
+    from gradwatch.measure.fingerprint import fingerprint, measure
 
     g = torch.Generator().manual_seed(4)
     ts = [
@@ -159,7 +159,7 @@ def test_stacked_fingerprints_see_one_changed_element_of_many_same_shape_tensors
 
 def test_stacked_norms_with_a_stale_layout_key_stay_right() -> None:
     """The caller's layout key skips reading shapes; a key whose shapes changed is dropped."""
-    from gradwatch.core.chunked import stacked_stats
+    from gradwatch.measure.chunked import stacked_stats
 
     def truth(ts: list[torch.Tensor]) -> list[float]:
         return [float(t.double().norm()) for t in ts]

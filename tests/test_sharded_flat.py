@@ -81,7 +81,7 @@ def test_clean_twin_passes_with_the_replicas_statistics(runs: Runs) -> None:
             assert got["steps_with_grad"] == STEPS
         assert layers["encoder.0"]["numel"] == 6 * 16 + 16  # the whole layer's, not a shard's
         # head (9 values, split over both ranks' shards) is fingerprinted in full on each
-        # rank: its update is exact; a larger layer's is a sampled estimate (core/sketch.py)
+        # rank: its update is exact; a larger layer's is a sampled estimate (measure/fingerprint.py)
         head = truth["head"]
         assert layers["head"]["update_ratio"] == pytest.approx(
             head["delta"] / head["param"], rel=1e-4

@@ -6,7 +6,8 @@ import torch
 from torch import nn
 
 import gradwatch
-from gradwatch.core.sharded import clean_name, engine_of, local, local_norms
+from gradwatch.distributed.sharded import local_norms
+from gradwatch.model.engines import clean_name, engine_of, local
 
 
 def test_wrapper_segments_are_stripped_and_user_names_kept() -> None:
@@ -49,8 +50,8 @@ def test_checkpoint_wrapper_names_are_the_users() -> None:
 def test_flat_slices_are_stable_views_and_may_be_empty() -> None:
     """FSDP1 flattened: each original's piece is a view of the flat shard (fingerprints are
     keyed by identity, so the same object each step), empty where the rank holds none."""
-    from gradwatch.core.fsdp1_flat import grad_pieces, shard_pieces
-    from gradwatch.core.sketch import fingerprint, measure
+    from gradwatch.distributed.fsdp1_flat import grad_pieces, shard_pieces
+    from gradwatch.measure.fingerprint import fingerprint, measure
 
     flat = nn.Parameter(torch.arange(10, dtype=torch.float32))
     spans = {0: (0, 6), 1: (6, 4), 2: (0, 0)}

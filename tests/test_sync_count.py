@@ -153,7 +153,7 @@ def test_bf16_without_scaler_one_transfer_per_step(syncs: SyncCounter) -> None:
 def test_counter_sees_a_per_parameter_item_loop(syncs: SyncCounter) -> None:
     """The counters are live: an .item() per parameter under gradwatch's frames is caught."""
     model = _mlp()
-    from gradwatch.core.stats import to_host
+    from gradwatch.measure.stats import to_host
 
     values = [p.detach().norm() for p in model.parameters()]
     syncs.reset()

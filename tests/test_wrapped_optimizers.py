@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 import gradwatch
-from gradwatch.core.optimizers import unwrap_optimizer
+from gradwatch.model.optimizers import unwrap_optimizer
 
 
 class Wrapper:

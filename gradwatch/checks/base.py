@@ -6,11 +6,13 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Optional
 
+from gradwatch.errors import GradWatchError
+
 if TYPE_CHECKING:
     from gradwatch.checks.docs import CheckDoc
     from gradwatch.config import CheckConfig, GradWatchConfig
     from gradwatch.core.findings import FindingLog
-    from gradwatch.core.index import ParamIndex
+    from gradwatch.model.index import ParamIndex
 
 
 @dataclass(slots=True)  # 200 built per statistics step on a deep stack: cheaper init and reads
@@ -133,6 +135,8 @@ class Check:
     """Base class: a stable ``id``, a default severity (in the config) and two callbacks."""
 
     id: ClassVar[str]
+    #: What ``raise_for_findings`` and ``fail_fast`` raise when this check's findings fail.
+    error: ClassVar[type[GradWatchError]] = GradWatchError
     #: What ``gradwatch explain ID`` prints (:mod:`gradwatch.checks.docs` has the fallbacks).
     doc: ClassVar[Optional[CheckDoc]] = None
 

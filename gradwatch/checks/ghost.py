@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 from gradwatch.checks.base import Check, StepView, StructureView
 from gradwatch.checks.docs import CheckDoc
 from gradwatch.config import GhostParamConfig
+from gradwatch.errors import GhostLayerError
 
 if TYPE_CHECKING:
     from gradwatch.core.findings import FindingLog
@@ -40,6 +41,7 @@ class GhostParam(Check):
     """
 
     id = "ghost_param"
+    error = GhostLayerError
     doc = CheckDoc(
         summary="A trainable parameter got no gradient between two optimizer steps while "
         "others did.",

@@ -10,7 +10,7 @@ from gradwatch.config import NonfiniteGradConfig
 
 if TYPE_CHECKING:
     from gradwatch.core.findings import FindingLog
-    from gradwatch.core.index import ParamIndex
+    from gradwatch.model.index import ParamIndex
 
 HINT_BY_HAND = (
     "The loop wrote this gradient into .grad itself (torch.autograd.grad, torch.func, a merge "

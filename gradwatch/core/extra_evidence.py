@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from gradwatch.capture.forward_scout import ForwardScout
+from gradwatch.capture.unscale_watch import UnscaleWatch
+from gradwatch.capture.window import Gathered, Track
 from gradwatch.checks import StepView
 from gradwatch.checks.not_observed import emit_not_observed
-from gradwatch.core.forward_scout import ForwardScout
-from gradwatch.core.pipeline import Gathered, Track
-from gradwatch.core.stats import to_host
-from gradwatch.core.unscale_watch import UnscaleWatch
+from gradwatch.measure.stats import to_host
 
 __all__ = ["FIRST_TRACE_STEPS", "ExtraEvidence"]
 

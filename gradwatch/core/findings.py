@@ -12,9 +12,9 @@ import torch
 
 from gradwatch._text import safe
 from gradwatch.config import GradWatchConfig
-from gradwatch.core.locations import Locations
 from gradwatch.errors import GhostLayerError, GradWatchError, GradWatchWarning
-from gradwatch.report import Finding
+from gradwatch.model.locations import Locations
+from gradwatch.results import Finding
 
 _INTERNAL = (
     os.path.dirname(os.path.dirname(os.path.abspath(__file__))),  # the gradwatch package

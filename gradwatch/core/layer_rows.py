@@ -1,6 +1,6 @@
 """The per-layer aggregation of an observed step, fast path for the usual case.
 
-:func:`gradwatch.core.pipeline.layer_samples` filters every layer's positions (arrived,
+:func:`gradwatch.core.gather.layer_samples` filters every layer's positions (arrived,
 present, measured) on each statistics step. In the usual step every tracked parameter
 arrived, has a gradient and was measured: then the filters keep everything, and each
 layer's values are read with a cached :func:`operator.itemgetter` (one C call per

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from gradwatch.checks.base import LayerSample
-from gradwatch.report import LayerStats
+from gradwatch.results import LayerStats
 
 
 @dataclass

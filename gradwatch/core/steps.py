@@ -12,27 +12,28 @@ from typing import Optional
 import torch
 from torch import nn
 
+from gradwatch.capture.evidence import Tracker, make_cause
+from gradwatch.capture.hooks import HookSet
+from gradwatch.capture.scaler import ScalerWatch
+from gradwatch.capture.step_reading import StepReading
+from gradwatch.capture.unwatched import StepNesting, UnwatchedUpdates
+from gradwatch.capture.window import Gathered, Track
 from gradwatch.checks import Check, RunView, StepView, StructureView
 from gradwatch.checks.nonfinite import NonfiniteGrad
 from gradwatch.config import GradWatchConfig
-from gradwatch.core.distributed import DistSync
-from gradwatch.core.evidence import Tracker, make_cause
 from gradwatch.core.extra_evidence import ExtraEvidence
 from gradwatch.core.faults import Faults
 from gradwatch.core.findings import FindingLog
-from gradwatch.core.fsdp1_flat import shard_pieces
-from gradwatch.core.hooks import HookSet
-from gradwatch.core.index import ParamIndex
-from gradwatch.core.optimizers import group_lr
-from gradwatch.core.pipeline import Gathered, Track, gather, layer_samples
+from gradwatch.core.gather import gather, layer_samples
 from gradwatch.core.recorder import LayerRecorder
-from gradwatch.core.scaler import ScalerWatch
-from gradwatch.core.sharded_gather import merge_shards
-from gradwatch.core.sharded_report import adopt_engine, forward_arrival, late_sharding
-from gradwatch.core.sketch import Fingerprint, fingerprint
-from gradwatch.core.step_reading import StepReading
 from gradwatch.core.structure import Structure, group_signature
-from gradwatch.core.unwatched import StepNesting, UnwatchedUpdates
+from gradwatch.distributed.fsdp1_flat import shard_pieces
+from gradwatch.distributed.gather import merge_shards
+from gradwatch.distributed.layout import adopt_engine, forward_arrival, late_sharding
+from gradwatch.distributed.sync import DistSync
+from gradwatch.measure.fingerprint import Fingerprint, fingerprint
+from gradwatch.model.index import ParamIndex
+from gradwatch.model.optimizers import group_lr
 
 __all__ = ["StepPipeline"]
 
@@ -45,7 +46,7 @@ def _lr_of(track: Track, i: int) -> Optional[float]:
 
 
 def _fingerprint_track(track: Track) -> None:
-    """Fingerprints, not copies: a few numbers per tensor (core/sketch.py)."""
+    """Fingerprints, not copies: a few numbers per tensor (measure/fingerprint.py)."""
     if track.sharded is not None:  # this rank's pieces (views), never a gather or a copy
         spans = track.flat_spans
         track.pieces = shard_pieces(track.params, track.ids, spans)
@@ -102,7 +103,7 @@ class StepPipeline:
         self.hand_written = 0  # steps that found gradients no backward pass made
         self.nesting = StepNesting()
         self.unwatched = UnwatchedUpdates()
-        self.sharded: Optional[str] = None  # the sharding engine (core/sharded.py), if any
+        self.sharded: Optional[str] = None  # the sharding engine (distributed/sharded.py), if any
         self.reading = StepReading(self.tracker, hooks)
 
     # -- layout ----------------------------------------------------------------------------

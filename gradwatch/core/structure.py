@@ -14,12 +14,12 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
+from gradwatch.capture.evidence import Tracker
+from gradwatch.capture.hooks import HookSet
+from gradwatch.capture.window import Track
 from gradwatch.checks.base import StructureView
-from gradwatch.core import registry
-from gradwatch.core.evidence import Tracker
-from gradwatch.core.hooks import HookSet
-from gradwatch.core.index import ParamIndex
-from gradwatch.core.pipeline import Track
+from gradwatch.model import registry
+from gradwatch.model.index import ParamIndex
 
 _requires_grad = attrgetter("requires_grad")
 
@@ -149,7 +149,7 @@ class Structure:
         """Parameters added to / replaced in the model, or one frozen or unfrozen (cheap).
 
         No walk of the module tree unless a module or parameter was registered somewhere
-        since the last scan (:mod:`gradwatch.core.registry`); the ``requires_grad`` flips
+        since the last scan (:mod:`gradwatch.model.registry`); the ``requires_grad`` flips
         are read from the tracked lists.
         """
         gen = registry.generation()

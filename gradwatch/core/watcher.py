@@ -1,8 +1,8 @@
 """``gradwatch.watch()``: hooks on an unchanged training loop, removed on exit.
 
 :class:`Watcher` is the lifecycle facade: it wires the parts together on enter and takes
-them apart on exit. Hooks (:mod:`~gradwatch.core.hooks`) record evidence
-(:mod:`~gradwatch.core.evidence`); the step pipeline (:mod:`~gradwatch.core.steps`) turns it
+them apart on exit. Hooks (:mod:`~gradwatch.capture.hooks`) record evidence
+(:mod:`~gradwatch.capture.evidence`); the step pipeline (:mod:`~gradwatch.core.steps`) turns it
 into a view the checks judge; :func:`~gradwatch.core.build_report.build_report` makes the
 report.
 
@@ -26,28 +26,28 @@ from typing import Any, Callable, Optional, Union
 import torch
 from torch import nn
 
+from gradwatch.capture.backward import BackwardEnds
+from gradwatch.capture.evidence import Tracker
+from gradwatch.capture.hooks import HookSet
+from gradwatch.capture.resets import sweep_resets
+from gradwatch.capture.scaler import ScalerWatch
 from gradwatch.checks import ALL_CHECKS, Check
 from gradwatch.config import GradWatchConfig
-from gradwatch.core.backward import BackwardEnds
 from gradwatch.core.build_report import build_report
-from gradwatch.core.compiled import is_compiled
-from gradwatch.core.distributed import DistSync
-from gradwatch.core.evidence import Tracker
 from gradwatch.core.faults import Faults
 from gradwatch.core.findings import FindingLog
-from gradwatch.core.hooks import HookSet
-from gradwatch.core.locations import Locations
-from gradwatch.core.optimizers import delegates, unwrap_optimizer
 from gradwatch.core.persist import ReportRefresher
 from gradwatch.core.recorder import LayerRecorder
-from gradwatch.core.resets import sweep_resets
-from gradwatch.core.scaler import ScalerWatch
-from gradwatch.core.sharded import engine_of, flat_params
-from gradwatch.core.sharded_report import hook_backward, report_layout
 from gradwatch.core.steps import StepPipeline
 from gradwatch.core.structure import Structure
-from gradwatch.core.wrappers import ddp_find_unused, unwrap
+from gradwatch.distributed.layout import hook_backward, report_layout
+from gradwatch.distributed.sync import DistSync
 from gradwatch.errors import ConfigError, GradWatchError, GradWatchWarning
+from gradwatch.model.compiled import is_compiled
+from gradwatch.model.engines import engine_of, flat_params
+from gradwatch.model.locations import Locations
+from gradwatch.model.optimizers import delegates, unwrap_optimizer
+from gradwatch.model.wrappers import ddp_find_unused, unwrap
 from gradwatch.report import Report
 from gradwatch.report_io import check_report_path, write_watched_report
 

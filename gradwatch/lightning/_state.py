@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from gradwatch.report import Finding
+from gradwatch.results import Finding
 
 if TYPE_CHECKING:
     from gradwatch.core.watcher import Watcher

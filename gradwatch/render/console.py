@@ -27,7 +27,7 @@ from gradwatch.render.diagnostics import coverage_line, render_diagnostics
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from gradwatch.report import Finding, Report
+    from gradwatch.results import Finding, ReportData
 
 __all__ = ["MAX_ROWS", "STYLES", "print_report", "render_text"]
 
@@ -56,7 +56,7 @@ def _count(n: int, word: str) -> str:
     return f"{n} {word}" + ("" if n == 1 else "s")
 
 
-def _header(report: Report) -> Any:
+def _header(report: ReportData) -> Any:
     from rich.text import Text
 
     head = Text("gradwatch: ")
@@ -84,7 +84,7 @@ def _header(report: Report) -> Any:
     return head
 
 
-def _build(report: Report, *, plain: bool) -> list[Any]:
+def _build(report: ReportData, *, plain: bool) -> list[Any]:
     from rich import box
     from rich.table import Table
     from rich.text import Text
@@ -154,7 +154,7 @@ def _check_style(style: str) -> None:
 
 
 def render_text(
-    report: Report, *, color: bool = False, width: int = 110, style: str = "diagnostic"
+    report: ReportData, *, color: bool = False, width: int = 110, style: str = "diagnostic"
 ) -> str:
     """The report as a string; ANSI colour only when ``color``.
 
@@ -203,7 +203,7 @@ def _width(out: Any) -> int:
     return 110
 
 
-def print_report(report: Report, file: Any = None, *, style: str = "diagnostic") -> None:
+def print_report(report: ReportData, file: Any = None, *, style: str = "diagnostic") -> None:
     """Print the report: colour on a terminal, plain text when piped.
 
     Example:

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Optional
 from gradwatch._text import safe
 
 if TYPE_CHECKING:
-    from gradwatch.report import Finding, Report
+    from gradwatch.results import Finding, ReportData
 
 __all__ = ["MAX_BLOCKS", "render_diagnostics"]
 
@@ -133,7 +133,7 @@ def _block(f: Finding, width: int, color: bool) -> list[str]:
     return lines
 
 
-def coverage_line(report: Report) -> str:
+def coverage_line(report: ReportData) -> str:
     """One line on what was watched: trainable/frozen parameters and optimizer coverage."""
     c = report.coverage
     line = (
@@ -153,7 +153,7 @@ def coverage_line(report: Report) -> str:
     return line
 
 
-def summary_line(report: Report) -> str:
+def summary_line(report: ReportData) -> str:
     """``gradwatch: FAILED  1 error, 2 warnings in 20 steps (20 backward passes), fail_on=error``."""
     shown = [f for f in report.findings if not f.baselined()]
     counts = [
@@ -175,7 +175,7 @@ def summary_line(report: Report) -> str:
     return line + f", fail_on={report.fail_on}"
 
 
-def _summary(report: Report, width: int, color: bool) -> list[str]:
+def _summary(report: ReportData, width: int, color: bool) -> list[str]:
     lines = _wrap(summary_line(report), width, "", "  ")
     if color:  # "gradwatch: " is 11 characters; the status word follows
         status = lines[0][11:17]
@@ -188,7 +188,7 @@ def _summary(report: Report, width: int, color: bool) -> list[str]:
 
 
 def render_diagnostics(
-    report: Report, *, width: int = 110, color: bool = False, limit: Optional[int] = MAX_BLOCKS
+    report: ReportData, *, width: int = 110, color: bool = False, limit: Optional[int] = MAX_BLOCKS
 ) -> str:
     """The report as diagnostic blocks, a coverage line and a one-line summary.
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 from gradwatch.errors import ConfigError
 
 if TYPE_CHECKING:
-    from gradwatch.report import Finding, Report
+    from gradwatch.results import Finding, ReportData
 
 __all__ = ["MissingExtraError", "notebook_html", "render_html", "write_html"]
 
@@ -105,7 +105,7 @@ def _params_cell(f: Finding) -> str:
     return shown
 
 
-def _header(report: Report) -> str:
+def _header(report: ReportData) -> str:
     status = "failed" if report.failed else "passed"
     cfg = report.config
     items = [
@@ -138,7 +138,7 @@ def _locations_html(f: Finding) -> str:
     return f'<br><small class="loc">{"; ".join(parts)}</small>' if parts else ""
 
 
-def _findings(report: Report) -> str:
+def _findings(report: ReportData) -> str:
     if not report.findings:
         return '<h2>Findings</h2><p class="empty">No findings.</p>'
     rows = []
@@ -159,7 +159,7 @@ def _findings(report: Report) -> str:
     return f'<h2>Findings</h2><table class="findings"><tr>{head}</tr>{"".join(rows)}</table>'
 
 
-def _chart(title: str, build: Callable[[Report], Any], report: Report, empty: str) -> str:
+def _chart(title: str, build: Callable[[ReportData], Any], report: ReportData, empty: str) -> str:
     from gradwatch.render.html_plots import figure_png
 
     try:
@@ -175,7 +175,7 @@ def _chart(title: str, build: Callable[[Report], Any], report: Report, empty: st
     return f"<h2>{_e(title)}</h2>{body}"
 
 
-def _coverage(report: Report) -> str:
+def _coverage(report: ReportData) -> str:
     c = report.coverage
     items = [
         ("trainable parameters", f"{c.trainable} ({c.trainable_numel:,} elements)"),
@@ -190,7 +190,7 @@ def _coverage(report: Report) -> str:
     return f'<h2>Coverage</h2><dl class="kv">{rows}</dl>'
 
 
-def _layers_table(report: Report) -> str:
+def _layers_table(report: ReportData) -> str:
     from gradwatch.render.html_plots import flagged_layers, layer_order
 
     layers = layer_order(report)
@@ -229,7 +229,7 @@ def _layers_table(report: Report) -> str:
     return f'<h2>Layers</h2><table class="layers"><tr>{head}</tr>{"".join(rows)}</table>'
 
 
-def render_html(report: Report) -> str:
+def render_html(report: ReportData) -> str:
     """The whole page as a string (``write_html`` writes it).
 
     Raises:
@@ -263,7 +263,7 @@ def render_html(report: Report) -> str:
     )
 
 
-def notebook_html(report: Report) -> str:
+def notebook_html(report: ReportData) -> str:
     """A compact fragment for a notebook cell: status, findings table and coverage.
 
     No charts (no matplotlib needed, nothing heavy in the notebook file); the page's CSS is
@@ -286,7 +286,7 @@ def notebook_html(report: Report) -> str:
     )
 
 
-def write_html(report: Report, path: Path) -> Path:
+def write_html(report: ReportData, path: Path) -> Path:
     """Write the self-contained HTML report to ``path`` atomically and return the path.
 
     Args:

@@ -1,4 +1,4 @@
-"""The HTML report's charts: matplotlib ``Figure`` objects built from a :class:`Report`.
+"""The HTML report's charts: matplotlib ``Figure`` objects built from a report.
 
 Charts are drawn on ``matplotlib.figure.Figure`` with the Agg canvas, never through
 ``pyplot``: the report must not open windows, pick a GUI backend, or leave figures in
@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-    from gradwatch.report import LayerStats, Report
+    from gradwatch.results import LayerStats, ReportData
 
 __all__ = [
     "UPDATE_RATIO_RULE",
@@ -48,14 +48,14 @@ def _finite_pos(x: Optional[float]) -> bool:
     return x is not None and math.isfinite(x) and x > 0
 
 
-def layer_order(report: Report) -> list[LayerStats]:
+def layer_order(report: ReportData) -> list[LayerStats]:
     """Layers in forward order (first forward call), then those never run in report order."""
     ranked = list(enumerate(report.layers))
     ranked.sort(key=lambda t: (t[1].forward_order is None, t[1].forward_order or 0, t[0]))
     return [layer for _, layer in ranked]
 
 
-def flagged_layers(report: Report) -> dict[str, str]:
+def flagged_layers(report: ReportData) -> dict[str, str]:
     """``{module: "ghost" | "dead"}`` for layers with a ghost/dead finding (ghost wins)."""
     out: dict[str, str] = {}
     for f in report.findings:
@@ -124,7 +124,7 @@ def _per_layer_width(n_layers: int) -> float:
     return min(max(6.5, 0.28 * n_layers + 2.5), 24.0)
 
 
-def gradient_flow(report: Report) -> Optional[Figure]:
+def gradient_flow(report: ReportData) -> Optional[Figure]:
     """Per-layer mean and max |grad| in forward order on a log axis; ghost/dead layers marked.
 
     Returns ``None`` when the report has no layers.
@@ -183,7 +183,7 @@ def gradient_flow(report: Report) -> Optional[Figure]:
     return fig
 
 
-def _timeline_layers(report: Report, k: int) -> list[LayerStats]:
+def _timeline_layers(report: ReportData, k: int) -> list[LayerStats]:
     flags = flagged_layers(report)
     flagged_modules = {f.module for f in report.findings if f.module is not None} | set(flags)
     with_history = [layer for layer in report.layers if layer.history]
@@ -201,7 +201,7 @@ def _timeline_layers(report: Report, k: int) -> list[LayerStats]:
     return [layer for layer in layer_order(report) if layer.name in chosen]
 
 
-def norm_timelines(report: Report, k: int = TOP_K) -> Optional[Figure]:
+def norm_timelines(report: ReportData, k: int = TOP_K) -> Optional[Figure]:
     """Gradient-norm history of the top-``k`` layers by norm plus every flagged layer.
 
     Returns ``None`` when no layer has a history.
@@ -241,7 +241,7 @@ def norm_timelines(report: Report, k: int = TOP_K) -> Optional[Figure]:
     return fig
 
 
-def update_ratios(report: Report) -> Optional[Figure]:
+def update_ratios(report: ReportData) -> Optional[Figure]:
     """|Δw|/|w| of the last step per layer against the 1e-3 rule of thumb.
 
     Returns ``None`` when the report has no layers.
@@ -284,7 +284,7 @@ def update_ratios(report: Report) -> Optional[Figure]:
     return fig
 
 
-def curvature_bars(report: Report) -> Optional[Figure]:
+def curvature_bars(report: ReportData) -> Optional[Figure]:
     """Per-layer Hessian trace per parameter (bars, ± standard error) and top eigenvalue.
 
     Both on log axes by magnitude; negative values (non-convex directions) in orange.

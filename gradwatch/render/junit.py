@@ -17,7 +17,7 @@ from typing import Optional, Union
 
 from gradwatch._severity import at_least
 from gradwatch._text import safe
-from gradwatch.report import Finding, Report
+from gradwatch.results import Finding, ReportData
 
 __all__ = ["check_ids", "finding_text", "junit_xml", "write_junit"]
 
@@ -51,7 +51,7 @@ def finding_text(f: Finding) -> str:
     return "\n".join(safe(line) for line in lines)  # names are untrusted: no raw escapes
 
 
-def check_ids(report: Report, extra: Iterable[str] = ()) -> list[str]:
+def check_ids(report: ReportData, extra: Iterable[str] = ()) -> list[str]:
     """Enabled check ids of the report's config, then ``extra``, then ids only in findings."""
     checks = report.config.checks
     ids = [name for name in type(checks).model_fields if getattr(checks, name).enabled]
@@ -61,7 +61,7 @@ def check_ids(report: Report, extra: Iterable[str] = ()) -> list[str]:
     return ids
 
 
-def _element(report: Report, extra: Iterable[str], time: Optional[float]) -> ET.Element:
+def _element(report: ReportData, extra: Iterable[str], time: Optional[float]) -> ET.Element:
     ids = check_ids(report, extra)
     root = ET.Element("testsuites", name=SUITE)
     suite = ET.SubElement(root, "testsuite", name=SUITE)
@@ -110,7 +110,7 @@ def _element(report: Report, extra: Iterable[str], time: Optional[float]) -> ET.
 
 
 def junit_xml(
-    report: Report, *, extra_checks: Iterable[str] = (), time: Optional[float] = None
+    report: ReportData, *, extra_checks: Iterable[str] = (), time: Optional[float] = None
 ) -> str:
     """The JUnit XML document (with its XML declaration) for ``report``.
 
@@ -131,7 +131,7 @@ def junit_xml(
 
 
 def write_junit(
-    report: Report,
+    report: ReportData,
     path: Union[str, Path],
     *,
     extra_checks: Iterable[str] = (),
@@ -139,7 +139,7 @@ def write_junit(
 ) -> Path:
     """Write :func:`junit_xml` to ``path`` atomically (parent folders created); return the path.
 
-    As :meth:`Report.write`: a symlink's target is updated, a non-regular file is refused
+    As :meth:`gradwatch.Report.write`: a symlink's target is updated, a non-regular file is refused
     (``ConfigError``), a failed write leaves the old file whole.
     """
     from gradwatch.report_io import write_text_atomic

@@ -24,7 +24,7 @@ from urllib.parse import quote
 from gradwatch._text import safe
 from gradwatch._version import __version__
 from gradwatch.render.junit import check_ids
-from gradwatch.report import Finding, Report
+from gradwatch.results import Finding, ReportData
 
 __all__ = ["SARIF_SCHEMA", "SARIF_VERSION", "sarif_log", "write_sarif"]
 
@@ -111,7 +111,7 @@ def _result(f: Finding, rule_index: int, baseline: bool) -> dict[str, Any]:
     return result
 
 
-def sarif_log(report: Report, *, extra_checks: Iterable[str] = ()) -> dict[str, Any]:
+def sarif_log(report: ReportData, *, extra_checks: Iterable[str] = ()) -> dict[str, Any]:
     """The SARIF 2.1.0 log of ``report`` as a JSON-ready dict.
 
     Args:
@@ -149,11 +149,11 @@ def sarif_log(report: Report, *, extra_checks: Iterable[str] = ()) -> dict[str, 
 
 
 def write_sarif(
-    report: Report, path: Union[str, Path], *, extra_checks: Iterable[str] = ()
+    report: ReportData, path: Union[str, Path], *, extra_checks: Iterable[str] = ()
 ) -> Path:
     """Write :func:`sarif_log` as JSON to ``path`` atomically (parent folders created).
 
-    As :meth:`Report.write`: a symlink's target is updated, a non-regular file is refused
+    As :meth:`gradwatch.Report.write`: a symlink's target is updated, a non-regular file is refused
     (``ConfigError``), a failed write leaves the old file whole. Returns ``path``.
     """
     from gradwatch.report_io import write_text_atomic

@@ -33,9 +33,9 @@ from typing import Any, Callable, Optional
 import torch
 from torch import Tensor, nn
 
-from gradwatch.core.index import ROOT
 from gradwatch.errors import ConfigError
-from gradwatch.report import Curvature, LayerCurvature
+from gradwatch.model.index import ROOT
+from gradwatch.results import Curvature, LayerCurvature
 from gradwatch.vectors._layout import Patterns, _matches, _patterns
 
 __all__ = ["SensitivityError", "layer_groups", "sensitivity"]

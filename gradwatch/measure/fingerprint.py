@@ -43,7 +43,7 @@ from typing import Optional
 import torch
 from torch._utils import _flatten_dense_tensors
 
-from gradwatch.core.stats import foreach_norms
+from gradwatch.measure.stats import foreach_norms
 
 __all__ = [
     "MIN_SAMPLES",

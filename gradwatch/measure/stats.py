@@ -18,7 +18,7 @@ from typing import Optional, Union
 import torch
 from torch._utils import _flatten_dense_tensors
 
-from gradwatch.core.chunked import abs_stats, stacked_stats
+from gradwatch.measure.chunked import abs_stats, stacked_stats
 
 __all__ = [
     "Chunk",
@@ -166,7 +166,7 @@ def norms(
     if flat is None:
         cpu = tensors[0].device.type == "cpu"
         fused = abs_stats(tensors) if cpu and len(ords) > 2 else None
-        if fused is not None:  # L1, max and count in one chunked pass (core/chunked.py)
+        if fused is not None:  # L1, max and count in one chunked pass (measure/chunked.py)
             by_ord: dict[float, Chunk] = dict(zip((1.0, math.inf, 0.0), fused))
             return [by_ord[o] if o in by_ord else foreach_norms(tensors, o) for o in ords]
         return [

@@ -1,11 +1,11 @@
 """One step's gradient reads on this rank's shards (FSDP2, FSDP1), made global in one collective.
 
-:func:`gather_sharded` is :func:`gradwatch.core.pipeline.gather` for sharded engines: the
+:func:`gather_sharded` is :func:`gradwatch.core.gather.gather` for sharded engines: the
 same statistics on local pieces (a DTensor's local shard, an FSDP1 original parameter's
-view or flat slice), laid out by :func:`gradwatch.core.sharded.payload` for the one
+view or flat slice), laid out by :func:`gradwatch.distributed.sharded.payload` for the one
 ``all_gather`` of the step; :func:`merge_shards` turns every rank's rows into the global
 values. The update ratio and frozen-parameter checks compare the pieces with copy-free
-fingerprints (:mod:`gradwatch.core.sketch`) taken before the step: the squared update
+fingerprints (:mod:`gradwatch.measure.fingerprint`) taken before the step: the squared update
 estimates of the pieces add up across ranks to the whole parameter's.
 """
 
@@ -16,13 +16,13 @@ from typing import Optional
 
 import torch
 
-from gradwatch.core.evidence import Tracker
-from gradwatch.core.fsdp1_flat import grad_pieces, shard_pieces
-from gradwatch.core.index import ParamIndex
-from gradwatch.core.pipeline import Gathered, Track
-from gradwatch.core.sharded import combine, local_norms, payload
-from gradwatch.core.sketch import Fingerprint, measure
-from gradwatch.core.stats import Chunk, to_host
+from gradwatch.capture.evidence import Tracker
+from gradwatch.capture.window import Gathered, Track
+from gradwatch.distributed.fsdp1_flat import grad_pieces, shard_pieces
+from gradwatch.distributed.sharded import combine, local_norms, payload
+from gradwatch.measure.fingerprint import Fingerprint, measure
+from gradwatch.measure.stats import Chunk, to_host
+from gradwatch.model.index import ParamIndex
 
 __all__ = ["gather_sharded", "merge_shards"]
 

@@ -22,7 +22,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from gradwatch.core.locations import call_site
+from gradwatch.model.locations import call_site
 
 DirtyFlag = Any  # bool | torch.Tensor
 
@@ -61,12 +61,12 @@ class Tracker:
         self.pending: set[int] = set()  # parameters whose dirty flag is an unresolved tensor
         self.want_pre: set[int] = set()  # parameters whose resets only values can tell
         self.backward_queued = False  # the end-of-backward callback is queued
-        self.task = -2  # the graph task whose end callback is queued (see core/backward.py)
+        self.task = -2  # the graph task whose end callback is queued (see capture/backward.py)
         self.leader = -1  # the parameter that arrived first in the latest graph task
         self.want_call: set[str] = set()  # flagged layers whose caller's line is wanted
         self.called_at: dict[str, str] = {}  # layer -> "file:line" that called it
         # Arrival order of the last step whose hooks were all on: a read step's order
-        # (core/step_reading.py); None while every arrival is hooked.
+        # (capture/step_reading.py); None while every arrival is hooked.
         self.rank: Optional[dict[int, int]] = None
 
     def now(self) -> int:
@@ -177,7 +177,7 @@ def make_param_hooks(
             ):
                 t.want_pre.add(i)  # accumulated into the step's gradient: reset or not?
             elif t.pending and i in t.pending:
-                # No value check here (trimmed): a flag core/resets.py raised at an earlier
+                # No value check here (trimmed): a flag capture/resets.py raised at an earlier
                 # backward's start is void when the gradient was reset since (a GAN's G).
                 # Fresh and reaching here: replaced or zero_()'d since the step.
                 if (

@@ -1,6 +1,6 @@
 """The user's module inside the wrappers that training frameworks put around it.
 
-DDP and DataParallel (``.module``), FSDP1 (``core/sharded.py``), ``torch.compile``
+DDP and DataParallel (``.module``), FSDP1 (``distributed/sharded.py``), ``torch.compile``
 (``._orig_mod``), Lightning Fabric's ``_FabricModule`` (``._forward_module``) and Opacus's
 ``GradSampleModule`` (``._module``). The last two are recognised by attribute or class name:
 the core imports neither library. gradwatch watches the inner module, so
@@ -13,7 +13,7 @@ from typing import Optional
 
 from torch import nn
 
-from gradwatch.core.sharded import unwrap_fsdp1
+from gradwatch.model.engines import unwrap_fsdp1
 
 __all__ = ["ddp_find_unused", "unwrap"]
 

@@ -19,8 +19,8 @@ from collections.abc import Sequence
 
 import torch
 
-from gradwatch.core.evidence import Tracker
-from gradwatch.core.pipeline import Track
+from gradwatch.capture.evidence import Tracker
+from gradwatch.capture.window import Track
 
 __all__ = ["sweep_resets"]
 

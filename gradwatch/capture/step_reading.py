@@ -37,9 +37,9 @@ from typing import Any, Optional
 
 import torch
 
-from gradwatch.core.evidence import Tracker
-from gradwatch.core.hooks import HookSet
-from gradwatch.core.pipeline import Gathered, Track
+from gradwatch.capture.evidence import Tracker
+from gradwatch.capture.hooks import HookSet
+from gradwatch.capture.window import Gathered, Track
 
 __all__ = ["MIN_READ", "StepReading", "shared_ids"]
 
@@ -73,7 +73,7 @@ class StepReading:
         if g._version == t.snap_ver[i]:
             return False
         # The same tensor, changed: accumulated into, or edited in place. A value check at
-        # the backward's start (core/resets.py) says it was not reset: an accumulation.
+        # the backward's start (capture/resets.py) says it was not reset: an accumulation.
         return True if i in t.pending else None
 
     # -- the pipeline's two calls ----------------------------------------------------------
@@ -189,7 +189,7 @@ class StepReading:
         for i, g in zip(arrived, grads) if pending else ():
             if i in pending:
                 if snap_ref[i]() is g:  # not reset since the step: the value check holds
-                    t.want_pre.add(i)  # and stays on (core/hooks.py restores it with its hook)
+                    t.want_pre.add(i)  # and stays on (capture/hooks.py restores it with its hook)
                 else:  # reset since the flag was raised (a GAN's G): void
                     t.dirty[i] = False
                     pending.discard(i)

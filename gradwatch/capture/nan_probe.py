@@ -19,9 +19,9 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from gradwatch.core.hooks import _INERT_REDUCE
-from gradwatch.core.sharded import local
-from gradwatch.core.stats import foreach_norms
+from gradwatch.capture.hooks import _INERT_REDUCE
+from gradwatch.measure.stats import foreach_norms
+from gradwatch.model.engines import local
 
 __all__ = ["NanProbe"]
 

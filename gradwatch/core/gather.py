@@ -3,93 +3,22 @@
 from __future__ import annotations
 
 import math
-import weakref
-from dataclasses import dataclass, field
 from operator import attrgetter
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 import torch
 
+from gradwatch.capture.evidence import Tracker
+from gradwatch.capture.window import Gathered, Track
 from gradwatch.checks.base import LayerSample
-from gradwatch.core.evidence import Tracker
-from gradwatch.core.index import ParamIndex
 from gradwatch.core.layer_rows import fast_layer_samples
-from gradwatch.core.sketch import Fingerprint, measure
-from gradwatch.core.stats import Chunk, to_host
-from gradwatch.core.stats import norms as vector_norms
+from gradwatch.distributed.gather import gather_sharded
+from gradwatch.measure.fingerprint import measure
+from gradwatch.measure.stats import Chunk, to_host
+from gradwatch.measure.stats import norms as vector_norms
+from gradwatch.model.index import ParamIndex
 
 _requires_grad = attrgetter("requires_grad")
-
-
-@dataclass
-class Track:
-    """One optimizer (or, without one, the backward passes): its parameters and window."""
-
-    index: Optional[int]
-    ref: Optional[weakref.ref[Any]] = None
-    ids: list[int] = field(default_factory=list)
-    params: list[torch.Tensor] = field(default_factory=list)
-    layer_positions: dict[str, list[int]] = field(default_factory=dict)
-    positions: list[int] = field(default_factory=list)
-    layer_of: list[str] = field(default_factory=list)
-    start: int = 0
-    steps: int = 0
-    backward_at_start: int = 0
-    signature: tuple[int, ...] = ()
-    # Copy-free "what changed across the step" (core/sketch.py), taken on observed steps.
-    fingerprint: Optional[Fingerprint] = None
-    # Frozen (requires_grad=False) parameters this optimizer still holds, and theirs.
-    frozen_ids: list[int] = field(default_factory=list)
-    frozen: list[torch.Tensor] = field(default_factory=list)
-    frozen_fp: Optional[Fingerprint] = None
-    pieces: Optional[list[torch.Tensor]] = None
-    """Sharded only: the views of this rank's shards that ``fingerprint`` was taken of."""
-    frozen_pieces: Optional[list[torch.Tensor]] = None
-    """Sharded only: the same for the frozen parameters (``frozen_fp``)."""
-    flat_spans: Optional[dict[int, tuple[int, int]]] = None
-    """FSDP1 flattened: each original parameter's slice of its flat shard (``fsdp1_flat``)."""
-    sharded: Optional[str] = None
-    """The sharding engine (``gradwatch.core.sharded``): statistics on local shards."""
-
-    def set_params(self, ids: list[int], params: list[torch.Tensor], layer_of: list[str]) -> None:
-        self.ids, self.params = ids, params
-        self.positions = list(range(len(ids)))
-        self.layer_of = list(layer_of)
-        self.layer_positions = {}
-        for k, layer in enumerate(layer_of):
-            self.layer_positions.setdefault(layer, []).append(k)
-
-    def set_frozen(self, held: list[tuple[int, torch.Tensor]]) -> None:
-        self.frozen_ids = [i for i, _ in held]
-        self.frozen = [p for _, p in held]
-
-
-@dataclass
-class Gathered:
-    """Host-side results of one step, aligned with ``Track.ids`` positions ``ks``."""
-
-    ks: list[int]
-    ids: list[int]
-    arrived: list[bool]
-    has_grad: list[bool]
-    grad_norm: list[Optional[float]]
-    nonfinite: list[bool]
-    order: list[int]
-    dirty: list[bool]
-    cleared: list[bool]
-    stats: Optional[dict[str, list[Optional[float]]]]
-    scale: Optional[float]
-    grads: list[Optional[torch.Tensor]]
-    extra: list[float] = field(default_factory=list)
-    frozen_changed: list[int] = field(default_factory=list)
-    written: list[bool] = field(default_factory=list)
-    """Positions with a non-zero ``.grad`` no backward pass made (``core/steps.py`` fills it)."""
-    assigned: bool = False
-    """Some ``.grad`` without an arrival is a tensor the last step did not leave."""
-    shard: Optional[list[float]] = None
-    """Sharded: this rank's shard values for the cross-rank combine (``core/sharded.py``)."""
-    shard_frozen: list[int] = field(default_factory=list)
-    """Sharded: the frozen parameters whose changed flags end ``shard`` (ORed across ranks)."""
 
 
 def _spread(ks_present: list[int], values: list[float], n: int) -> list[Optional[float]]:
@@ -141,9 +70,7 @@ def gather(
         else:
             missing[i] += 1
     grads = [p.grad for p in judged]
-    if track.sharded is not None:  # imported here: that module builds on this one's types
-        from gradwatch.core.sharded_gather import gather_sharded
-
+    if track.sharded is not None:
         return gather_sharded(
             track, t, ks, ids, arrived, judged, grads, observed, scaler_scale, extra
         )
@@ -151,7 +78,7 @@ def gather(
     pg = grads if len(present) == n else [grads[j] for j in present]
     ords = (2.0, 1.0, math.inf, 0.0) if observed else (2.0,)
     # Every gradient present: their shapes are the parameters' (autograd enforces it), so the
-    # parameter list's identity keys their grouping by shape (core/chunked.py).
+    # parameter list's identity keys their grouping by shape (measure/chunked.py).
     layout = id(params) if pg is grads and judged is params else None
     grad_chunks = vector_norms(pg, ords, layout)  # type: ignore[arg-type]
     chunks: list[Chunk] = [grad_chunks[0]]

@@ -9,21 +9,16 @@ import torch
 from torch import nn
 
 from gradwatch.checks.not_observed import emit_not_observed
-from gradwatch.core import fsdp1_flat
-from gradwatch.core.sharded import (
-    FSDP1_FLAT,
-    FSDP1_ORIG,
-    engine_of,
-    hook_flat_params,
-    hook_layer_outputs,
-)
+from gradwatch.distributed import fsdp1_flat
+from gradwatch.distributed.sharded import hook_flat_params, hook_layer_outputs
+from gradwatch.model.engines import FSDP1_FLAT, FSDP1_ORIG, engine_of
 
 if TYPE_CHECKING:
+    from gradwatch.capture.evidence import Tracker
     from gradwatch.config import GradWatchConfig
-    from gradwatch.core.evidence import Tracker
     from gradwatch.core.findings import FindingLog
-    from gradwatch.core.index import ParamIndex
     from gradwatch.core.structure import Structure
+    from gradwatch.model.index import ParamIndex
 
 __all__ = ["adopt_engine", "forward_arrival", "hook_backward", "late_sharding", "report_layout"]
 
@@ -32,7 +27,7 @@ def adopt_engine(pipe: Any, step: int) -> None:
     """After a layout re-read: the tracks learn the engine; sharding after watch() is said.
 
     FSDP1 flattened: each flat parameter is replaced by its original parameters (read from
-    its metadata, :mod:`gradwatch.core.fsdp1_flat`); one it cannot read fails the report.
+    its metadata, :mod:`gradwatch.distributed.fsdp1_flat`); one it cannot read fails the report.
     """
     if pipe.model is not None:
         late_sharding(pipe.sharded, pipe.model, pipe.findings, pipe.config, step)

@@ -1,6 +1,6 @@
 """Installing, trimming and removing every hook gradwatch adds (and nothing else).
 
-The hooks themselves only record evidence (:mod:`gradwatch.core.evidence`); this module
+The hooks themselves only record evidence (:mod:`gradwatch.capture.evidence`); this module
 owns their handles so that leaving a watcher removes each one, also on error.
 """
 
@@ -15,9 +15,9 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from gradwatch.core.evidence import Tracker, make_forward_hook, make_param_hooks
-from gradwatch.core.index import ParamIndex
-from gradwatch.core.sharded import clean_name
+from gradwatch.capture.evidence import Tracker, make_forward_hook, make_param_hooks
+from gradwatch.model.engines import clean_name
+from gradwatch.model.index import ParamIndex
 
 __all__ = ["COMPILED_WRAPPER", "HookSet"]
 
@@ -30,7 +30,7 @@ class HookSet:
     """Every handle of one watcher: parameter, forward and optimizer hooks.
 
     Per parameter: a post-accumulate hook (until the step can read its arrival itself,
-    ``core/step_reading.py``) and a pre-accumulation value-check hook (every parameter until
+    ``capture/step_reading.py``) and a pre-accumulation value-check hook (every parameter until
     :meth:`trim`, afterwards only where the tracker asks for it).
     Per layer (a module that owns parameters): a forward hook that stamps its grad mode,
     trimmed to the layers with a ghost finding after ``trim_hooks_after`` steps.
@@ -46,7 +46,7 @@ class HookSet:
         self._pre_fns: dict[int, Any] = {}
         self._post_fns: dict[int, Any] = {}
         self._refs: dict[int, weakref.ref[torch.Tensor]] = {}
-        # Parameters whose post hook is off: the step reads their arrival (core/step_reading.py).
+        # Parameters whose post hook is off: the step reads their arrival (capture/step_reading.py).
         self.unhooked: set[int] = set()
         self.forward: dict[str, RemovableHandle] = {}
         self._modules: dict[str, weakref.ref[nn.Module]] = {}
@@ -166,7 +166,7 @@ class HookSet:
         for layer in [name for name in self.forward if name not in keep_layers]:
             self.forward.pop(layer).remove()
             tracker.fwd_since.pop(layer, None)
-        # The first parameter to arrive keeps its own: core/resets.py checks the others at
+        # The first parameter to arrive keeps its own: capture/resets.py checks the others at
         # its arrival, when its gradient is already accumulated.
         keep = tracker.want_pre | {tracker.leader}
         for i in [i for i in self.pre if i not in keep]:

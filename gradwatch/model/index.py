@@ -13,7 +13,7 @@ from typing import Iterable, Iterator, Optional
 import torch
 from torch import nn
 
-from gradwatch.core.sharded import clean_name
+from gradwatch.model.engines import clean_name
 
 ROOT = "(root)"
 
@@ -33,7 +33,7 @@ class ParamInfo:
     hooked_at: int = -1  # event counter value when its hooks were registered
     within: Optional[int] = None
     """FSDP1 flattened: the flat parameter holding this one (no tensor of its own, never
-    hooked; ``ref`` is the flat parameter's, see :mod:`gradwatch.core.fsdp1_flat`)."""
+    hooked; ``ref`` is the flat parameter's, see :mod:`gradwatch.distributed.fsdp1_flat`)."""
 
     @property
     def name(self) -> str:

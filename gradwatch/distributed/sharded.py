@@ -14,14 +14,14 @@ What the mechanisms give us (torch 2.13, gloo, checked on 2 CPU ranks):
   cannot be told from a zero gradient. The flat parameters' own hooks mark backward passes.
 - **FSDP1 flattened** (default): the model has one ``_flat_param`` per FSDP unit and the
   original modules own no parameter; each original parameter is read from its slice of the
-  flat shard, located by the flat parameter's metadata (:mod:`gradwatch.core.fsdp1_flat`).
+  flat shard, located by the flat parameter's metadata (:mod:`gradwatch.distributed.fsdp1_flat`).
   Ghosts are told by the forward hooks as under ``use_orig_params=True``. A flat parameter
   whose metadata cannot be read is judged whole and a ``not_observed`` error says so.
 
 Statistics never all-gather gradients: each rank sends, per parameter, its shard's sum of
 squares, sum of |g|, max |g|, non-zero count, element count and whether it holds a gradient,
 riding on the one ``all_gather`` that already carries the arrival codes
-(:meth:`gradwatch.core.distributed.DistSync.exchange`).
+(:meth:`gradwatch.distributed.sync.DistSync.exchange`).
 """
 
 from __future__ import annotations
@@ -33,96 +33,12 @@ from typing import Any, Callable, Optional
 import torch
 from torch import nn
 
-from gradwatch.core.stats import Chunk, segment_norms
+from gradwatch.measure.stats import Chunk, segment_norms
 
-__all__ = [
-    "FSDP1_FLAT",
-    "FSDP1_ORIG",
-    "FSDP2",
-    "WRAPPER_SEGMENTS",
-    "clean_name",
-    "combine",
-    "engine_of",
-    "flat_params",
-    "hook_flat_params",
-    "hook_layer_outputs",
-    "local",
-    "local_norms",
-    "payload",
-    "unwrap_fsdp1",
-]
+__all__ = ["combine", "hook_flat_params", "hook_layer_outputs", "local_norms", "payload"]
 
-FSDP2 = "fsdp2"
-FSDP1_ORIG = "fsdp1_orig"
-FSDP1_FLAT = "fsdp1_flat"
-
-WRAPPER_SEGMENTS = frozenset({"_fsdp_wrapped_module", "_checkpoint_wrapped_module", "_orig_mod"})
-"""Module-name segments that wrappers insert: the user never wrote them."""
 
 _F32 = torch.float32
-
-try:  # torch.distributed may be missing from a build
-    from torch.distributed.tensor import DTensor as _DTensor
-except ImportError:  # pragma: no cover - builds without distributed
-    _DTensor = None  # type: ignore[assignment,misc]
-
-
-def clean_name(name: str) -> str:
-    """``name`` without the segments wrappers insert (``a._fsdp_wrapped_module.b`` -> ``a.b``).
-
-    Example:
-        >>> clean_name("_fsdp_wrapped_module.encoder._checkpoint_wrapped_module.weight")
-        'encoder.weight'
-    """
-    if "_" not in name or not any(s in name for s in WRAPPER_SEGMENTS):
-        return name  # the common case: one substring scan, no split
-    return ".".join(s for s in name.split(".") if s not in WRAPPER_SEGMENTS)
-
-
-def _fsdp1_class() -> Optional[type]:
-    try:
-        from torch.distributed.fsdp import FullyShardedDataParallel
-    except ImportError:  # pragma: no cover - builds without distributed
-        return None
-    return FullyShardedDataParallel
-
-
-def unwrap_fsdp1(model: nn.Module) -> Optional[nn.Module]:
-    """The module inside an FSDP1 wrapper, or None when ``model`` is not one."""
-    cls = _fsdp1_class()
-    if cls is not None and isinstance(model, cls):
-        inner = model.module
-        return inner if isinstance(inner, nn.Module) else None
-    return None
-
-
-def engine_of(model: nn.Module) -> Optional[str]:
-    """Which sharding engine holds ``model``'s parameters (``None``: not sharded)."""
-    cls = _fsdp1_class()
-    if cls is not None:
-        for mod in model.modules():
-            if isinstance(mod, cls):
-                return FSDP1_ORIG if getattr(mod, "_use_orig_params", False) else FSDP1_FLAT
-    for p in model.parameters():
-        if _DTensor is not None and isinstance(p, _DTensor):
-            return FSDP2
-        # FSDP1 marks what it flattened: seen from inside a wrapper (Lightning watches the
-        # LightningModule that its FSDP strategy wrapped) the mark is all there is.
-        if getattr(p, "_fsdp_flattened", False):
-            return FSDP1_FLAT if getattr(p, "_is_flat_param", False) else FSDP1_ORIG
-    return None
-
-
-def flat_params(model: nn.Module) -> list[torch.Tensor]:
-    """FSDP1's flat parameters under ``model`` (their hooks fire once per backward)."""
-    out: list[torch.Tensor] = []
-    seen: set[int] = set()
-    for mod in model.modules():
-        p = getattr(mod, "_flat_param", None)
-        if isinstance(p, torch.Tensor) and id(p) not in seen and p.requires_grad:
-            seen.add(id(p))
-            out.append(p)
-    return out
 
 
 def hook_flat_params(
@@ -182,12 +98,6 @@ def hook_layer_outputs(
     for mod in model.modules():
         if mod._parameters:
             add(mod.register_forward_hook(forward_hook))
-
-
-def local(t: torch.Tensor) -> torch.Tensor:
-    """This rank's shard of ``t`` (``t`` itself when it is not a DTensor)."""
-    inner = getattr(t, "_local_tensor", None)
-    return inner if isinstance(inner, torch.Tensor) else t
 
 
 def local_norms(tensors: Sequence[torch.Tensor], ords: Sequence[float]) -> list[Chunk]:

@@ -14,7 +14,7 @@ modules keep no parameter of their own. The flat parameter keeps the layout:
 After backward the flat parameter's ``.grad`` is this rank's shard of the reduce-scattered
 gradient, laid out like the parameter: each original parameter's statistics come from its
 slice (a view, never a copy), and the pieces of all ranks add up to the whole parameter in
-the existing collective (:mod:`gradwatch.core.sharded`). An unused original parameter gets a
+the existing collective (:mod:`gradwatch.distributed.sharded`). An unused original parameter gets a
 zero slice, as under ``use_orig_params=True``: a ghost is told by its module's forward hooks.
 
 Where the metadata is missing or does not add up, nothing is guessed: the flat parameter is
@@ -30,12 +30,12 @@ from typing import TYPE_CHECKING, Any, Optional
 import torch
 from torch import nn
 
-from gradwatch.core.index import ROOT, ParamIndex
-from gradwatch.core.sharded import clean_name, local
+from gradwatch.model.engines import clean_name, local
+from gradwatch.model.index import ROOT, ParamIndex
 
 if TYPE_CHECKING:
-    from gradwatch.core.hooks import HookSet
-    from gradwatch.core.pipeline import Track
+    from gradwatch.capture.hooks import HookSet
+    from gradwatch.capture.window import Track
     from gradwatch.core.structure import Structure
 
 __all__ = [

@@ -12,7 +12,7 @@ until the root is seen running in grad mode: a Lightning ``training_step`` often
   that is not registered in the model and owns parameters requiring grad gets a one-shot
   post-accumulate hook on those parameters. Those that receive a gradient are
   ``unregistered_param`` findings (frozen or no-grad ones never are);
-- *NaN probe* (:class:`~gradwatch.core.nan_probe.NanProbe`, its base class): during the
+- *NaN probe* (:class:`~gradwatch.capture.nan_probe.NanProbe`, its base class): during the
   first steps, then again after a non-finite gradient, device-side finiteness flags per
   module, read with the next step's single host transfer.
 
@@ -28,8 +28,8 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from gradwatch.core.evidence import Tracker
-from gradwatch.core.nan_probe import NanProbe, _not_eager, _Owned
+from gradwatch.capture.evidence import Tracker
+from gradwatch.capture.nan_probe import NanProbe, _not_eager, _Owned
 
 __all__ = ["ForwardScout", "container_paths"]
 

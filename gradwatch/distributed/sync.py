@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 
 if TYPE_CHECKING:
-    from gradwatch.core.evidence import Tracker
+    from gradwatch.capture.evidence import Tracker
 
 __all__ = ["CAUSES", "DistSync", "Exchanged"]
 
@@ -43,7 +43,7 @@ class Exchanged:
     cause: Callable[[int], str]
     """Why a parameter was missing, as seen by the lowest rank that missed it."""
     payload: Optional[list[list[float]]] = None
-    """Sharded engines: every rank's shard values (``core/sharded.py``), same collective."""
+    """Sharded engines: every rank's shard values (``distributed/sharded.py``), same collective."""
 
 
 class DistSync:

@@ -1,0 +1,65 @@
+"""The registry: every check gradwatch runs, in order, and what follows from their classes.
+
+Adding a check touches its module and :data:`ALL_CHECKS`; the config
+(:class:`gradwatch.config.ChecksConfig`) and ``gradwatch explain`` are built from this list.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from gradwatch.checks.base import Check
+from gradwatch.checks.clipped_while_scaled import ClippedWhileScaled
+from gradwatch.checks.coverage import FrozenInOptimizer, NotInOptimizer
+from gradwatch.checks.dead import DeadParam
+from gradwatch.checks.double_update import DoubleUpdate
+from gradwatch.checks.exploding import ExplodingGrad
+from gradwatch.checks.frozen_updated import FrozenParamUpdated
+from gradwatch.checks.ghost import GhostParam
+from gradwatch.checks.loss_disconnected import LossDisconnected
+from gradwatch.checks.nonfinite import NonfiniteGrad
+from gradwatch.checks.not_observed import NotObserved
+from gradwatch.checks.stale import StaleParam
+from gradwatch.checks.step_without_grad import StepWithoutGrad
+from gradwatch.checks.unregistered import UnregisteredParam
+from gradwatch.checks.vanishing import VanishingGrad
+from gradwatch.checks.zero_grad import MissingZeroGrad
+from gradwatch.errors import GradWatchError
+
+__all__ = ["ALL_CHECKS", "by_id", "error_class"]
+
+ALL_CHECKS: list[type[Check]] = [
+    GhostParam,
+    MissingZeroGrad,
+    StepWithoutGrad,
+    NonfiniteGrad,
+    ExplodingGrad,
+    VanishingGrad,
+    DeadParam,
+    StaleParam,
+    NotInOptimizer,
+    FrozenInOptimizer,
+    FrozenParamUpdated,
+    NotObserved,
+    LossDisconnected,
+    DoubleUpdate,
+    UnregisteredParam,
+    ClippedWhileScaled,
+]
+
+
+def by_id(check_id: str) -> type[Check]:
+    """The registered check class of ``check_id`` (``KeyError`` when there is none)."""
+    for cls in ALL_CHECKS:
+        if cls.id == check_id:
+            return cls
+    raise KeyError(check_id)
+
+
+def error_class(check_ids: Iterable[str]) -> type[GradWatchError]:
+    """The exception for failing findings of these checks: the first specific one, if any."""
+    for check_id in check_ids:
+        for cls in ALL_CHECKS:
+            if cls.id == check_id and cls.error is not GradWatchError:
+                return cls.error
+    return GradWatchError
