@@ -1,146 +1,105 @@
-"""The protocol every check follows: observe what a step exposes, emit findings."""
+"""The protocol every check follows: observe what a step exposes, judge facts, emit findings.
+
+A check is one class in one module: its ``id``, its config model (``Config``, whose
+``severity`` default is the check's default severity), its documentation (``doc``), the
+evidence it needs (``needs``) and the facts it judges (``facts``). The config and
+``gradwatch explain`` are built from the registry (:mod:`gradwatch.checks.registry`).
+"""
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Optional
+from typing import TYPE_CHECKING, Any, ClassVar, Optional, Protocol
 
+from pydantic import BaseModel, ConfigDict, Field, StrictBool
+
+from gradwatch._severity import Severity
+from gradwatch.capture.facts import Fact
+from gradwatch.checks.views import RunView, StepView, StructureView
 from gradwatch.errors import GradWatchError
 
 if TYPE_CHECKING:
     from gradwatch.checks.docs import CheckDoc
-    from gradwatch.config import CheckConfig, GradWatchConfig
-    from gradwatch.core.findings import FindingLog
-    from gradwatch.model.index import ParamIndex
+
+__all__ = ["STRICT", "Check", "CheckConfig", "FindingLog", "WatchSettings"]
+
+# Thresholds must be finite (``.inf`` would silently switch a check off); ints and bools are
+# strict (``every_n_steps: true`` is a mistake, not 1; ``warn: 1`` is not a boolean). Floats
+# accept ints, and the YAML loader reads ``1e-7`` as a number (see ``config/_files.py``).
+STRICT = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
-@dataclass(slots=True)  # 200 built per statistics step on a deep stack: cheaper init and reads
-class LayerSample:
-    """One layer's values on an observed step, over its parameters that received a gradient."""
+class CheckConfig(BaseModel):
+    """Settings every check has."""
 
-    positions: list[int]
-    norm: float
-    mean_abs: float
-    max_abs: float
-    nonzero: float
-    numel: int
-    param_norm: Optional[float]
-    delta_norm: Optional[float]
+    model_config = STRICT
 
-    @property
-    def finite(self) -> bool:
-        return math.isfinite(self.norm)
+    enabled: StrictBool = Field(default=True, description="Run this check.")
+    severity: Severity = Field(default="warning", description="Severity of its findings.")
 
 
-@dataclass
-class StepView:
-    """What one step exposes to the checks. Per-parameter lists align with ``ids``.
+class FindingLog(Protocol):
+    """Where checks write findings: one per (check, key or layer), merged as they recur."""
 
-    ``arrived`` comes from the hooks that fired (a gradient really accumulated since the
-    optimizer's previous step), never from ``.grad is None``. Statistics lists are ``None``
-    on steps that are not observed (see ``every_n_steps``); a parameter without ``.grad``
-    has ``None`` in them.
-    """
+    def emit(
+        self,
+        check: str,
+        *,
+        severity: str,
+        step: int,
+        message: str,
+        hint: str = "",
+        params: Optional[list[str]] = None,
+        module: Optional[str] = None,
+        details: Optional[dict[str, Any]] = None,
+        key: Optional[str] = None,
+    ) -> Any:
+        """Record one occurrence (returns the finding, or ``None`` when every name is ignored)."""
 
-    step: int
-    optimizer: Optional[int]
-    index: ParamIndex
-    ids: list[int]
-    arrived: list[bool]
-    has_grad: list[bool]
-    grad_norm: list[Optional[float]]
-    nonfinite: list[bool]
-    order: list[int]
-    backward_in_window: bool
-    observed: bool
-    cause: Callable[[int], str]
-    seen: list[int]
-    missing: list[int]
-    dirty: list[bool] = field(default_factory=list)
-    cleared: list[bool] = field(default_factory=list)
-    # Per position: no gradient arrived from a backward pass, yet ``.grad`` holds a non-zero
-    # tensor the last step did not leave (written by hand). Empty: none.
-    written: list[bool] = field(default_factory=list)
-    mean_abs: Optional[list[Optional[float]]] = None
-    max_abs: Optional[list[Optional[float]]] = None
-    nonzero: Optional[list[Optional[float]]] = None
-    param_norm: Optional[list[Optional[float]]] = None
-    delta_norm: Optional[list[Optional[float]]] = None
-    numel: list[int] = field(default_factory=list)
-    ranks_missing: Optional[list[list[int]]] = None
-    world_size: int = 1
-    scaler: bool = False
-    layers: dict[str, LayerSample] = field(default_factory=dict)
-    # Whether parameter ``i`` (any watched one, also outside this step's ids) ever received
-    # a gradient while watched.
-    received: Callable[[int], bool] = field(default=lambda i: False)
-    # Evidence of the newer checks (defaults: nothing known).
-    model_ran: Optional[str] = None  # "grad" / "no_grad": the model's forward ran in the window
-    backward_called: Optional[bool] = (
-        None  # an integration saw backward() requested (None: unknown)
-    )
-    acc_state: Optional[Callable[[int], tuple[int, Any]]] = None  # i -> (last accumulation, grad)
-    scaled_edits: Optional[list[int]] = None  # parameters whose grads changed while scaled
-    unregistered: list[tuple[str, str]] = field(default_factory=list)  # (path, module class)
-    nan_trace: Optional[dict[str, Any]] = None  # the NaN probe's verdict for this window
-    grads_assigned: Optional[Callable[[], bool]] = None  # a .grad replaced since the last step
-    # ids of frozen (requires_grad=False) parameters of this optimizer whose values changed
-    # across this step (observed steps only; exact change detection, no parameter copy)
-    frozen_changed: list[int] = field(default_factory=list)
-    # The learning rate of the param group that holds parameter ``i`` (a watched id) in this
-    # step's optimizer; ``None``: not known. For messages: it reads the optimizer each call.
-    group_lr: Callable[[int], Optional[float]] = field(default=lambda i: None)
+    def get(self, check: str, key: str) -> Any:
+        """The live finding of ``(check, key)``, if any."""
 
-    def by_layer(self) -> dict[str, list[int]]:
-        """Positions into ``ids`` grouped by the parameters' layer, in first-seen order."""
-        out: dict[str, list[int]] = {}
-        for k, i in enumerate(self.ids):
-            out.setdefault(self.index.params[i].layer, []).append(k)
-        return out
+    def revise(
+        self,
+        check: str,
+        key: str,
+        *,
+        severity: str,
+        message: str,
+        hint: str,
+        details: dict[str, Any],
+    ) -> Any:
+        """Rewrite a finding to the latest state without counting an occurrence."""
+
+    def findings(self) -> list[Any]:
+        """A copy of every finding so far."""
 
 
-@dataclass
-class StructureView:
-    """The parameter/optimizer layout, given to checks when it is first seen or changes."""
+class WatchSettings(Protocol):
+    """The watch-wide settings a check may read (a :class:`gradwatch.GradWatchConfig`)."""
 
-    index: ParamIndex
-    trainable: list[int]
-    frozen: list[int]
-    in_optimizer: set[int]
-    optimizer_of: dict[int, list[int]]
-    has_optimizer: bool
-    extra: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
-class RunView:
-    """The whole run as the watcher saw it, given to checks once when the watcher closes."""
-
-    steps: int
-    backward_passes: int
-    step_calls: int  # optimizer step hooks entered (decided or not)
-    forward_ran: bool
-    forward_ran_with_grad: bool
-    has_optimizer: bool
-    faults: list[str]  # gradwatch's own places that failed
-    hand_written_steps: int = 0  # steps with gradients that no backward pass made
-    skipped_steps: int = 0  # optimizer steps a GradScaler skipped (inf/NaN gradients)
-    # In a run without a step: the trainable parameters no backward pass reached.
-    unreached: list[str] = field(default_factory=list)
-    extra: dict[str, Any] = field(default_factory=dict)
+    history: int
+    every_n_steps: int
 
 
 class Check:
-    """Base class: a stable ``id``, a default severity (in the config) and two callbacks."""
+    """Base class: a stable ``id``, its config model, its docs, and the callbacks of a run."""
 
     id: ClassVar[str]
+    #: Its settings; the ``severity`` default of this model is the check's default severity.
+    Config: ClassVar[type[CheckConfig]] = CheckConfig
     #: What ``raise_for_findings`` and ``fail_fast`` raise when this check's findings fail.
     error: ClassVar[type[GradWatchError]] = GradWatchError
     #: What ``gradwatch explain ID`` prints (:mod:`gradwatch.checks.docs` has the fallbacks).
     doc: ClassVar[Optional[CheckDoc]] = None
+    #: The kinds of :class:`~gradwatch.capture.facts.Fact` it judges (see :meth:`on_fact`).
+    facts: ClassVar[frozenset[str]] = frozenset()
+    #: Evidence it needs beyond every step's gradients (the run gathers only what an
+    #: enabled check names): ``"forward_runs"`` (whether and how the model's forward ran),
+    #: ``"module_scan"`` (modules run but not registered), ``"nan_probe"`` (where a NaN is
+    #: born), ``"unscale_watch"`` (gradients edited while scaled).
+    needs: ClassVar[frozenset[str]] = frozenset()
 
-    def __init__(self, config: CheckConfig, watch_config: GradWatchConfig) -> None:
+    def __init__(self, config: CheckConfig, watch_config: WatchSettings) -> None:
         self.config = config
         self.watch_config = watch_config
 
@@ -156,3 +115,17 @@ class Check:
 
     def on_run(self, view: RunView, log: FindingLog) -> None:
         """Called once when the watcher closes, with what the whole run showed."""
+
+    def on_fact(self, fact: Fact, log: FindingLog) -> None:
+        """Judge one fact the run recorded (a kind in :attr:`facts`): by default, one
+        finding per ``fact.key`` at this check's severity."""
+        log.emit(
+            self.id,
+            severity=self.severity,
+            step=fact.step,
+            message=fact.message,
+            hint=fact.hint,
+            params=fact.params,
+            key=fact.key,
+            details=fact.details,
+        )

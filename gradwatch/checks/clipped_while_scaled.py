@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from gradwatch.checks.base import Check, StepView
+from gradwatch.checks.base import Check
 from gradwatch.checks.docs import DOCS
+from gradwatch.checks.views import StepView
 
 if TYPE_CHECKING:
-    from gradwatch.core.findings import FindingLog
+    from gradwatch.checks.base import FindingLog
 
 
 class ClippedWhileScaled(Check):

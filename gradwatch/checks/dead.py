@@ -10,12 +10,13 @@ from math import isfinite
 from typing import TYPE_CHECKING
 
 from gradwatch.checks._patience import Streaks
-from gradwatch.checks.base import Check, StepView
+from gradwatch.checks.base import Check
 from gradwatch.checks.docs import CheckDoc
+from gradwatch.checks.views import StepView
 from gradwatch.config import DeadParamConfig
 
 if TYPE_CHECKING:
-    from gradwatch.core.findings import FindingLog
+    from gradwatch.checks.base import FindingLog
 
 
 class DeadParam(Check):

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Optional
 
-from gradwatch.checks.base import Check, StepView, StructureView
+from gradwatch.checks.base import Check
 from gradwatch.checks.docs import DOCS
+from gradwatch.checks.views import StepView, StructureView
 
 if TYPE_CHECKING:
-    from gradwatch.core.findings import FindingLog
+    from gradwatch.checks.base import FindingLog
 
 
 class DoubleUpdate(Check):

@@ -6,12 +6,13 @@ from math import isfinite
 from typing import TYPE_CHECKING
 
 from gradwatch.checks._window import MedianWindow
-from gradwatch.checks.base import Check, StepView
+from gradwatch.checks.base import Check
 from gradwatch.checks.docs import CheckDoc
+from gradwatch.checks.views import StepView
 from gradwatch.config import ExplodingGradConfig
 
 if TYPE_CHECKING:
-    from gradwatch.core.findings import FindingLog
+    from gradwatch.checks.base import FindingLog
 
 
 class ExplodingGrad(Check):

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from gradwatch.checks.base import Check, StepView, StructureView
+from gradwatch.checks.base import Check
 from gradwatch.checks.docs import CheckDoc
+from gradwatch.checks.views import StepView, StructureView
 from gradwatch.config import GhostParamConfig
 from gradwatch.errors import GhostLayerError
 
 if TYPE_CHECKING:
-    from gradwatch.core.findings import FindingLog
+    from gradwatch.checks.base import FindingLog
 
 HINTS = {
     "not_called": "Its module never ran: remove the unused layer or call it; if the branch is "

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Optional
 
-from gradwatch.checks.base import Check, StepView
+from gradwatch.checks.base import Check
 from gradwatch.checks.docs import CheckDoc
+from gradwatch.checks.views import StepView
 from gradwatch.config import NonfiniteGradConfig
 
 if TYPE_CHECKING:
-    from gradwatch.core.findings import FindingLog
+    from gradwatch.checks.base import FindingLog
     from gradwatch.model.index import ParamIndex
 
 HINT_BY_HAND = (

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Optional
 
-from gradwatch.checks.base import Check, RunView
+from gradwatch.checks.base import Check
+from gradwatch.checks.views import RunView
 
 if TYPE_CHECKING:
-    from gradwatch.core.findings import FindingLog
+    from gradwatch.checks.base import FindingLog
 
 __all__ = ["NotObserved", "emit_not_observed"]
 

@@ -6,12 +6,13 @@ from math import inf
 from typing import TYPE_CHECKING, Any
 
 from gradwatch.checks._patience import Streaks
-from gradwatch.checks.base import Check, StepView
+from gradwatch.checks.base import Check
 from gradwatch.checks.docs import CheckDoc
+from gradwatch.checks.views import StepView
 from gradwatch.config import StaleParamConfig
 
 if TYPE_CHECKING:
-    from gradwatch.core.findings import FindingLog
+    from gradwatch.checks.base import FindingLog
 
 
 class StaleParam(Check):

@@ -13,12 +13,13 @@ import math
 from typing import TYPE_CHECKING, Optional
 
 from gradwatch.checks._patience import Streaks
-from gradwatch.checks.base import Check, LayerSample, StepView
+from gradwatch.checks.base import Check
 from gradwatch.checks.docs import CheckDoc
+from gradwatch.checks.views import LayerSample, StepView
 from gradwatch.config import VanishingGradConfig
 
 if TYPE_CHECKING:
-    from gradwatch.core.findings import FindingLog
+    from gradwatch.checks.base import FindingLog
 
 MIN_LAYERS = 3  # update ratios of fewer layers: fall back to the gradient ratio
 

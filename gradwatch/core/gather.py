@@ -10,7 +10,7 @@ import torch
 
 from gradwatch.capture.evidence import Tracker
 from gradwatch.capture.window import Gathered, Track
-from gradwatch.checks.base import LayerSample
+from gradwatch.checks.views import LayerSample
 from gradwatch.core.layer_rows import fast_layer_samples
 from gradwatch.distributed.gather import gather_sharded
 from gradwatch.measure.fingerprint import measure
@@ -28,6 +28,136 @@ def _spread(ks_present: list[int], values: list[float], n: int) -> list[Optional
     for k, v in zip(ks_present, values):
         out[k] = v
     return out
+
+
+def _judged(
+    track: Track, min_hooked_at: dict[int, int], last_hooked: int
+) -> tuple[list[int], list[int], list[torch.Tensor]]:
+    """Positions judged this step: one frozen since, or hooked during this window, is not."""
+    start, params = track.start, track.params
+    if last_hooked <= start and all(map(_requires_grad, params)):
+        return track.positions, track.ids, params  # the usual step: the track's own lists
+    ks = [
+        k
+        for k, (i, p) in enumerate(zip(track.ids, params))
+        if p.requires_grad and min_hooked_at.get(i, 0) <= start
+    ]
+    return ks, [track.ids[k] for k in ks], [params[k] for k in ks]
+
+
+def _arrivals(
+    t: Tracker, ids: list[int], start: int, arrival: Optional[Callable[[int], bool]]
+) -> list[bool]:
+    """Which judged gradients arrived in this window, counted into the ghost evidence."""
+    ls = t.last_seq
+    arrived = [ls[i] > start for i in ids] if arrival is None else [arrival(i) for i in ids]
+    seen, missing = t.seen, t.missing
+    for i, a in zip(ids, arrived):
+        if a:
+            seen[i] += 1
+        else:
+            missing[i] += 1
+    return arrived
+
+
+def _param_chunks(
+    track: Track, ks: list[int], judged: list[torch.Tensor], chunks: list[Chunk]
+) -> tuple[list[int], bool]:
+    """Queue parameter norms and the step's update (no parameter copy) into the one transfer.
+
+    Returns the measured positions and whether the update's chunk follows their norms.
+    """
+    n = len(judged)
+    if ParamIndex.any_uninitialized(judged):
+        pnorm_ks = [j for j in range(n) if not ParamIndex.uninitialized(judged[j])]
+    else:
+        pnorm_ks = list(range(n))
+    ps = judged if len(pnorm_ks) == n else [judged[j] for j in pnorm_ks]
+    if not ps:
+        return pnorm_ks, False
+    fp = track.fingerprint
+    whole = fp is not None and ks is track.positions and len(ps) == n
+    try:
+        try:
+            m = measure(ps, fp if whole else None)
+        except ValueError:  # the tracked list changed under the fingerprint
+            m = measure(ps)
+        chunks.append(m.param_norm)
+        if m.delta is not None:
+            chunks.append(m.delta)
+            return pnorm_ks, True
+    except (RuntimeError, TypeError, NotImplementedError):  # a tensor type it cannot
+        chunks.append(vector_norms(ps, (2.0,))[0])  # read: norms only, no update
+    return pnorm_ks, False
+
+
+def _frozen_chunk(track: Track, chunks: list[Chunk]) -> int:
+    """Queue whether frozen parameters an optimizer holds moved; returns how many values."""
+    if track.frozen_fp is None:
+        return 0
+    try:
+        frozen_changed = measure(track.frozen, track.frozen_fp).changed
+    except (ValueError, RuntimeError, TypeError, NotImplementedError):
+        return 0
+    if frozen_changed is None:
+        return 0
+    chunks.append(frozen_changed)
+    return len(track.frozen)
+
+
+def _stats(
+    host: list[float],
+    pos: int,
+    present: list[int],
+    n_grads: int,
+    n_stats: int,
+    pnorm_ks: list[int],
+    has_delta: bool,
+    n: int,
+) -> tuple[dict[str, list[Optional[float]]], int]:
+    """Read an observed step's statistics back, in the order ``gather`` queued them."""
+    stats: dict[str, list[Optional[float]]] = {}
+    for key in ("l1", "linf", "nnz")[:n_stats]:
+        stats[key] = _spread(present, host[pos : pos + n_grads], n)
+        pos += n_grads
+    m = len(pnorm_ks)
+    stats["param_norm"] = _spread(pnorm_ks, host[pos : pos + m], n)
+    pos += m
+    if has_delta:  # NaN: a tensor the fingerprint could not cover (no estimate)
+        delta = [None if v != v else v for v in host[pos : pos + m]]
+        stats["delta"] = _spread(pnorm_ks, delta, n)  # type: ignore[arg-type]
+        pos += m
+    else:
+        stats["delta"] = [None] * n
+    return stats, pos
+
+
+def _nonfinite(norms: list[Optional[float]], grads: list[Optional[torch.Tensor]]) -> list[bool]:
+    """NaN/Inf norms; an inf L2 norm may be float32 overflow of finite values, so look again."""
+    isfinite = math.isfinite
+    nonfinite = [v is not None and not isfinite(v) for v in norms]
+    if any(nonfinite):
+        for j, (v, g) in enumerate(zip(norms, grads)):
+            if nonfinite[j] and g is not None and v is not None and math.isinf(v):
+                dense = g.coalesce()._values() if g.is_sparse else g
+                nonfinite[j] = not bool(torch.isfinite(dense).all())
+    return nonfinite
+
+
+def _cleared(
+    t: Tracker,
+    ids: list[int],
+    arrived: list[bool],
+    norms: list[Optional[float]],
+    grads: list[Optional[torch.Tensor]],
+) -> list[bool]:
+    """step_without_grad evidence: only when no arrived gradient is left with a non-zero value."""
+    if any(arrived) and all(norms[j] in (None, 0.0) for j in range(len(ids)) if arrived[j]):
+        return [
+            g is None or t.acc_ref[i]() is not g or g._version != t.acc_ver[i]
+            for i, g in zip(ids, grads)
+        ]
+    return [False] * len(ids)
 
 
 def gather(
@@ -48,27 +178,10 @@ def gather(
     ``arrival`` replaces the hooks' evidence where they cannot see gradients (FSDP1).
     """
     t = tracker
-    start = track.start
-    ls = t.last_seq
     params = track.params
-    if last_hooked <= start and all(map(_requires_grad, params)):
-        ks, ids, judged = track.positions, track.ids, params
-    else:  # frozen since, or hooked during this window: not judged this step
-        ks = [
-            k
-            for k, (i, p) in enumerate(zip(track.ids, params))
-            if p.requires_grad and min_hooked_at.get(i, 0) <= start
-        ]
-        ids = [track.ids[k] for k in ks]
-        judged = [params[k] for k in ks]
+    ks, ids, judged = _judged(track, min_hooked_at, last_hooked)
     n = len(ids)
-    arrived = [ls[i] > start for i in ids] if arrival is None else [arrival(i) for i in ids]
-    seen, missing = t.seen, t.missing
-    for i, a in zip(ids, arrived):
-        if a:
-            seen[i] += 1
-        else:
-            missing[i] += 1
+    arrived = _arrivals(t, ids, track.start, arrival)
     grads = [p.grad for p in judged]
     if track.sharded is not None:
         return gather_sharded(
@@ -81,6 +194,8 @@ def gather(
     # parameter list's identity keys their grouping by shape (measure/chunked.py).
     layout = id(params) if pg is grads and judged is params else None
     grad_chunks = vector_norms(pg, ords, layout)  # type: ignore[arg-type]
+    # The transfer's order, read back below: norms, pending flags, statistics, parameter
+    # norms, update, frozen moves, scaler scale, extra evidence.
     chunks: list[Chunk] = [grad_chunks[0]]
     pending: list[int] = []
     if t.pending:
@@ -93,88 +208,36 @@ def gather(
     pnorm_ks: list[int] = []
     has_delta = False
     if observed:
-        if ParamIndex.any_uninitialized(judged):
-            pnorm_ks = [j for j in range(n) if not ParamIndex.uninitialized(judged[j])]
-        else:
-            pnorm_ks = list(range(n))
-        ps = judged if len(pnorm_ks) == n else [judged[j] for j in pnorm_ks]
-        if ps:  # parameter norms, and what changed across the step (no parameter copy)
-            fp = track.fingerprint
-            whole = fp is not None and ks is track.positions and len(ps) == n
-            try:
-                try:
-                    m = measure(ps, fp if whole else None)
-                except ValueError:  # the tracked list changed under the fingerprint
-                    m = measure(ps)
-                chunks.append(m.param_norm)
-                if m.delta is not None:
-                    chunks.append(m.delta)
-                    has_delta = True
-            except (RuntimeError, TypeError, NotImplementedError):  # a tensor type it cannot
-                chunks.append(vector_norms(ps, (2.0,))[0])  # read: norms only, no update
-
-    n_frozen = 0
-    if track.frozen_fp is not None:
-        try:
-            frozen_changed = measure(track.frozen, track.frozen_fp).changed
-        except (ValueError, RuntimeError, TypeError, NotImplementedError):
-            frozen_changed = None
-        if frozen_changed is not None:
-            chunks.append(frozen_changed)
-            n_frozen = len(track.frozen)
+        pnorm_ks, has_delta = _param_chunks(track, ks, judged, chunks)
+    n_frozen = _frozen_chunk(track, chunks)
     if scaler_scale is not None:
         chunks.append([scaler_scale])
     if extra:
         chunks.extend(extra)  # device flags of other evidence (the NaN probe): same transfer
     host = to_host(chunks)
-    pos = 0
 
-    def take(m: int) -> list[float]:
-        nonlocal pos
-        out = host[pos : pos + m]
-        pos += m
-        return out
-
-    norms = _spread(present, take(len(pg)), n)
-    flags = take(len(pending))
+    n_grads = len(pg)
+    norms = _spread(present, host[:n_grads], n)
+    pos = n_grads + len(pending)
+    flags = host[n_grads:pos]
     stats: Optional[dict[str, list[Optional[float]]]] = None
     if observed:
-        stats = {}
-        for key in ("l1", "linf", "nnz")[:n_stats]:
-            stats[key] = _spread(present, take(len(pg)), n)
-        stats["param_norm"] = _spread(pnorm_ks, take(len(pnorm_ks)), n)
-        if has_delta:  # NaN: a tensor the fingerprint could not cover (no estimate)
-            delta = [None if v != v else v for v in take(len(pnorm_ks))]
-            stats["delta"] = _spread(pnorm_ks, delta, n)  # type: ignore[arg-type]
-        else:
-            stats["delta"] = [None] * n
-    moved = take(n_frozen)
+        stats, pos = _stats(host, pos, present, n_grads, n_stats, pnorm_ks, has_delta, n)
+    moved = host[pos : pos + n_frozen]
+    pos += n_frozen
     frozen_changed_ids = [i for i, v in zip(track.frozen_ids, moved) if v > 0]
-    scale = take(1)[0] if scaler_scale is not None else None
-    extra_values = take(sum(t.numel() for t in extra)) if extra else []
+    scale = None
+    if scaler_scale is not None:
+        scale = host[pos]
+        pos += 1
+    extra_values = host[pos : pos + sum(t.numel() for t in extra)] if extra else []
 
     # missing_zero_grad: a value check said the gradient held pre-step contributions.
     dirty = [False] * n
     for j, flag in zip(pending, flags):
         dirty[j] = bool(flag) and grads[j] is not None
-    # nonfinite_grad: NaN/Inf norms; an inf L2 norm may be float32 overflow of finite values.
-    isfinite = math.isfinite
-    nonfinite = [v is not None and not isfinite(v) for v in norms]
-    order: list[int] = []
-    if any(nonfinite):
-        for j in range(n):
-            v, g = norms[j], grads[j]
-            if nonfinite[j] and g is not None and v is not None and math.isinf(v):
-                dense = g.coalesce()._values() if g.is_sparse else g
-                nonfinite[j] = not bool(torch.isfinite(dense).all())
-        order = [ls[i] for i in ids]
-    # step_without_grad: only when no arrived gradient is left with a non-zero value.
-    cleared = [False] * n
-    if any(arrived) and all(norms[j] in (None, 0.0) for j in range(n) if arrived[j]):
-        cleared = [
-            g is None or t.acc_ref[i]() is not g or g._version != t.acc_ver[i]
-            for i, g in zip(ids, grads)
-        ]
+    nonfinite = _nonfinite(norms, grads)
+    order = [t.last_seq[i] for i in ids] if any(nonfinite) else []
     return Gathered(
         ks,
         ids,
@@ -184,7 +247,7 @@ def gather(
         nonfinite,
         order,
         dirty,
-        cleared,
+        _cleared(t, ids, arrived, norms, grads),
         stats,
         scale,
         grads,

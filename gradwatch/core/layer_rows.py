@@ -13,7 +13,7 @@ import math
 from operator import itemgetter
 from typing import Any, Callable, Optional
 
-from gradwatch.checks.base import LayerSample
+from gradwatch.checks.views import LayerSample
 
 __all__ = ["fast_layer_samples"]
 

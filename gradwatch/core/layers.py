@@ -7,7 +7,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Optional
 
-from gradwatch.checks.base import LayerSample
+from gradwatch.checks.views import LayerSample
 from gradwatch.results import LayerStats
 
 

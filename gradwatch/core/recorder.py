@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Callable
 
-from gradwatch.checks.base import StepView
+from gradwatch.checks.views import StepView
 from gradwatch.core.layers import LayerTrack
 
 __all__ = ["LayerRecorder"]

@@ -17,7 +17,7 @@ from torch import nn
 from gradwatch.capture.evidence import Tracker
 from gradwatch.capture.hooks import HookSet
 from gradwatch.capture.window import Track
-from gradwatch.checks.base import StructureView
+from gradwatch.checks.views import StructureView
 from gradwatch.model import registry
 from gradwatch.model.index import ParamIndex
 

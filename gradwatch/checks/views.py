@@ -1,0 +1,131 @@
+"""What the checks see: one step's view, the layout's view, the whole run's view.
+
+The run (``core/steps.py``) builds them from the evidence that capture and measurement
+gathered; the checks read them and never reach back into the hooks.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+from gradwatch.model.index import ParamIndex
+
+__all__ = ["LayerSample", "RunView", "StepView", "StructureView"]
+
+
+@dataclass(slots=True)  # 200 built per statistics step on a deep stack: cheaper init and reads
+class LayerSample:
+    """One layer's values on an observed step, over its parameters that received a gradient."""
+
+    positions: list[int]
+    norm: float
+    mean_abs: float
+    max_abs: float
+    nonzero: float
+    numel: int
+    param_norm: Optional[float]
+    delta_norm: Optional[float]
+
+    @property
+    def finite(self) -> bool:
+        return math.isfinite(self.norm)
+
+
+@dataclass
+class StepView:
+    """What one step exposes to the checks. Per-parameter lists align with ``ids``.
+
+    ``arrived`` comes from the hooks that fired (a gradient really accumulated since the
+    optimizer's previous step), never from ``.grad is None``. Statistics lists are ``None``
+    on steps that are not observed (see ``every_n_steps``); a parameter without ``.grad``
+    has ``None`` in them.
+    """
+
+    step: int
+    optimizer: Optional[int]
+    index: ParamIndex
+    ids: list[int]
+    arrived: list[bool]
+    has_grad: list[bool]
+    grad_norm: list[Optional[float]]
+    nonfinite: list[bool]
+    order: list[int]
+    backward_in_window: bool
+    observed: bool
+    cause: Callable[[int], str]
+    seen: list[int]
+    missing: list[int]
+    dirty: list[bool] = field(default_factory=list)
+    cleared: list[bool] = field(default_factory=list)
+    # Per position: no gradient arrived from a backward pass, yet ``.grad`` holds a non-zero
+    # tensor the last step did not leave (written by hand). Empty: none.
+    written: list[bool] = field(default_factory=list)
+    mean_abs: Optional[list[Optional[float]]] = None
+    max_abs: Optional[list[Optional[float]]] = None
+    nonzero: Optional[list[Optional[float]]] = None
+    param_norm: Optional[list[Optional[float]]] = None
+    delta_norm: Optional[list[Optional[float]]] = None
+    numel: list[int] = field(default_factory=list)
+    ranks_missing: Optional[list[list[int]]] = None
+    world_size: int = 1
+    scaler: bool = False
+    layers: dict[str, LayerSample] = field(default_factory=dict)
+    # Whether parameter ``i`` (any watched one, also outside this step's ids) ever received
+    # a gradient while watched.
+    received: Callable[[int], bool] = field(default=lambda i: False)
+    # Evidence of the newer checks (defaults: nothing known).
+    model_ran: Optional[str] = None  # "grad" / "no_grad": the model's forward ran in the window
+    backward_called: Optional[bool] = (
+        None  # an integration saw backward() requested (None: unknown)
+    )
+    acc_state: Optional[Callable[[int], tuple[int, Any]]] = None  # i -> (last accumulation, grad)
+    scaled_edits: Optional[list[int]] = None  # parameters whose grads changed while scaled
+    unregistered: list[tuple[str, str]] = field(default_factory=list)  # (path, module class)
+    nan_trace: Optional[dict[str, Any]] = None  # the NaN probe's verdict for this window
+    grads_assigned: Optional[Callable[[], bool]] = None  # a .grad replaced since the last step
+    # ids of frozen (requires_grad=False) parameters of this optimizer whose values changed
+    # across this step (observed steps only; exact change detection, no parameter copy)
+    frozen_changed: list[int] = field(default_factory=list)
+    # The learning rate of the param group that holds parameter ``i`` (a watched id) in this
+    # step's optimizer; ``None``: not known. For messages: it reads the optimizer each call.
+    group_lr: Callable[[int], Optional[float]] = field(default=lambda i: None)
+
+    def by_layer(self) -> dict[str, list[int]]:
+        """Positions into ``ids`` grouped by the parameters' layer, in first-seen order."""
+        out: dict[str, list[int]] = {}
+        for k, i in enumerate(self.ids):
+            out.setdefault(self.index.params[i].layer, []).append(k)
+        return out
+
+
+@dataclass
+class StructureView:
+    """The parameter/optimizer layout, given to checks when it is first seen or changes."""
+
+    index: ParamIndex
+    trainable: list[int]
+    frozen: list[int]
+    in_optimizer: set[int]
+    optimizer_of: dict[int, list[int]]
+    has_optimizer: bool
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class RunView:
+    """The whole run as the watcher saw it, given to checks once when the watcher closes."""
+
+    steps: int
+    backward_passes: int
+    step_calls: int  # optimizer step hooks entered (decided or not)
+    forward_ran: bool
+    forward_ran_with_grad: bool
+    has_optimizer: bool
+    faults: list[str]  # gradwatch's own places that failed
+    hand_written_steps: int = 0  # steps with gradients that no backward pass made
+    skipped_steps: int = 0  # optimizer steps a GradScaler skipped (inf/NaN gradients)
+    # In a run without a step: the trainable parameters no backward pass reached.
+    unreached: list[str] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)
