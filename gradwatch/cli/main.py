@@ -197,7 +197,7 @@ def _seconds(text: str) -> float:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The argument parser (subcommands ``check``, ``report``, ``schema``)."""
+    """The argument parser (subcommands ``check``, ``report``, ``schema``, ``explain``)."""
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
         "-v", "--verbose", action="store_true", help="tracebacks on errors, finding warnings"
@@ -209,7 +209,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    _add_check(sub, common)
+    _add_report(sub, common)
+    _add_schema(sub, common)
 
+    from gradwatch.cli.explain import add_parser as add_explain
+
+    add_explain(sub, common)
+    return parser
+
+
+def _add_check(sub: Any, common: argparse.ArgumentParser) -> None:
+    """The ``check`` subcommand: run a Probe's watched steps and report."""
     check = sub.add_parser(
         "check",
         parents=[common],
@@ -279,6 +290,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_output_options(check)
     check.set_defaults(func=_cmd_check)
 
+
+def _add_report(sub: Any, common: argparse.ArgumentParser) -> None:
+    """The ``report`` subcommand: show a saved JSON report."""
     report = sub.add_parser(
         "report",
         parents=[common],
@@ -291,16 +305,14 @@ def build_parser() -> argparse.ArgumentParser:
     _add_output_options(report)
     report.set_defaults(func=_cmd_report)
 
+
+def _add_schema(sub: Any, common: argparse.ArgumentParser) -> None:
+    """The ``schema`` subcommand: print the JSON Schema of the config or the report."""
     schema = sub.add_parser(
         "schema", parents=[common], help="print the JSON Schema of the config or the report"
     )
     schema.add_argument("which", nargs="?", choices=["config", "report"], default="config")
     schema.set_defaults(func=_cmd_schema)
-
-    from gradwatch.cli.explain import add_parser as add_explain
-
-    add_explain(sub, common)
-    return parser
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
