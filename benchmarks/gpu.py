@@ -8,7 +8,7 @@ Usage (a single self-contained script; prints one JSON summary on stdout)::
 Without CUDA it prints ``{"skipped": "no CUDA device"}`` and exits 0. ``--cpu-dry-run`` runs
 every combination below on the CPU with tiny sizes and one block (times only: sync counting
 and peak memory need CUDA), so that the script's own code is tested where no GPU is
-(``tests/test_benchmark_smoke.py``): a GPU machine's time is too scarce to find its bugs.
+(``tests/packaging/test_benchmarks_run.py``): a GPU machine's time is too scarce to find its bugs.
 
 For each parameter dtype (fp32, bf16, fp16) and optimizer (AdamW fused, AdamW foreach,
 SGD+momentum foreach) and each model (400 small tensors; 16 large tensors):

@@ -7,7 +7,7 @@ instance of the base: outputs are reproduced within quantization error and no ba
 weight is touched. A map that does not fit the serving model is refused in one line.
 
 The same patterns select peft's adapters (``include="*lora_*"`` matches
-``...lora_A.default.weight``); ``tests/test_parammap_subsets.py`` does this with a real
+``...lora_A.default.weight``); ``tests/vectors/test_parammap_subsets.py`` does this with a real
 ``transformers`` GPT-2 and ``peft``.
 
 Run with ``python examples/adapter_hotswap.py`` (gradwatch importable).

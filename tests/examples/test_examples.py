@@ -1,0 +1,45 @@
+"""Every script under examples/ runs and exits 0 (the README points people at them)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+EXAMPLES = sorted((Path(__file__).parents[2] / "examples").glob("*.py"))
+SLOW = {"lightning_ghost.py"}
+
+
+@pytest.mark.parametrize(
+    "script",
+    [
+        pytest.param(p, id=p.name, marks=[pytest.mark.slow] if p.name in SLOW else [])
+        for p in EXAMPLES
+    ],
+)
+def test_example_runs(script: Path, tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    proc = subprocess.run(
+        [sys.executable, str(script)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
+def test_demo_finds_its_three_bugs(tmp_path: Path) -> None:
+    sys.path.insert(0, str(EXAMPLES[0].parent))
+    try:
+        import demo
+    finally:
+        sys.path.pop(0)
+    report = demo.main(tmp_path)
+    causes = {f.module: f.details["cause"] for f in report.by_check("ghost_param")}
+    assert causes == {"aux_head": "not_called", "text_proj": "no_grad", "pooler": "disconnected"}
+    assert (tmp_path / "gradwatch-report.json").exists()

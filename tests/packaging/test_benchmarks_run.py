@@ -1,0 +1,86 @@
+"""The overhead benchmark runs end to end (``--quick``) and reports every variant."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+EXPECTED = [
+    "baseline",
+    "clip_grad_norm",
+    "lightning_grad_norm",
+    "item_loop",
+    "noop_hooks",
+    "gradwatch_default",
+    "gradwatch_every_step",
+    "gradwatch_hooks_only",
+    "gradwatch_without_new",
+]
+
+
+@pytest.mark.slow  # a subprocess importing torch and Lightning, 8 variants: ~15-20 s
+def test_quick_benchmark_writes_every_variant(tmp_path: Path) -> None:
+    out = tmp_path / "results.json"
+    cmd = [
+        sys.executable,
+        str(ROOT / "benchmarks" / "overhead.py"),
+        "--quick",
+        "--blocks",
+        "2",
+        "--warmup",
+        "0",
+        "--block",
+        "2",
+        "--out",
+        str(out),
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    data = json.loads(out.read_text())
+    assert data["machine"]["torch_num_threads"] == 1
+    assert data["machine"]["cpu"] and data["machine"]["torch"]
+    res = data["models"]["a"]
+    assert res["param_tensors"] == 400
+    assert list(res["variants"]) == EXPECTED
+    for name, row in res["variants"].items():
+        assert row["samples"] == 2, name
+        assert row["ms_per_step"] > 0 and math.isfinite(row["added_ms"]), name
+    assert res["variants"]["baseline"]["added_ms"] == 0.0
+    assert [b["line"].split()[0] for b in res["budget"]] == ["default", "every", "hooks"]
+    assert "gradwatch_default" in proc.stdout and "x clip" in proc.stdout
+
+
+def test_kernel_table_runs_and_names_every_piece() -> None:
+    """``benchmarks/kernels.py`` on small tensors: every piece timed, the ratio printed."""
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "kernels.py")]
+    cmd += ["--count", "3", "--size", "70000", "--repeat", "2"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = proc.stdout.splitlines()
+    assert len(lines) == 9 and "3 x 70,000 float32" in lines[0]
+    assert "clip_grad_norm_" in lines[1] and "x clip_grad_norm_" in lines[-3]
+    assert "floor with L1 instead" in lines[-2] and "L2 norms alone" in lines[-1]
+    assert all(float(line.split()[0]) >= 0 for line in lines[1:])
+
+
+@pytest.mark.slow  # 18 combinations of dtype x optimizer x model, each interleaving 4 variants
+def test_gpu_script_runs_every_combination_on_the_cpu() -> None:
+    """``benchmarks/gpu.py --cpu-dry-run``: the GPU script's own code, where no GPU is."""
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "gpu.py"), "--cpu-dry-run"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    summary = json.loads(proc.stdout)
+    assert summary["device"] == "cpu (dry run)"
+    runs = summary["runs"]
+    assert len(runs) == 2 * 3 * 3  # model kinds x dtypes x optimizers
+    assert summary["errors"] == 0, [r["error"] for r in runs if "error" in r]
+    for row in runs:
+        variants = row["time"]["added_ms"]
+        assert list(variants) == ["baseline", "clip", "gradwatch_default", "gradwatch_every_step"]
+        assert all(math.isfinite(v) for v in variants.values()), row
