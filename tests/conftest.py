@@ -1,4 +1,4 @@
-"""The suite's root conftest: shared helpers on ``sys.path``, the ``pytester`` fixture.
+"""The suite's root conftest: shared helpers on ``sys.path``, the ``floor`` marker, ``pytester``.
 
 Tests live in folders by layer (``checks/``, ``capture/``, ``report/``, ...) and import the
 shared helpers in ``_helpers/`` by bare name (``from _loops import mlp``). The folder goes on
@@ -12,8 +12,27 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-HELPERS = str(Path(__file__).resolve().parent / "_helpers")
+import pytest
+
+TESTS = Path(__file__).resolve().parent
+HELPERS = str(TESTS / "_helpers")
 if HELPERS not in sys.path:
     sys.path.insert(0, HELPERS)
 
 pytest_plugins = ["pytester"]
+
+# Folders whose every test depends on a package .ci/floor pins to its lowest version (config
+# files: pydantic, pyyaml; rendering: rich, matplotlib, tensorboard; the CLI and the pytest
+# plugin: pytest; Lightning, transformers, accelerate, jsonargparse; the examples use them all).
+# Tests elsewhere that use one of them carry ``@pytest.mark.floor`` themselves.
+FLOOR_FOLDERS = frozenset({"config", "report", "cli", "integrations", "examples"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        try:
+            folder = item.path.resolve().relative_to(TESTS).parts[0]
+        except ValueError:  # a pytester suite's own tests, outside this folder
+            continue
+        if folder in FLOOR_FOLDERS:
+            item.add_marker(pytest.mark.floor)

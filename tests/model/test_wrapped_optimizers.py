@@ -59,6 +59,7 @@ def test_chain_of_wrappers_is_followed(depth: int) -> None:
     }
 
 
+@pytest.mark.floor  # LightningOptimizer
 def test_lightning_optimizer_is_unwrapped() -> None:
     lo = pytest.importorskip("lightning.pytorch.core.optimizer")
     model = _model(ghost=False)

@@ -31,6 +31,9 @@ import gradwatch
 transformers = pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")
 
+# peft adapters on transformers models: their module layout is what gradwatch watches.
+pytestmark = pytest.mark.floor
+
 Batch = Any  # a dict of tensors (transformers) or an (x, y) pair (plain models)
 LossFn = Callable[[nn.Module, Batch], torch.Tensor]
 SEED = 0

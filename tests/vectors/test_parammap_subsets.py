@@ -153,6 +153,7 @@ def _gpt2_with_lora(seed: int) -> nn.Module:
     return model.eval()
 
 
+@pytest.mark.floor  # a peft LoRA adapter on a transformers GPT-2
 @pytest.mark.parametrize("scheme", ["affine", "symmetric"])
 def test_quantized_peft_adapter_reproduces_outputs_in_another_instance(
     scheme: str, tmp_path: Path

@@ -247,6 +247,7 @@ def test_public_export_and_json_round_trip() -> None:
 
 
 # --- CLI and HTML ------------------------------------------------------------------------
+@pytest.mark.floor  # the CLI and the HTML (matplotlib)
 def test_check_curvature_adds_it_to_the_report_and_the_html(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -270,6 +271,7 @@ def test_check_curvature_adds_it_to_the_report_and_the_html(
     assert Report.read(plain).curvature is None
 
 
+@pytest.mark.floor  # the CLI
 def test_check_curvature_refuses_a_model_without_double_backward(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
