@@ -20,12 +20,22 @@ from gradwatch.errors import GradWatchError
 if TYPE_CHECKING:
     from gradwatch.checks.docs import CheckDoc
 
-__all__ = ["STRICT", "Check", "CheckConfig", "FindingLog", "WatchSettings"]
+__all__ = ["STRICT", "Check", "CheckConfig", "FindingLog", "WatchSettings", "severity_field"]
 
 # Thresholds must be finite (``.inf`` would silently switch a check off); ints and bools are
 # strict (``every_n_steps: true`` is a mistake, not 1; ``warn: 1`` is not a boolean). Floats
 # accept ints, and the YAML loader reads ``1e-7`` as a number (see ``config/_files.py``).
 STRICT = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+
+
+def severity_field(default: Severity) -> Any:
+    """The ``severity`` field of a check's config, defaulting to the check's default severity.
+
+    Example:
+        >>> class MissingZeroGradConfig(CheckConfig):
+        ...     severity: Severity = severity_field("error")
+    """
+    return Field(default=default, description="Severity of its findings.")
 
 
 class CheckConfig(BaseModel):
@@ -34,7 +44,7 @@ class CheckConfig(BaseModel):
     model_config = STRICT
 
     enabled: StrictBool = Field(default=True, description="Run this check.")
-    severity: Severity = Field(default="warning", description="Severity of its findings.")
+    severity: Severity = severity_field("warning")
 
 
 class FindingLog(Protocol):
@@ -85,7 +95,8 @@ class Check:
     """Base class: a stable ``id``, its config model, its docs, and the callbacks of a run."""
 
     id: ClassVar[str]
-    #: Its settings; the ``severity`` default of this model is the check's default severity.
+    #: Its settings; the ``severity`` default of this model is the check's default severity
+    #: (:meth:`default_severity`), written nowhere else.
     Config: ClassVar[type[CheckConfig]] = CheckConfig
     #: What ``raise_for_findings`` and ``fail_fast`` raise when this check's findings fail.
     error: ClassVar[type[GradWatchError]] = GradWatchError
@@ -98,6 +109,13 @@ class Check:
     #: ``"module_scan"`` (modules run but not registered), ``"nan_probe"`` (where a NaN is
     #: born), ``"unscale_watch"`` (gradients edited while scaled).
     needs: ClassVar[frozenset[str]] = frozenset()
+
+    @classmethod
+    def default_severity(cls) -> str:
+        """The severity of its findings unless a config says otherwise (its Config's default)."""
+        default = cls.Config.model_fields["severity"].default
+        assert isinstance(default, str)
+        return default
 
     def __init__(self, config: CheckConfig, watch_config: WatchSettings) -> None:
         self.config = config

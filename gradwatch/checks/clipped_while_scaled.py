@@ -4,12 +4,19 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from gradwatch.checks.base import Check
-from gradwatch.checks.docs import DOCS
+from gradwatch._severity import Severity
+from gradwatch.checks.base import Check, CheckConfig, severity_field
+from gradwatch.checks.docs import CheckDoc
 from gradwatch.checks.views import StepView
 
 if TYPE_CHECKING:
     from gradwatch.checks.base import FindingLog
+
+
+class ClippedWhileScaledConfig(CheckConfig):
+    """``clipped_while_scaled``: no thresholds (``enabled`` and ``severity`` only)."""
+
+    severity: Severity = severity_field("error")
 
 
 class ClippedWhileScaled(Check):
@@ -31,7 +38,18 @@ class ClippedWhileScaled(Check):
     """
 
     id = "clipped_while_scaled"
-    doc = DOCS["clipped_while_scaled"]
+    Config = ClippedWhileScaledConfig
+    doc = CheckDoc(
+        summary="Gradients were changed (clipped, normalised, noised) after backward but before "
+        "`GradScaler.unscale_`/`scaler.step`, while still multiplied by the loss scale.",
+        why="Clipping a scaled gradient clips at `max_norm x scale`: with a scale of 65536 it "
+        "never clips, or clips wrongly as the scale changes.",
+        causes=(
+            "`clip_grad_norm_` called between `scaler.scale(loss).backward()` and "
+            "`scaler.step(optimizer)` without `scaler.unscale_(optimizer)` first.",
+        ),
+        fix="Call `scaler.unscale_(optimizer)` before clipping, as the PyTorch AMP examples do.",
+    )
 
     def on_step(self, view: StepView, log: FindingLog) -> None:
         if not view.scaled_edits:

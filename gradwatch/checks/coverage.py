@@ -4,12 +4,25 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from gradwatch.checks.base import Check
+from gradwatch._severity import Severity
+from gradwatch.checks.base import Check, CheckConfig, severity_field
 from gradwatch.checks.docs import CheckDoc
 from gradwatch.checks.views import StepView, StructureView
 
 if TYPE_CHECKING:
     from gradwatch.checks.base import FindingLog
+
+
+class NotInOptimizerConfig(CheckConfig):
+    """``not_in_optimizer``: no thresholds (``enabled`` and ``severity`` only)."""
+
+    severity: Severity = severity_field("warning")
+
+
+class FrozenInOptimizerConfig(CheckConfig):
+    """``frozen_in_optimizer``: no thresholds (``enabled`` and ``severity`` only)."""
+
+    severity: Severity = severity_field("info")
 
 
 def _by_layer(view: StructureView, idxs: list[int]) -> dict[str, list[int]]:
@@ -29,6 +42,7 @@ class NotInOptimizer(Check):
     """
 
     id = "not_in_optimizer"
+    Config = NotInOptimizerConfig
     doc = CheckDoc(
         summary="A trainable parameter of the model is in no watched optimizer (warning once "
         "it receives gradients, info while it never has).",
@@ -41,7 +55,6 @@ class NotInOptimizer(Check):
         ),
         fix="Build the optimizer from model.parameters() after the model is complete, or "
         "requires_grad_(False) on parameters that should not train.",
-        severity="warning",
     )
 
     def __init__(self, config, watch_config) -> None:  # type: ignore[no-untyped-def]
@@ -102,6 +115,7 @@ class FrozenInOptimizer(Check):
     """A parameter with ``requires_grad=False`` inside an optimizer (harmless, often intended)."""
 
     id = "frozen_in_optimizer"
+    Config = FrozenInOptimizerConfig
     doc = CheckDoc(
         summary="A parameter with requires_grad=False sits in an optimizer.",
         why="Harmless while it gets no gradient, but weight decay or momentum can still move "
@@ -109,7 +123,6 @@ class FrozenInOptimizer(Check):
         causes=("A backbone frozen after the optimizer was built.",),
         fix="Fine for a backbone unfrozen later; otherwise build the optimizer from trainable "
         "parameters only.",
-        severity="info",
     )
 
     def on_structure(self, view: StructureView, log: FindingLog) -> None:

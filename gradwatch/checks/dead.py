@@ -9,20 +9,32 @@ from __future__ import annotations
 from math import isfinite
 from typing import TYPE_CHECKING
 
+from pydantic import Field, StrictInt
+
+from gradwatch._severity import Severity
 from gradwatch.checks._patience import Streaks
-from gradwatch.checks.base import Check
+from gradwatch.checks.base import Check, CheckConfig, severity_field
 from gradwatch.checks.docs import CheckDoc
 from gradwatch.checks.views import StepView
-from gradwatch.config import DeadParamConfig
 
 if TYPE_CHECKING:
     from gradwatch.checks.base import FindingLog
+
+
+class DeadParamConfig(CheckConfig):
+    """``dead_param``: every gradient of a layer is exactly zero."""
+
+    severity: Severity = severity_field("warning")
+    patience: StrictInt = Field(
+        default=3, ge=1, description="Consecutive observed steps before it fires."
+    )
 
 
 class DeadParam(Check):
     """Per layer, on observed steps."""
 
     id = "dead_param"
+    Config = DeadParamConfig
     doc = CheckDoc(
         summary="Every gradient of a layer is exactly zero for patience observed steps.",
         why="The layer is alive in the optimizer but nothing flows through it: typically ReLU "
@@ -34,7 +46,6 @@ class DeadParam(Check):
         ),
         fix="Lower the learning rate, use LeakyReLU/GELU, re-initialise the layer; drop a "
         "redundant bias (bias=False).",
-        severity="warning",
     )
     config: DeadParamConfig
 

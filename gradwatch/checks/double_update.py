@@ -4,12 +4,19 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Optional
 
-from gradwatch.checks.base import Check
-from gradwatch.checks.docs import DOCS
+from gradwatch._severity import Severity
+from gradwatch.checks.base import Check, CheckConfig, severity_field
+from gradwatch.checks.docs import CheckDoc
 from gradwatch.checks.views import StepView, StructureView
 
 if TYPE_CHECKING:
     from gradwatch.checks.base import FindingLog
+
+
+class DoubleUpdateConfig(CheckConfig):
+    """``double_update``: no thresholds (``enabled`` and ``severity`` only)."""
+
+    severity: Severity = severity_field("error")
 
 
 class DoubleUpdate(Check):
@@ -32,7 +39,21 @@ class DoubleUpdate(Check):
     """
 
     id = "double_update"
-    doc = DOCS["double_update"]
+    Config = DoubleUpdateConfig
+    doc = CheckDoc(
+        summary="One gradient was consumed by more than one optimizer step with no backward in "
+        "between.",
+        why="The parameter moves twice (or at double the learning rate, with momentum twice "
+        "advanced) for one batch: training diverges or behaves unlike the configuration.",
+        causes=(
+            "A parameter sits in two optimizers that both step (a shared embedding given to a "
+            "generator's and a discriminator's optimizer).",
+            "`optimizer.step()` called twice for one `backward()` (once in the loop, once in a "
+            "helper or callback).",
+        ),
+        fix="Give every parameter to exactly one optimizer and call `step()` once per "
+        "`backward()`; `details.optimizers` lists the optimizers involved.",
+    )
 
     def __init__(self, config, watch_config) -> None:  # type: ignore[no-untyped-def]
         super().__init__(config, watch_config)

@@ -3,22 +3,44 @@
 from __future__ import annotations
 
 from math import isfinite
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Optional
 
+from pydantic import Field, StrictFloat, StrictInt
+
+from gradwatch._severity import Severity
 from gradwatch.checks._window import MedianWindow
-from gradwatch.checks.base import Check
+from gradwatch.checks.base import Check, CheckConfig, severity_field
 from gradwatch.checks.docs import CheckDoc
 from gradwatch.checks.views import StepView
-from gradwatch.config import ExplodingGradConfig
 
 if TYPE_CHECKING:
     from gradwatch.checks.base import FindingLog
+
+
+class ExplodingGradConfig(CheckConfig):
+    """``exploding_grad``: absolute and relative limits on a layer's gradient L2 norm."""
+
+    severity: Severity = severity_field("warning")
+    max_norm: Optional[StrictFloat] = Field(
+        default=1e4,
+        gt=0,
+        description="A layer gradient norm above this fires (null: no absolute limit).",
+    )
+    spike_factor: StrictFloat = Field(
+        default=100.0,
+        gt=1,
+        description="A layer norm above spike_factor x its running median (of the kept history) fires.",
+    )
+    warmup: StrictInt = Field(
+        default=10, ge=1, description="Observed steps of a layer before the spike rule applies."
+    )
 
 
 class ExplodingGrad(Check):
     """Per layer, on observed steps."""
 
     id = "exploding_grad"
+    Config = ExplodingGradConfig
     doc = CheckDoc(
         summary="A layer's gradient norm exceeds max_norm, or jumps above spike_factor x its "
         "running median.",
@@ -30,7 +52,6 @@ class ExplodingGrad(Check):
         ),
         fix="Lower the learning rate, add warmup, clip gradients (clip_grad_norm_), check the "
         "input batch at the reported step.",
-        severity="warning",
         silence=(
             "Raise the limits: checks: {exploding_grad: {max_norm: 1e6, spike_factor: 1000}}.",
         ),

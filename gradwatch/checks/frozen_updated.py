@@ -11,17 +11,39 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from gradwatch.checks.base import Check
+from gradwatch._severity import Severity
+from gradwatch.checks.base import Check, CheckConfig, severity_field
+from gradwatch.checks.docs import CheckDoc
 from gradwatch.checks.views import StepView
 
 if TYPE_CHECKING:
     from gradwatch.checks.base import FindingLog
 
 
+class FrozenParamUpdatedConfig(CheckConfig):
+    """``frozen_param_updated``: no thresholds (``enabled`` and ``severity`` only)."""
+
+    severity: Severity = severity_field("error")
+
+
 class FrozenParamUpdated(Check):
     """Per layer: frozen parameters of one optimizer whose values moved in its step."""
 
     id = "frozen_param_updated"
+    Config = FrozenParamUpdatedConfig
+    doc = CheckDoc(
+        summary="A parameter with `requires_grad=False` changed across an optimizer step.",
+        why="A layer meant to be frozen (a pretrained backbone, a teacher) drifts: results "
+        "depend on what was supposed to be fixed.",
+        causes=(
+            "The frozen parameter is still in an optimizer whose weight decay moves it "
+            "(`AdamW`, `SGD(weight_decay=...)`).",
+            "Momentum or Adam state left from before freezing keeps moving it.",
+        ),
+        fix="Build the optimizer from trainable parameters only: "
+        "`AdamW(p for p in model.parameters() if p.requires_grad)`, or rebuild it after "
+        "freezing.",
+    )
 
     def on_step(self, view: StepView, log: FindingLog) -> None:
         if not view.frozen_changed or view.optimizer is None:

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from gradwatch.checks.base import Check
+from pydantic import Field
+
+from gradwatch._severity import Severity
+from gradwatch.checks.base import Check, CheckConfig, severity_field
 from gradwatch.checks.docs import CheckDoc
 from gradwatch.checks.views import StepView, StructureView
-from gradwatch.config import GhostParamConfig
 from gradwatch.errors import GhostLayerError
 
 if TYPE_CHECKING:
@@ -31,6 +33,19 @@ INTERMITTENT = (
 )
 
 
+class GhostParamConfig(CheckConfig):
+    """``ghost_param``: a trainable parameter got no gradient in a step while others did."""
+
+    severity: Severity = severity_field("error")
+    intermittent_severity: Severity = Field(
+        default="info",
+        description="Severity of an intermittent ghost (missing in some steps, present in "
+        "others: MoE routing, LayerDrop) in a single process or under DDP with "
+        "find_unused_parameters=True. Under DDP without it (the job crashes) and for a "
+        "permanent ghost: `severity`.",
+    )
+
+
 class GhostParam(Check):
     """Names parameters that received no gradient between two steps of their optimizer.
 
@@ -42,6 +57,7 @@ class GhostParam(Check):
     """
 
     id = "ghost_param"
+    Config = GhostParamConfig
     error = GhostLayerError
     doc = CheckDoc(
         summary="A trainable parameter got no gradient between two optimizer steps while "

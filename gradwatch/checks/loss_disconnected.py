@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from gradwatch.checks.base import Check
-from gradwatch.checks.docs import DOCS
+from gradwatch._severity import Severity
+from gradwatch.checks.base import Check, CheckConfig, severity_field
+from gradwatch.checks.docs import CheckDoc
 from gradwatch.checks.views import StepView
 
 if TYPE_CHECKING:
@@ -19,6 +20,12 @@ HINTS = {
     "torch.no_grad() / torch.inference_mode() (an evaluation or metric helper reused for "
     "training). Run the training forward with grad enabled.",
 }
+
+
+class LossDisconnectedConfig(CheckConfig):
+    """``loss_disconnected``: no thresholds (``enabled`` and ``severity`` only)."""
+
+    severity: Severity = severity_field("error")
 
 
 class LossDisconnected(Check):
@@ -44,7 +51,22 @@ class LossDisconnected(Check):
     """
 
     id = "loss_disconnected"
-    doc = DOCS["loss_disconnected"]
+    Config = LossDisconnectedConfig
+    doc = CheckDoc(
+        summary="An optimizer step ran after the model's forward, yet none of its parameters "
+        "received a gradient: the loss does not depend on the model.",
+        why="Every step is a no-op while the loss may still go down (it is computed from "
+        "something else): the run looks alive and learns nothing.",
+        causes=(
+            "The loss was rebuilt from numbers: `torch.tensor(out.item())`, `.numpy()`, "
+            "`.tolist()`.",
+            "The output was detached: `out.detach()`, `out.data`.",
+            "The forward ran under `torch.no_grad()` / `torch.inference_mode()` (an "
+            "evaluation helper reused for training).",
+        ),
+        fix="Compute the loss from the model's output tensor directly and call `backward()` on "
+        "it; keep `no_grad` for evaluation only. `details.cause` says which case it was.",
+    )
 
     def on_step(self, view: StepView, log: FindingLog) -> None:
         if view.optimizer is None or not view.ids or view.model_ran is None:

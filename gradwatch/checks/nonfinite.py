@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Optional
 
-from gradwatch.checks.base import Check
+from pydantic import Field, StrictInt
+
+from gradwatch._severity import Severity
+from gradwatch.checks.base import Check, CheckConfig, severity_field
 from gradwatch.checks.docs import CheckDoc
 from gradwatch.checks.views import StepView
-from gradwatch.config import NonfiniteGradConfig
 
 if TYPE_CHECKING:
     from gradwatch.checks.base import FindingLog
@@ -46,6 +48,20 @@ HINT_UPDATE = (
 )
 
 
+class NonfiniteGradConfig(CheckConfig):
+    """``nonfinite_grad``: NaN/Inf in a gradient, traced to where it was born."""
+
+    severity: Severity = severity_field("error")
+    trace_steps: StrictInt = Field(
+        default=20,
+        ge=0,
+        le=1_000_000,
+        description="After the first non-finite gradient, per-module finiteness flags stay on "
+        "for up to this many optimizer steps to find the module where the NaN/Inf is born "
+        "(the next step where it recurs ends them). 0: never trace.",
+    )
+
+
 def _first_param(index: ParamIndex, module: str) -> Optional[str]:
     """The first parameter owned by ``module`` or by a module inside it."""
     for layer, ids in index.layers.items():
@@ -73,6 +89,7 @@ class NonfiniteGrad(Check):
     """
 
     id = "nonfinite_grad"
+    Config = NonfiniteGradConfig
     config: NonfiniteGradConfig
 
     doc = CheckDoc(

@@ -10,13 +10,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Optional
 
-from gradwatch.checks.base import Check
+from gradwatch._severity import Severity
+from gradwatch.checks.base import Check, CheckConfig, severity_field
+from gradwatch.checks.docs import CheckDoc
 from gradwatch.checks.views import RunView
 
 if TYPE_CHECKING:
     from gradwatch.checks.base import FindingLog
 
-__all__ = ["NotObserved", "emit_not_observed"]
+__all__ = ["NotObserved", "NotObservedConfig", "emit_not_observed"]
 
 ID = "not_observed"
 
@@ -45,10 +47,37 @@ def emit_not_observed(
     )
 
 
+class NotObservedConfig(CheckConfig):
+    """``not_observed``: no thresholds (``enabled`` and ``severity`` only)."""
+
+    severity: Severity = severity_field("error")
+
+
 class NotObserved(Check):
     """The run gave gradwatch nothing to judge, or its own hooks failed on every step."""
 
     id = ID
+    Config = NotObservedConfig
+    doc = CheckDoc(
+        summary="The watcher could not see what it promises, so the report cannot be a pass.",
+        why="A silent report would read as clean: no step observed, an unreadable parameter "
+        "layout or failing hooks mean nothing was checked.",
+        causes=(
+            "The model ran but no optimizer step or backward pass happened while watching "
+            "(the `with` block ended early, a different optimizer object stepped).",
+            "Backward passes ran but the watched optimizer never stepped: a forgotten "
+            "`optimizer.step()`, or a step that raised before reaching it (`no_step`).",
+            "The watched model never ran at all: the loop trained a copy of it, or ran "
+            "outside the `with` block (`details.reason: never_ran`).",
+            "A parameter layout gradwatch cannot read (flattened FSDP1 parameters without "
+            "`use_orig_params=True`).",
+            "gradwatch's own hooks failed on every step (see `internal_error`).",
+            "Every gradient was written into `.grad` by hand (`torch.func.grad`, "
+            "`torch.autograd.grad`) and no `loss.backward()` ran (`no_backward`).",
+        ),
+        fix="Watch the optimizer that really steps and train inside the `with` block; use "
+        "`use_orig_params=True` with FSDP1. `details.reason` says which case it was.",
+    )
 
     def on_run(self, view: RunView, log: FindingLog) -> None:
         if view.steps > 0:

@@ -5,20 +5,32 @@ from __future__ import annotations
 from math import inf
 from typing import TYPE_CHECKING, Any
 
+from pydantic import Field, StrictInt
+
+from gradwatch._severity import Severity
 from gradwatch.checks._patience import Streaks
-from gradwatch.checks.base import Check
+from gradwatch.checks.base import Check, CheckConfig, severity_field
 from gradwatch.checks.docs import CheckDoc
 from gradwatch.checks.views import StepView
-from gradwatch.config import StaleParamConfig
 
 if TYPE_CHECKING:
     from gradwatch.checks.base import FindingLog
+
+
+class StaleParamConfig(CheckConfig):
+    """``stale_param``: finite non-zero gradients, yet the layer's values did not change."""
+
+    severity: Severity = severity_field("warning")
+    patience: StrictInt = Field(
+        default=3, ge=1, description="Consecutive observed steps before it fires."
+    )
 
 
 class StaleParam(Check):
     """Per layer, on observed optimizer steps (needs the values before and after the step)."""
 
     id = "stale_param"
+    Config = StaleParamConfig
     doc = CheckDoc(
         summary="A layer had finite non-zero gradients, yet none of its values changed across "
         "the step, for patience observed steps.",
@@ -30,7 +42,6 @@ class StaleParam(Check):
         ),
         fix="Check its param group's learning rate and that the optimizer holds the model's "
         "parameters (build it after the model is moved and complete).",
-        severity="warning",
     )
     config: StaleParamConfig
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from gradwatch.checks.base import Check
+from gradwatch._severity import Severity
+from gradwatch.checks.base import Check, CheckConfig, severity_field
 from gradwatch.checks.docs import CheckDoc
 from gradwatch.checks.views import StepView
 
@@ -12,10 +13,17 @@ if TYPE_CHECKING:
     from gradwatch.checks.base import FindingLog
 
 
+class StepWithoutGradConfig(CheckConfig):
+    """``step_without_grad``: no thresholds (``enabled`` and ``severity`` only)."""
+
+    severity: Severity = severity_field("error")
+
+
 class StepWithoutGrad(Check):
     """Fires when a step found no gradient on any of its parameters after a backward ran."""
 
     id = "step_without_grad"
+    Config = StepWithoutGradConfig
     doc = CheckDoc(
         summary="optimizer.step() ran with no gradient on any of its parameters although a "
         "backward ran since its last step.",

@@ -4,12 +4,29 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from gradwatch.checks.base import Check
-from gradwatch.checks.docs import DOCS
+from pydantic import Field, StrictInt
+
+from gradwatch._severity import Severity
+from gradwatch.checks.base import Check, CheckConfig, severity_field
+from gradwatch.checks.docs import CheckDoc
 from gradwatch.checks.views import StepView
 
 if TYPE_CHECKING:
     from gradwatch.checks.base import FindingLog
+
+
+class UnregisteredParamConfig(CheckConfig):
+    """``unregistered_param``: modules in plain list/dict/tuple attributes that train unseen."""
+
+    severity: Severity = severity_field("error")
+    scan_steps: StrictInt = Field(
+        default=8,
+        ge=0,
+        le=1_000_000,
+        description="Optimizer steps during which every module called inside the model's "
+        "forward is compared with the registered ones (a global forward hook, on only "
+        "during the model's forward). 0: never scan.",
+    )
 
 
 class UnregisteredParam(Check):
@@ -33,7 +50,21 @@ class UnregisteredParam(Check):
     """
 
     id = "unregistered_param"
-    doc = DOCS["unregistered_param"]
+    Config = UnregisteredParamConfig
+    config: UnregisteredParamConfig
+    doc = CheckDoc(
+        summary="A tensor that requires grad received a gradient through a module that runs in "
+        "the forward but is not registered in the model.",
+        why="Its parameters are in no `named_parameters()`, no optimizer and no `state_dict`: "
+        "they are never trained, never saved, and not moved by `model.to(device)`.",
+        causes=(
+            "Submodules kept in a plain Python `list`, `dict` or `tuple` attribute "
+            "(`self.blocks = [nn.Linear(...) for _ in range(4)]`).",
+            "A module created inside `forward` and kept on a non-Module attribute.",
+        ),
+        fix="Use `nn.ModuleList` / `nn.ModuleDict` (or `nn.ParameterList`) so the modules are "
+        "registered; the finding names the attribute path, e.g. `blocks[0].weight`.",
+    )
 
     def on_step(self, view: StepView, log: FindingLog) -> None:
         if not view.unregistered:

@@ -1,6 +1,6 @@
 """``vanishing_grad``: a layer's gradient is tiny, in absolute terms and for its own scale.
 
-Rule (see :class:`~gradwatch.config.VanishingGradConfig`): mean |grad| below
+Rule (see :class:`VanishingGradConfig`): mean |grad| below
 ``min_mean_abs`` (not zero) *and* a relative scale below ``relative`` x the smallest one
 among the layers whose gradients are not tiny, on that step. The relative scale is the layer's update
 ratio ``|Δθ|/|θ|`` when the step's update was measured, else its gradient norm over its
@@ -12,11 +12,13 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Optional
 
+from pydantic import Field, StrictFloat, StrictInt
+
+from gradwatch._severity import Severity
 from gradwatch.checks._patience import Streaks
-from gradwatch.checks.base import Check
+from gradwatch.checks.base import Check, CheckConfig, severity_field
 from gradwatch.checks.docs import CheckDoc
 from gradwatch.checks.views import LayerSample, StepView
-from gradwatch.config import VanishingGradConfig
 
 if TYPE_CHECKING:
     from gradwatch.checks.base import FindingLog
@@ -41,10 +43,44 @@ def relative_scales(layers: dict[str, LayerSample]) -> tuple[str, dict[str, floa
     return "grad", {name: s.norm / s.param_norm for name, s in layers.items() if s.param_norm}
 
 
+class VanishingGradConfig(CheckConfig):
+    """``vanishing_grad``: a layer's gradient is tiny in absolute terms *and* for its own scale.
+
+    A layer vanishes on an observed step when its mean |grad| is below ``min_mean_abs`` (not
+    zero) and its update ratio ``|Δθ|/|θ|`` (with an optimizer; without one, its gradient
+    norm over its parameter norm) is below ``relative`` x the smallest such ratio among the
+    model's layers whose gradients are not tiny (the slowest healthy layer).
+    Adam-family optimizers rescale small gradients, so a layer with tiny gradients that
+    still moves like the others (attention query/key projections at initialisation,
+    LayerScale blocks) is healthy; under SGD, or with gradients so small that Adam's ``eps``
+    swamps them (a deep saturated sigmoid chain), its update falls behind and it fires.
+    Without such a layer to compare with, the absolute rule alone decides.
+    """
+
+    severity: Severity = severity_field("warning")
+    min_mean_abs: StrictFloat = Field(
+        default=1e-7,
+        gt=0,
+        description="A layer whose mean absolute gradient is at or above this never vanishes "
+        "(1e-7, as SageMaker Debugger's rule).",
+    )
+    relative: StrictFloat = Field(
+        default=0.01,
+        gt=0,
+        description="...and it vanishes only when its update ratio (without an optimizer: "
+        "gradient norm / parameter norm) is below this fraction of the smallest such ratio "
+        "among the model's layers whose mean |grad| is at least min_mean_abs, on that step.",
+    )
+    patience: StrictInt = Field(
+        default=3, ge=1, description="Consecutive observed steps before it fires."
+    )
+
+
 class VanishingGrad(Check):
     """Per layer, on observed steps, over all of the layer's parameters."""
 
     id = "vanishing_grad"
+    Config = VanishingGradConfig
     doc = CheckDoc(
         summary="A layer's mean absolute gradient stays below min_mean_abs (not zero) and its "
         "update ratio (without an optimizer: grad/param norm ratio) below relative x that of "
@@ -58,7 +94,6 @@ class VanishingGrad(Check):
         ),
         fix="Use residual connections, normalisation layers, ReLU-family activations or a "
         "better initialisation.",
-        severity="warning",
         silence=(
             "Lower the thresholds: checks: {vanishing_grad: {min_mean_abs: 1e-9, "
             "relative: 0.001}}.",

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from gradwatch.checks.base import Check
+from gradwatch._severity import Severity
+from gradwatch.checks.base import Check, CheckConfig, severity_field
 from gradwatch.checks.docs import CheckDoc
 from gradwatch.checks.views import StepView
 
@@ -12,10 +13,17 @@ if TYPE_CHECKING:
     from gradwatch.checks.base import FindingLog
 
 
+class MissingZeroGradConfig(CheckConfig):
+    """``missing_zero_grad``: no thresholds (``enabled`` and ``severity`` only)."""
+
+    severity: Severity = severity_field("error")
+
+
 class MissingZeroGrad(Check):
     """Fires when ``optimizer.step()`` used a gradient that still held old contributions."""
 
     id = "missing_zero_grad"
+    Config = MissingZeroGradConfig
     doc = CheckDoc(
         summary="optimizer.step() consumed a gradient that still held contributions from before "
         "the parameter's previous step.",

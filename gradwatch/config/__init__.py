@@ -1,4 +1,7 @@
-"""The configuration model: one sub-model per check, loaded from YAML, TOML or JSON.
+"""The configuration model, loaded from YAML, TOML or JSON.
+
+``checks`` has one entry per registered check (:data:`gradwatch.checks.ALL_CHECKS`), typed by
+the check's own ``Config`` from its module; this package re-exports the ones with thresholds.
 
 Example:
     >>> import gradwatch
@@ -10,20 +13,28 @@ Example:
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal, Optional, Union
+from typing import TYPE_CHECKING, Any, Literal, Optional, Union
 
 from pydantic import (
     BaseModel,
-    ConfigDict,
     Field,
     StrictBool,
-    StrictFloat,
     StrictInt,
     ValidationError,
+    create_model,
     field_validator,
 )
 
-from gradwatch._severity import FailOn, Severity
+from gradwatch._severity import FailOn
+from gradwatch.checks.base import STRICT, CheckConfig
+from gradwatch.checks.dead import DeadParamConfig
+from gradwatch.checks.exploding import ExplodingGradConfig
+from gradwatch.checks.ghost import GhostParamConfig
+from gradwatch.checks.nonfinite import NonfiniteGradConfig
+from gradwatch.checks.registry import ALL_CHECKS
+from gradwatch.checks.stale import StaleParamConfig
+from gradwatch.checks.unregistered import UnregisteredParamConfig
+from gradwatch.checks.vanishing import VanishingGradConfig
 from gradwatch.config._errors import format_validation_error
 from gradwatch.config._files import load_mapping
 from gradwatch.errors import ConfigError
@@ -41,154 +52,30 @@ __all__ = [
     "VanishingGradConfig",
 ]
 
-# Thresholds must be finite (``.inf`` would silently switch a check off); ints and bools are
-# strict (``every_n_steps: true`` is a mistake, not 1; ``warn: 1`` is not a boolean). Floats
-# accept ints, and the YAML loader reads ``1e-7`` as a number (see ``_files``).
-_STRICT = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
-
-class CheckConfig(BaseModel):
-    """Settings every check has."""
-
-    model_config = _STRICT
-
-    enabled: StrictBool = Field(default=True, description="Run this check.")
-    severity: Severity = Field(default="warning", description="Severity of its findings.")
-
-
-class _ErrorCheck(CheckConfig):
-    severity: Severity = Field(default="error", description="Severity of its findings.")
-
-
-class _InfoCheck(CheckConfig):
-    severity: Severity = Field(default="info", description="Severity of its findings.")
-
-
-class GhostParamConfig(_ErrorCheck):
-    """``ghost_param``: a trainable parameter got no gradient in a step while others did."""
-
-    intermittent_severity: Severity = Field(
-        default="info",
-        description="Severity of an intermittent ghost (missing in some steps, present in "
-        "others: MoE routing, LayerDrop) in a single process or under DDP with "
-        "find_unused_parameters=True. Under DDP without it (the job crashes) and for a "
-        "permanent ghost: `severity`.",
-    )
-
-
-class ExplodingGradConfig(CheckConfig):
-    """``exploding_grad``: absolute and relative limits on a layer's gradient L2 norm."""
-
-    max_norm: Optional[StrictFloat] = Field(
-        default=1e4,
-        gt=0,
-        description="A layer gradient norm above this fires (null: no absolute limit).",
-    )
-    spike_factor: StrictFloat = Field(
-        default=100.0,
-        gt=1,
-        description="A layer norm above spike_factor x its running median (of the kept history) fires.",
-    )
-    warmup: StrictInt = Field(
-        default=10, ge=1, description="Observed steps of a layer before the spike rule applies."
-    )
-
-
-class VanishingGradConfig(CheckConfig):
-    """``vanishing_grad``: a layer's gradient is tiny in absolute terms *and* for its own scale.
-
-    A layer vanishes on an observed step when its mean |grad| is below ``min_mean_abs`` (not
-    zero) and its update ratio ``|Δθ|/|θ|`` (with an optimizer; without one, its gradient
-    norm over its parameter norm) is below ``relative`` x the smallest such ratio among the
-    model's layers whose gradients are not tiny (the slowest healthy layer).
-    Adam-family optimizers rescale small gradients, so a layer with tiny gradients that
-    still moves like the others (attention query/key projections at initialisation,
-    LayerScale blocks) is healthy; under SGD, or with gradients so small that Adam's ``eps``
-    swamps them (a deep saturated sigmoid chain), its update falls behind and it fires.
-    Without such a layer to compare with, the absolute rule alone decides.
-    """
-
-    min_mean_abs: StrictFloat = Field(
-        default=1e-7,
-        gt=0,
-        description="A layer whose mean absolute gradient is at or above this never vanishes "
-        "(1e-7, as SageMaker Debugger's rule).",
-    )
-    relative: StrictFloat = Field(
-        default=0.01,
-        gt=0,
-        description="...and it vanishes only when its update ratio (without an optimizer: "
-        "gradient norm / parameter norm) is below this fraction of the smallest such ratio "
-        "among the model's layers whose mean |grad| is at least min_mean_abs, on that step.",
-    )
-    patience: StrictInt = Field(
-        default=3, ge=1, description="Consecutive observed steps before it fires."
-    )
-
-
-class DeadParamConfig(CheckConfig):
-    """``dead_param``: every gradient of a layer is exactly zero."""
-
-    patience: StrictInt = Field(
-        default=3, ge=1, description="Consecutive observed steps before it fires."
-    )
-
-
-class StaleParamConfig(CheckConfig):
-    """``stale_param``: finite non-zero gradients, yet the layer's values did not change."""
-
-    patience: StrictInt = Field(
-        default=3, ge=1, description="Consecutive observed steps before it fires."
-    )
-
-
-class NonfiniteGradConfig(_ErrorCheck):
-    """``nonfinite_grad``: NaN/Inf in a gradient, traced to where it was born."""
-
-    trace_steps: StrictInt = Field(
-        default=20,
-        ge=0,
-        le=1_000_000,
-        description="After the first non-finite gradient, per-module finiteness flags stay on "
-        "for up to this many optimizer steps to find the module where the NaN/Inf is born "
-        "(the next step where it recurs ends them). 0: never trace.",
-    )
-
-
-class UnregisteredParamConfig(_ErrorCheck):
-    """``unregistered_param``: modules in plain list/dict/tuple attributes that train unseen."""
-
-    scan_steps: StrictInt = Field(
-        default=8,
-        ge=0,
-        le=1_000_000,
-        description="Optimizer steps during which every module called inside the model's "
-        "forward is compared with the registered ones (a global forward hook, on only "
-        "during the model's forward). 0: never scan.",
-    )
-
-
-class ChecksConfig(BaseModel):
+class _ChecksBase(BaseModel):
     """One entry per check id (see SPEC §2)."""
 
-    model_config = _STRICT
+    model_config = STRICT
 
-    ghost_param: GhostParamConfig = Field(default_factory=GhostParamConfig)
-    missing_zero_grad: _ErrorCheck = Field(default_factory=_ErrorCheck)
-    step_without_grad: _ErrorCheck = Field(default_factory=_ErrorCheck)
-    nonfinite_grad: NonfiniteGradConfig = Field(default_factory=NonfiniteGradConfig)
-    exploding_grad: ExplodingGradConfig = Field(default_factory=ExplodingGradConfig)
-    vanishing_grad: VanishingGradConfig = Field(default_factory=VanishingGradConfig)
-    dead_param: DeadParamConfig = Field(default_factory=DeadParamConfig)
-    stale_param: StaleParamConfig = Field(default_factory=StaleParamConfig)
-    not_in_optimizer: CheckConfig = Field(default_factory=CheckConfig)
-    frozen_in_optimizer: _InfoCheck = Field(default_factory=_InfoCheck)
-    frozen_param_updated: _ErrorCheck = Field(default_factory=_ErrorCheck)
-    not_observed: _ErrorCheck = Field(default_factory=_ErrorCheck)
-    loss_disconnected: _ErrorCheck = Field(default_factory=_ErrorCheck)
-    double_update: _ErrorCheck = Field(default_factory=_ErrorCheck)
-    unregistered_param: UnregisteredParamConfig = Field(default_factory=UnregisteredParamConfig)
-    clipped_while_scaled: _ErrorCheck = Field(default_factory=_ErrorCheck)
+    if TYPE_CHECKING:
+        # The entries are made from the registry at import time (below), so a type checker
+        # cannot list them: ``checks.<id>`` reads as Any; ``GradWatchConfig.check(id)`` is typed.
+        def __getattr__(self, check_id: str) -> Any: ...
+
+
+# Each check's settings live in its module (its ``Config``); one entry per registered check, in
+# registry order, so adding a check to ALL_CHECKS adds its entry (and its part of the schema).
+if TYPE_CHECKING:
+    ChecksConfig = _ChecksBase
+else:
+    ChecksConfig = create_model(
+        "ChecksConfig",
+        __base__=_ChecksBase,
+        __doc__=_ChecksBase.__doc__,
+        __module__=__name__,
+        **{cls.id: (cls.Config, Field(default_factory=cls.Config)) for cls in ALL_CHECKS},
+    )
 
 
 class GradWatchConfig(BaseModel):
@@ -200,7 +87,7 @@ class GradWatchConfig(BaseModel):
         1
     """
 
-    model_config = _STRICT
+    model_config = STRICT
 
     fail_on: FailOn = Field(
         default="error",

@@ -34,7 +34,7 @@ _LEVEL = {"error": "error", "warning": "warning", "info": "note"}
 
 
 def _rule(check: str) -> dict[str, Any]:
-    from gradwatch.checks.docs import explain_text, lookup
+    from gradwatch.checks.docs import default_severity, explain_text, lookup
 
     doc = lookup(check)
     rule: dict[str, Any] = {
@@ -45,7 +45,8 @@ def _rule(check: str) -> dict[str, Any]:
         rule["shortDescription"] = {"text": doc.summary}
         rule["fullDescription"] = {"text": doc.why}
         rule["help"] = {"text": explain_text(check) or doc.summary}
-        rule["defaultConfiguration"] = {"level": _LEVEL.get(doc.severity, "warning")}
+        level = _LEVEL.get(default_severity(check) or "", "warning")
+        rule["defaultConfiguration"] = {"level": level}
     else:
         rule["shortDescription"] = {"text": safe(check)}
     rule["properties"] = {"tags": ["gradwatch", "training"]}
