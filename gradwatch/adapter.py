@@ -120,7 +120,7 @@ class WatchAdapter:
             return fn(*args)
         except Exception as exc:
             if watcher is not None:
-                watcher._internal_error(where, exc)
+                watcher.record_fault(where, exc)
             return None
 
     def __repr__(self) -> str:

@@ -14,6 +14,7 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
+from gradwatch.checks.ghost import GhostParam
 from gradwatch.cli.probe import ConfigArg, LossFn, Probe, resolve_config
 from gradwatch.render.junit import finding_text
 from gradwatch.report import Report
@@ -54,7 +55,7 @@ def assert_no_ghosts(
     """
     probe = Probe(model=model, batch=batch, loss_fn=loss_fn, optimizer=optimizer)
     report = probe.run(steps, config=resolve_config(config, ignore=ignore, warn=False))
-    ghosts = report.by_check("ghost_param")
+    ghosts = report.by_check(GhostParam.id)
     if ghosts:
         names = sum(len(f.params) for f in ghosts)
         body = "\n".join("- " + finding_text(f).replace("\n", "\n  ") for f in ghosts)

@@ -126,6 +126,27 @@ class FindingLog:
         """The live finding of ``(check, key)`` (its layer, or the key it was emitted with)."""
         return self._findings.get((check, key))
 
+    def keyed(self) -> list[tuple[tuple[str, str], Finding]]:
+        """Every live finding with its ``(check, key)``, in the order :meth:`findings` lists."""
+        return list(self._findings.items())
+
+    def warned_about(self) -> list[tuple[str, str]]:
+        """The ``(check, parameter)`` pairs already warned about, sorted."""
+        return sorted(self._warned)
+
+    def restore(
+        self, keyed: list[tuple[tuple[str, str], Finding]], warned: list[tuple[str, str]]
+    ) -> None:
+        """Put findings and warnings of an earlier run back (a resumed checkpoint).
+
+        The same problem seen again merges into its restored finding (``count`` keeps
+        growing) and is not warned about twice. A finding already live is kept.
+        """
+        for ident, finding in keyed:
+            self._findings.setdefault(ident, finding)
+        self._warned.update(warned)
+        self.revision += 1
+
     def revise(
         self,
         check: str,

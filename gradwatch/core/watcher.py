@@ -33,6 +33,7 @@ from gradwatch.capture.resets import sweep_resets
 from gradwatch.capture.scaler import ScalerWatch
 from gradwatch.checks import ALL_CHECKS, Check
 from gradwatch.config import GradWatchConfig
+from gradwatch.core.adapter_api import AdapterAPI
 from gradwatch.core.build_report import build_report
 from gradwatch.core.faults import Faults
 from gradwatch.core.findings import FindingLog
@@ -104,8 +105,12 @@ def watch(
     return Watcher(model, optimizer, config=config, scaler=scaler, sinks=sinks)
 
 
-class Watcher:
-    """Registers gradwatch's hooks on enter and removes every one of them on exit."""
+class Watcher(AdapterAPI):
+    """Registers gradwatch's hooks on enter and removes every one of them on exit.
+
+    Integrations use only its public methods (:class:`~gradwatch.core.adapter_api.AdapterAPI`:
+    checkpoint state, faults, findings).
+    """
 
     def __init__(
         self,
@@ -222,6 +227,7 @@ class Watcher:
         self._attached = True
         try:
             self._pipe.sync(step=0)
+            self._restore_saved_state()  # load_state_dict() before attach
             _attach_sharded(self, model)
             wrapper = self._wrapper() if self._wrapper is not None else None
             if wrapper is not None:
@@ -336,10 +342,6 @@ class Watcher:
                 me._faults.error(where, exc)
 
         return hook
-
-    def _internal_error(self, where: str, exc: BaseException) -> None:
-        """Record a fault of an integration's own step (e.g. a Lightning checkpoint hook)."""
-        self._faults.error(where, exc)
 
     # -- report ----------------------------------------------------------------------------
 

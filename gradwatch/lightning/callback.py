@@ -26,7 +26,6 @@ from typing import TYPE_CHECKING, Any, Optional, Union
 from gradwatch.adapter import WatchAdapter
 from gradwatch.config import GradWatchConfig
 from gradwatch.lightning._artifacts import upload_report
-from gradwatch.lightning._state import restore_state, watcher_state
 
 if TYPE_CHECKING:
     import torch
@@ -168,9 +167,9 @@ class GradWatchCallback(WatchAdapter, *_CALLBACK_BASES):  # type: ignore[misc]
         if self._restored is not None:
             state, self._restored = self._restored, None
             try:
-                restore_state(watcher, state)
+                watcher.load_state_dict(state)
             except Exception as exc:  # a stale or foreign checkpoint must not stop training
-                watcher._internal_error("checkpoint restore", exc)
+                watcher.record_fault("checkpoint restore", exc)
 
     def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
         """Remove the hooks, keep the report, write it and print its summary on rank 0."""
@@ -193,7 +192,7 @@ class GradWatchCallback(WatchAdapter, *_CALLBACK_BASES):  # type: ignore[misc]
         watcher = self._stop()
         if watcher is None:
             return
-        self._saved = self._guarded(watcher, "checkpoint state", watcher_state, watcher)
+        self._saved = self._guarded(watcher, "checkpoint state", watcher.state_dict)
         if not bool(getattr(trainer, "is_global_zero", True)):
             return
         self._write(_report_dir(trainer))
@@ -212,7 +211,7 @@ class GradWatchCallback(WatchAdapter, *_CALLBACK_BASES):  # type: ignore[misc]
         """Tell the core a backward was requested: a batch skipped by returning ``None``
         from ``training_step`` still steps the optimizer, and is no ``loss_disconnected``."""
         if self.watcher is not None:
-            self.watcher._pipe.extra.note_backward_call()
+            self.watcher.note_backward_requested()
 
     def on_after_backward(self, trainer: Any, pl_module: Any) -> None:
         """Nothing to do: the parameters' own hooks saw the gradients arrive."""
@@ -241,7 +240,7 @@ class GradWatchCallback(WatchAdapter, *_CALLBACK_BASES):  # type: ignore[misc]
     def state_dict(self) -> dict[str, Any]:
         """Findings so far and step counters, so a resumed run keeps its statistics."""
         if self.watcher is not None:
-            state = self._guarded(self.watcher, "checkpoint state", watcher_state, self.watcher)
+            state = self._guarded(self.watcher, "checkpoint state", self.watcher.state_dict)
             return dict(state) if state else {}
         if self._saved is not None:
             return dict(self._saved)

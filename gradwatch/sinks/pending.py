@@ -13,6 +13,8 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Optional
 
+from gradwatch.checks.ghost import GhostParam
+
 if TYPE_CHECKING:
     from gradwatch.core.watcher import Watcher
 
@@ -21,11 +23,7 @@ __all__ = ["PendingMetrics", "ghost_layers"]
 
 def ghost_layers(watcher: Watcher) -> list[str]:
     """The layers flagged ``ghost_param`` so far."""
-    return [
-        f.module
-        for (check, _), f in watcher._log._findings.items()
-        if check == "ghost_param" and f.module
-    ]
+    return [f.module for f in watcher.findings(GhostParam.id) if f.module]
 
 
 class PendingMetrics:

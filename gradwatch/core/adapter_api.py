@@ -1,0 +1,136 @@
+"""The public face of a :class:`~gradwatch.Watcher` that integrations build on.
+
+Framework adapters (the Lightning and Hugging Face callbacks, the pytest plugin, sinks)
+checkpoint a watcher, report their own failures and read its findings through these
+methods only, never through the watcher's private parts. They live in a mixin of their
+own so the watcher's lifecycle code stays readable on one screen.
+
+Example:
+    >>> with gradwatch.watch(model, optimizer) as watcher:  # doctest: +SKIP
+    ...     watcher.load_state_dict(checkpoint["gradwatch"])
+    ...     train()
+    ...     checkpoint["gradwatch"] = watcher.state_dict()
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Protocol
+
+from gradwatch.core.checkpoint import SavedState, pipeline_state, read_state, restore_pipeline
+from gradwatch.core.faults import Faults
+from gradwatch.core.findings import FindingLog
+from gradwatch.core.steps import StepPipeline
+from gradwatch.errors import GradWatchError
+from gradwatch.report import Report
+from gradwatch.results import Finding
+
+__all__ = ["AdapterAPI"]
+
+
+class _Parts(Protocol):
+    """What :class:`AdapterAPI` needs of the class it is mixed into."""
+
+    _log: FindingLog
+    _pipe: StepPipeline
+    _faults: Faults
+    _attached: bool
+    _closed: bool
+    _saved_state: Optional[SavedState]
+
+    def report(self) -> Report: ...
+
+
+class AdapterAPI:
+    """Checkpoint state, fault reporting and findings: what an integration may use."""
+
+    _saved_state: Optional[SavedState] = None  # loaded before attach, restored at attach
+
+    def state_dict(self: _Parts) -> dict[str, Any]:
+        """The watcher's state for a checkpoint: findings so far and step counters.
+
+        Only plain ``dict``/``list``/``str``/``int``/``float`` values, so the checkpoint
+        loads with ``torch.load(..., weights_only=True)``. Callable during the run and
+        after exit (then it holds the final report's findings).
+
+        Returns:
+            A dict for :meth:`load_state_dict` of the watcher of the resumed run.
+
+        Example:
+            >>> torch.save({"model": model.state_dict(), "gradwatch": watcher.state_dict()},
+            ...            "last.ckpt")  # doctest: +SKIP
+        """
+        return pipeline_state(self._pipe, self.report())
+
+    def load_state_dict(self: _Parts, state: dict[str, Any]) -> None:
+        """Continue the findings and counters of a checkpointed run.
+
+        A finding seen again after the resume merges into its restored one (``count``
+        keeps growing) and is not warned about twice; step counters continue. Before
+        :meth:`attach` the state is checked now and restored when the watcher attaches.
+
+        Args:
+            state: what :meth:`state_dict` returned in the checkpointed run.
+
+        Raises:
+            ValueError: ``state`` is not a gradwatch state of a known version.
+            GradWatchError: the watcher is closed already.
+
+        Example:
+            >>> with gradwatch.watch(model, optimizer) as watcher:  # doctest: +SKIP
+            ...     watcher.load_state_dict(torch.load("last.ckpt")["gradwatch"])
+        """
+        if self._closed:
+            raise GradWatchError("this watcher is closed: load its state before or during the run")
+        saved = read_state(state)
+        if self._attached:
+            restore_pipeline(self._pipe, saved)
+        else:
+            self._saved_state = saved
+
+    def _restore_saved_state(self: _Parts) -> None:
+        """At attach: restore what :meth:`load_state_dict` was given before."""
+        saved, self._saved_state = self._saved_state, None
+        if saved is not None:
+            restore_pipeline(self._pipe, saved)
+
+    def note_backward_requested(self: _Parts) -> None:
+        """An integration saw ``backward()`` requested for this step.
+
+        Lightning's ``on_before_backward`` calls this: a batch whose ``training_step``
+        returned ``None`` still steps the optimizer, and is then no ``loss_disconnected``.
+
+        Example:
+            >>> watcher.note_backward_requested()  # doctest: +SKIP
+        """
+        self._pipe.extra.note_backward_call()
+
+    def record_fault(self: _Parts, where: str, exc: BaseException) -> None:
+        """Record a failure of an integration's own step as an ``internal_error`` finding.
+
+        One finding per ``where``; training goes on unless the config says
+        ``on_internal_error: raise`` (then ``exc`` is raised here).
+
+        Args:
+            where: the failing place, e.g. ``"checkpoint restore"``.
+            exc: the exception it raised.
+
+        Example:
+            >>> try:  # doctest: +SKIP
+            ...     upload(report)
+            ... except Exception as exc:
+            ...     watcher.record_fault("report upload", exc)
+        """
+        self._faults.error(where, exc)
+
+    def findings(self: _Parts, check: Optional[str] = None) -> list[Finding]:
+        """Copies of the findings so far (all, or those of ``check``), cheaper than a report.
+
+        Args:
+            check: a check's id (``GhostParam.id``); ``None`` for every finding.
+
+        Example:
+            >>> from gradwatch.checks.ghost import GhostParam  # doctest: +SKIP
+            >>> [f.module for f in watcher.findings(GhostParam.id)]  # doctest: +SKIP
+            ['head']
+        """
+        return [f for f in self._log.findings() if check is None or f.check == check]
