@@ -137,6 +137,6 @@ def write_watched_report(report: Report, path: Union[str, Path]) -> Path:
     """``report.write(path)`` for the watcher (refreshes and exit): a path that went bad during
     the run is a contained fault (``OSError``), not a ``ConfigError`` raised into training."""
     try:
-        return report.write(path)
+        return write_text_atomic(path, report.model_dump_json(indent=2), what="JSON report")
     except ConfigError as exc:
         raise OSError(errno.EINVAL, str(exc)) from None

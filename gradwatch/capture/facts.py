@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-__all__ = ["FAULT", "FOREIGN_TENSORS", "UNOBSERVABLE", "Fact", "Report"]
+__all__ = ["FAULT", "FOREIGN_TENSORS", "SKIPPED_STEPS", "UNOBSERVABLE", "Fact", "Report"]
 
 UNOBSERVABLE = "unobservable"
 """gradwatch could not see something it promises (``details.reason`` says what)."""
@@ -22,6 +22,9 @@ FAULT = "fault"
 """One of gradwatch's own places failed; training went on without it."""
 FOREIGN_TENSORS = "foreign_tensors"
 """An optimizer holds tensors that are not parameters of the watched model."""
+SKIPPED_STEPS = "skipped_steps"
+"""A GradScaler skipped optimizer steps for inf/NaN gradients (``details``: ``skipped``,
+``total``, and the NaN probe's ``trace`` when it had one)."""
 
 
 @dataclass

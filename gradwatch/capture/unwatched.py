@@ -12,14 +12,11 @@ from __future__ import annotations
 
 import sys
 from types import FrameType
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional
 
 import torch
 
-from gradwatch.checks.not_observed import emit_not_observed
-
-if TYPE_CHECKING:
-    from gradwatch.core.findings import FindingLog
+from gradwatch.capture.facts import UNOBSERVABLE, Fact, Report
 
 __all__ = ["StepNesting", "UnwatchedUpdates"]
 
@@ -119,7 +116,7 @@ class UnwatchedUpdates:
         self._mark[k] = now
         return self._count.get(k, 0)
 
-    def look(self, track: Any, backward_passes: int, structure: Any, findings: FindingLog) -> None:
+    def look(self, track: Any, backward_passes: int, structure: Any, report: Report) -> None:
         """After a backward pass with no step of ``track``'s optimizer: moved without it?"""
         k = track.index
         waiting = backward_passes - track.backward_at_start
@@ -129,18 +126,19 @@ class UnwatchedUpdates:
         if moved < 2:
             return
         opt = structure.optimizers[k]
-        emit_not_observed(
-            findings,
-            severity=findings.config.check("not_observed").severity,
+        reason = f"optimizer_{k}_not_stepping"
+        fact = Fact(
+            UNOBSERVABLE,
             step=track.steps,
-            reason=f"optimizer_{k}_not_stepping",
+            key=reason,
             message=f"The parameters of watched optimizer {k} ({type(opt).__name__}) keep "
             f"changing across backward passes, but its step() has not run for {waiting} "
             "passes: another optimizer object is training them, unwatched.",
             hint="Was the optimizer re-created mid-run? gradwatch watches the object passed "
             "to watch(): open a new watch() with the new optimizer (or pass all of them).",
-            details={"optimizer": k, "backward_passes": moved},
+            details={"reason": reason, "optimizer": k, "backward_passes": moved},
         )
+        report(fact)
 
 
 def _all_moved(params: list[torch.Tensor], before: list[int], now: list[int]) -> bool:

@@ -109,6 +109,9 @@ class Check:
     #: ``"module_scan"`` (modules run but not registered), ``"nan_probe"`` (where a NaN is
     #: born), ``"unscale_watch"`` (gradients edited while scaled).
     needs: ClassVar[frozenset[str]] = frozenset()
+    #: Whether the layers of its findings keep their forward hooks once the others are
+    #: trimmed (``trim_hooks_after``): a ghost's cause comes from them.
+    keeps_forward_hooks: ClassVar[bool] = False
 
     @classmethod
     def default_severity(cls) -> str:
@@ -124,6 +127,15 @@ class Check:
     @property
     def severity(self) -> str:
         return self.config.severity
+
+    def evidence(self) -> dict[str, Any]:
+        """The evidence it needs, each with its setting (e.g. how many steps to scan for)."""
+        return dict.fromkeys(self.needs, True)
+
+    @classmethod
+    def call_site(cls, finding: Any) -> Optional[str]:
+        """The module whose calling line ``finding`` should name (``details.called_at``)."""
+        return None
 
     def on_structure(self, view: StructureView, log: FindingLog) -> None:
         """Called when the parameter/optimizer layout is first seen or changes."""

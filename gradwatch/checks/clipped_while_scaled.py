@@ -39,6 +39,7 @@ class ClippedWhileScaled(Check):
 
     id = "clipped_while_scaled"
     Config = ClippedWhileScaledConfig
+    needs = frozenset({"unscale_watch"})
     doc = CheckDoc(
         summary="Gradients were changed (clipped, normalised, noised) after backward but before "
         "`GradScaler.unscale_`/`scaler.step`, while still multiplied by the loss scale.",

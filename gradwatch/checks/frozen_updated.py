@@ -4,7 +4,7 @@
 ``zero_grad(set_to_none=False)`` (or a gradient left from before the freeze) the optimizer
 still steps it, and weight decay and momentum keep moving the "frozen" weights. What each
 optimizer changed is read from copy-free fingerprints of the frozen parameters it holds
-(exact change detection, ``gradwatch/core/sketch.py``) on observed steps.
+(exact change detection, ``gradwatch/measure/fingerprint.py``) on observed steps.
 """
 
 from __future__ import annotations

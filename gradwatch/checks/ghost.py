@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Optional
 
 from pydantic import Field
 
@@ -58,6 +58,7 @@ class GhostParam(Check):
 
     id = "ghost_param"
     Config = GhostParamConfig
+    keeps_forward_hooks = True
     error = GhostLayerError
     doc = CheckDoc(
         summary="A trainable parameter got no gradient between two optimizer steps while "
@@ -88,6 +89,13 @@ class GhostParam(Check):
         self._ddp_strict = False  # under DDP without find_unused_parameters
         self._flagged: dict[str, list[int]] = {}  # layer -> its ghosts at their last report
         self._pos: tuple[object, dict[int, int]] = (None, {})
+
+    @classmethod
+    def call_site(cls, finding: Any) -> Optional[str]:
+        """A layer that ran but was cut off (or ran under no_grad): the line that called it."""
+        if finding.details.get("cause") in ("disconnected", "no_grad"):
+            return finding.module  # type: ignore[no-any-return]
+        return None
 
     def on_structure(self, view: StructureView, log: FindingLog) -> None:
         self._ddp_strict = view.extra.get("ddp_find_unused") is False

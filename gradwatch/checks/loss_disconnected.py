@@ -52,6 +52,7 @@ class LossDisconnected(Check):
 
     id = "loss_disconnected"
     Config = LossDisconnectedConfig
+    needs = frozenset({"forward_runs"})
     doc = CheckDoc(
         summary="An optimizer step ran after the model's forward, yet none of its parameters "
         "received a gradient: the loss does not depend on the model.",

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any, Optional
 from pydantic import Field, StrictInt
 
 from gradwatch._severity import Severity
+from gradwatch.capture.facts import SKIPPED_STEPS, Fact
 from gradwatch.checks.base import Check, CheckConfig, severity_field
 from gradwatch.checks.docs import CheckDoc
 from gradwatch.checks.views import StepView
@@ -112,6 +113,9 @@ class NonfiniteGrad(Check):
         "expected and reported as info.",
     )
 
+    facts = frozenset({SKIPPED_STEPS})
+    needs = frozenset({"nan_probe"})
+
     def __init__(self, config, watch_config) -> None:  # type: ignore[no-untyped-def]
         super().__init__(config, watch_config)
         self._trace: Optional[dict[str, Any]] = None
@@ -197,6 +201,24 @@ class NonfiniteGrad(Check):
             key=key,
             details=details,
         )
+
+    def evidence(self) -> dict[str, Any]:
+        """The NaN probe, armed for ``trace_steps`` steps after a non-finite gradient."""
+        return {"nan_probe": self.config.trace_steps}
+
+    @classmethod
+    def call_site(cls, finding: Any) -> Optional[str]:
+        """A NaN born in a module's forward: the line that called that module."""
+        details = finding.details
+        if details.get("phase") != "forward":
+            return None
+        origin = details.get("origin_module") or finding.module
+        return origin if isinstance(origin, str) else None
+
+    def on_fact(self, fact: Fact, log: FindingLog) -> None:
+        """Steps the GradScaler skipped (:data:`~gradwatch.capture.facts.SKIPPED_STEPS`)."""
+        d = fact.details
+        self.on_skipped(d["skipped"], d["total"], fact.step, log, d.get("trace"))
 
     def on_skipped(
         self,

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Optional
 
 from gradwatch._severity import Severity
+from gradwatch.capture.facts import UNOBSERVABLE, Fact
 from gradwatch.checks.base import Check, CheckConfig, severity_field
 from gradwatch.checks.docs import CheckDoc
 from gradwatch.checks.views import RunView
@@ -21,6 +22,9 @@ if TYPE_CHECKING:
 __all__ = ["NotObserved", "NotObservedConfig", "emit_not_observed"]
 
 ID = "not_observed"
+
+# Reasons that leave only some checks blind (they say which): ``info``, not a failure.
+PARTIAL_REASONS = frozenset({"compiled_forward", "fsdp1_disconnected"})
 
 
 def emit_not_observed(
@@ -78,6 +82,22 @@ class NotObserved(Check):
         fix="Watch the optimizer that really steps and train inside the `with` block; use "
         "`use_orig_params=True` with FSDP1. `details.reason` says which case it was.",
     )
+    facts = frozenset({UNOBSERVABLE})
+
+    def on_fact(self, fact: Fact, log: FindingLog) -> None:
+        """Something the run could not see, said as it was seen (one finding per reason)."""
+        # Blind to a few checks only (the scout under torch.compile): said, the run still passes.
+        partial = fact.details.get("reason") in PARTIAL_REASONS
+        emit_not_observed(
+            log,
+            severity="info" if partial else self.severity,
+            step=fact.step,
+            reason=fact.key,
+            message=fact.message,
+            hint=fact.hint,
+            params=fact.params,
+            details=fact.details,
+        )
 
     def on_run(self, view: RunView, log: FindingLog) -> None:
         if view.steps > 0:

@@ -16,9 +16,11 @@ from gradwatch.checks.double_update import DoubleUpdate
 from gradwatch.checks.exploding import ExplodingGrad
 from gradwatch.checks.frozen_updated import FrozenParamUpdated
 from gradwatch.checks.ghost import GhostParam
+from gradwatch.checks.internal_error import InternalError
 from gradwatch.checks.loss_disconnected import LossDisconnected
 from gradwatch.checks.nonfinite import NonfiniteGrad
 from gradwatch.checks.not_observed import NotObserved
+from gradwatch.checks.outside_model import ParamOutsideModel
 from gradwatch.checks.stale import StaleParam
 from gradwatch.checks.step_without_grad import StepWithoutGrad
 from gradwatch.checks.unregistered import UnregisteredParam
@@ -26,7 +28,7 @@ from gradwatch.checks.vanishing import VanishingGrad
 from gradwatch.checks.zero_grad import MissingZeroGrad
 from gradwatch.errors import GradWatchError
 
-__all__ = ["ALL_CHECKS", "by_id", "error_class"]
+__all__ = ["ALL_CHECKS", "SELF_CHECKS", "by_id", "error_class"]
 
 ALL_CHECKS: list[type[Check]] = [
     GhostParam,
@@ -47,10 +49,13 @@ ALL_CHECKS: list[type[Check]] = [
     ClippedWhileScaled,
 ]
 
+# gradwatch's own: always on, in no config (a fault or a synthesized name must be said).
+SELF_CHECKS: list[type[Check]] = [InternalError, ParamOutsideModel]
+
 
 def by_id(check_id: str) -> type[Check]:
-    """The registered check class of ``check_id`` (``KeyError`` when there is none)."""
-    for cls in ALL_CHECKS:
+    """The check class of ``check_id`` (``KeyError`` when there is none)."""
+    for cls in [*ALL_CHECKS, *SELF_CHECKS]:
         if cls.id == check_id:
             return cls
     raise KeyError(check_id)

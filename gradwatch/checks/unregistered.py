@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pydantic import Field, StrictInt
 
@@ -52,6 +52,7 @@ class UnregisteredParam(Check):
     id = "unregistered_param"
     Config = UnregisteredParamConfig
     config: UnregisteredParamConfig
+    needs = frozenset({"module_scan"})
     doc = CheckDoc(
         summary="A tensor that requires grad received a gradient through a module that runs in "
         "the forward but is not registered in the model.",
@@ -65,6 +66,10 @@ class UnregisteredParam(Check):
         fix="Use `nn.ModuleList` / `nn.ModuleDict` (or `nn.ParameterList`) so the modules are "
         "registered; the finding names the attribute path, e.g. `blocks[0].weight`.",
     )
+
+    def evidence(self) -> dict[str, Any]:
+        """The scan for unregistered modules, on for ``scan_steps`` optimizer steps."""
+        return {"module_scan": self.config.scan_steps}
 
     def on_step(self, view: StepView, log: FindingLog) -> None:
         if not view.unregistered:

@@ -1,20 +1,21 @@
-"""Evidence for the second-round checks, gathered alongside the step pipeline.
+"""Evidence beyond each step's gradients, gathered only where an enabled check needs it.
 
-The forward scout (run stamps, unregistered modules, the NaN probe), the GradScaler's
-unscale watch (``clipped_while_scaled``), backward requests an integration reports
-(``loss_disconnected``), and what each step consumed (``double_update``): all filled into
-the :class:`~gradwatch.checks.StepView` before the checks run.
+The checks declare what they need (``Check.needs`` / ``Check.evidence()``): the forward
+scout's run stamps (``forward_runs``) and scan for unregistered modules (``module_scan``),
+the NaN probe (``nan_probe``), the GradScaler's unscale watch (``unscale_watch``). Backward
+requests an integration reports, and what each step consumed, are filled into the
+:class:`~gradwatch.checks.StepView` before the checks run.
 """
 
 from __future__ import annotations
 
 from typing import Any, Optional
 
+from gradwatch.capture.facts import UNOBSERVABLE, Fact
 from gradwatch.capture.forward_scout import ForwardScout
 from gradwatch.capture.unscale_watch import UnscaleWatch
 from gradwatch.capture.window import Gathered, Track
 from gradwatch.checks import StepView
-from gradwatch.checks.not_observed import emit_not_observed
 from gradwatch.measure.stats import to_host
 
 __all__ = ["FIRST_TRACE_STEPS", "ExtraEvidence"]
@@ -29,11 +30,9 @@ class ExtraEvidence:
         self.pipe = pipe
         self.config = pipe.config
         self.tracker = pipe.tracker
-        checks = self.config.checks
+        self.wanted: dict[str, Any] = pipe.judges.evidence()  # what the enabled checks need
         self.scout = ForwardScout(
-            self.tracker,
-            pipe.faults.callback(),
-            checks.unregistered_param.scan_steps if checks.unregistered_param.enabled else 0,
+            self.tracker, pipe.faults.callback(), int(self.wanted.get("module_scan", 0))
         )
         self._unscale: Optional[UnscaleWatch] = None
         self._newer_installed = False
@@ -47,23 +46,23 @@ class ExtraEvidence:
         if self._newer_installed or pipe.model is None:
             return
         self._newer_installed = True
-        checks = self.config.checks
         index = pipe.structure.index
-        wanted = checks.loss_disconnected.enabled or self.scout.scanning
+        wanted = "forward_runs" in self.wanted or self.scout.scanning
+        nan_probe = "nan_probe" in self.wanted
         # Under torch.compile no hook may come or go (each is a dynamo guard: a recompile),
         # and the scout's come and go by design: a compiled model gets none of them.
         if pipe.hooks.keep_all:
-            self._say_compiled(wanted, checks.nonfinite_grad.enabled)
-        elif wanted or checks.nonfinite_grad.enabled:
+            self._say_compiled(wanted, nan_probe)
+        elif wanted or nan_probe:
             self.scout.install(pipe.model, lambda p: index.lookup(p) is not None)
             pipe.hooks.removers.append(self.scout.remove_all)
-            if checks.nonfinite_grad.enabled and checks.nonfinite_grad.trace_steps > 0:
+            if nan_probe and self.wanted["nan_probe"] > 0:
                 # On for the first steps (a NaN from the first batches is traced at once,
                 # before the update spreads it into the weights); a flag per module call is
                 # the costliest hook, so at most FIRST_TRACE_STEPS steps.
                 limit = self.config.trim_hooks_after
                 self.scout.arm(10**9 if limit is None else min(limit, FIRST_TRACE_STEPS))
-        if pipe.scaler.scaler is not None and checks.clipped_while_scaled.enabled:
+        if pipe.scaler.scaler is not None and "unscale_watch" in self.wanted:
             guard = pipe.faults.guard
             self._unscale = UnscaleWatch(
                 pipe.scaler.scaler, lambda opt: guard("unscale watch", self.unscaling, opt)
@@ -72,31 +71,30 @@ class ExtraEvidence:
 
     def _say_compiled(self, wanted: bool, nonfinite: bool) -> None:
         """Under torch.compile the scout stays off: say which checks that leaves blind."""
-        checks = self.config.checks
+        judges = self.pipe.judges
         blind = [
-            what
-            for what, on in (
-                ("loss_disconnected", checks.loss_disconnected.enabled),
-                ("unregistered_param", self.scout.scanning),
-                ("nonfinite_grad's forward origin (details.phase/origin_module)", nonfinite),
-            )
-            if on
+            *judges.needing("forward_runs"),
+            *(judges.needing("module_scan") if self.scout.scanning else []),
+            *(
+                f"{c}'s forward origin (details.phase/origin_module)"
+                for c in (judges.needing("nan_probe") if nonfinite else [])
+            ),
         ]
         if not (wanted or nonfinite) or not blind:
             return
-        emit_not_observed(
-            self.pipe.findings,
-            severity="info",
+        fact = Fact(
+            UNOBSERVABLE,
             step=0,
-            reason="compiled_forward",
+            key="compiled_forward",
             message="The model runs under torch.compile, where gradwatch adds no forward "
             f"hooks of its own (each would be a recompile): {', '.join(blind)} "
             "cannot be checked. Ghost parameters, gradient statistics and the other "
             "checks run as usual.",
             hint="Run a few steps without torch.compile (or `gradwatch check` on the eager "
             "model) to cover these checks.",
-            details={"checks": blind},
+            details={"reason": "compiled_forward", "checks": blind},
         )
+        self.pipe.record(fact)
 
     def note_backward_call(self) -> None:
         """An integration saw ``backward()`` requested (Lightning's ``on_before_backward``)."""
@@ -153,7 +151,6 @@ class ExtraEvidence:
         view.grads_assigned = lambda: assigned
         view.scaled_edits = self.scaled_edits.pop(track.index, None)
         view.unregistered = scout.take_unregistered()
-        cfg = self.config.checks.nonfinite_grad
         # A step the GradScaler skipped had inf/NaN gradients too: trace those as well.
         nonfinite = any(g.nonfinite) or skipped > 0
         if scout.armed:
@@ -162,8 +159,8 @@ class ExtraEvidence:
                 view.nan_trace = trace
             if (nonfinite and trace is not None) or scout.armed_steps >= scout.arm_limit:
                 scout.disarm()
-        elif nonfinite and cfg.enabled:
-            scout.arm(cfg.trace_steps)
+        elif nonfinite and "nan_probe" in self.wanted:
+            scout.arm(self.wanted["nan_probe"])
 
     def window_closed(self, k: Optional[int]) -> None:
         """Optimizer ``k``'s window closed: backward requests are counted from here."""

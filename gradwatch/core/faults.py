@@ -1,4 +1,4 @@
-"""Fault containment: a failure inside gradwatch becomes a finding, never a crashed run."""
+"""Fault containment: a failure inside gradwatch becomes a fact judged as a finding, never a crash."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import traceback
 import weakref
 from typing import Any, Callable
 
+from gradwatch.capture.facts import FAULT, Fact, Report
 from gradwatch.config import GradWatchConfig
-from gradwatch.core.findings import FindingLog
 from gradwatch.errors import GradWatchError, GradWatchWarning
 
 __all__ = ["Faults"]
@@ -24,11 +24,20 @@ class Faults:
     training goes on (unless ``on_internal_error: raise``).
     """
 
-    def __init__(self, config: GradWatchConfig, findings: FindingLog) -> None:
+    def __init__(self, config: GradWatchConfig) -> None:
         self.config = config
-        self.findings = findings
+        self._pending: list[Fact] = []
+        # Where a fault is recorded: held until the run's judges are connected.
+        self.report: Report = self._pending.append
         self.where: set[str] = set()
         self.step = 0  # the step an internal error is reported at (the owner keeps it current)
+
+    def connect(self, report: Report) -> None:
+        """Record faults through ``report`` from now on (and the ones held so far)."""
+        self.report = report
+        pending, self._pending = self._pending, []
+        for fact in pending:
+            report(fact)
 
     def guard(self, where: str, fn: Callable[..., Any], *args: Any) -> Any:
         """``fn(*args)``, or ``None`` after recording its failure."""
@@ -50,9 +59,8 @@ class Faults:
         summary = traceback.format_exception(type(exc), exc, exc.__traceback__)[-3:]
         said = _first_line(exc)
         log.warning("gradwatch internal error in %s: %s (training continues)", where, said)
-        self.findings.emit(
-            "internal_error",
-            severity="warning",
+        fact = Fact(
+            FAULT,
             step=self.step,
             message=f"gradwatch's {where} failed with {said}; training went on without it.",
             hint="This is a gradwatch bug or a faulty sink/check: please report it with the "
@@ -60,6 +68,7 @@ class Faults:
             key=where,
             details={"where": where, "error": repr(exc), "traceback": "".join(summary)},
         )
+        self.report(fact)
 
     def callback(self) -> Callable[[str, BaseException], None]:
         """An ``on_error(where, exc)`` for hooks, holding this object weakly."""

@@ -1,4 +1,8 @@
-"""Collects findings: one per (check, layer), warnings once per (check, parameter), allowlist."""
+"""Collects findings (one per check and layer, warnings once, allowlist) and routes to the checks.
+
+:class:`Judges` hands each view and fact to the checks that judge it, each call guarded;
+:class:`FindingLog` is where they write. The run never writes a finding itself.
+"""
 
 from __future__ import annotations
 
@@ -6,13 +10,17 @@ import fnmatch
 import os
 import sys
 import warnings
-from typing import Any, Optional
+from collections.abc import Iterable
+from typing import Any, Callable, Optional
 
 import torch
 
 from gradwatch._text import safe
+from gradwatch.capture.facts import Fact
+from gradwatch.checks import Check, RunView, StepView, StructureView
+from gradwatch.checks.registry import by_id, error_class
 from gradwatch.config import GradWatchConfig
-from gradwatch.errors import GhostLayerError, GradWatchError, GradWatchWarning
+from gradwatch.errors import GradWatchWarning
 from gradwatch.model.locations import Locations
 from gradwatch.results import Finding
 
@@ -122,6 +130,10 @@ class FindingLog:
         self._surface(finding, names or [ident[1] or finding.check])
         return finding
 
+    def __len__(self) -> int:
+        """How many findings there are so far."""
+        return len(self._findings)
+
     def get(self, check: str, key: str) -> Optional[Finding]:
         """The live finding of ``(check, key)`` (its layer, or the key it was emitted with)."""
         return self._findings.get((check, key))
@@ -204,7 +216,7 @@ class FindingLog:
             return
         found, self._fail_fast = self._fail_fast, []
         text = "; ".join(f"{f.line()} [{safe(', '.join(f.params[:8]))}]" for f in found)
-        cls = GhostLayerError if any(f.check == "ghost_param" for f in found) else GradWatchError
+        cls = error_class(f.check for f in found)
         raise cls(f"gradwatch (fail_fast): {text}")
 
     def findings(self) -> list[Finding]:
@@ -213,3 +225,70 @@ class FindingLog:
             for finding in self._findings.values():
                 self.locations.annotate(finding)
         return [f.model_copy(deep=True) for f in self._findings.values()]
+
+
+Guard = Callable[..., Any]
+
+
+class Judges:
+    """The checks of one watcher: each view or fact goes to the checks that judge it.
+
+    Every call is guarded (``guard(where, fn, *args)``, :class:`~gradwatch.core.faults.Faults`):
+    a failing check is an ``internal_error``, never a crashed step.
+    """
+
+    def __init__(self, checks: list[Check], log: FindingLog, guard: Guard) -> None:
+        self.checks = checks
+        self.log = log
+        self._guard = guard
+        self._by_fact: dict[str, list[Check]] = {}
+        for check in checks:
+            for kind in check.facts:
+                self._by_fact.setdefault(kind, []).append(check)
+        self._keep_hooks = {c.id for c in checks if c.keeps_forward_hooks}
+
+    def structure(self, view: StructureView) -> None:
+        """The layout was first seen or changed."""
+        for check in self.checks:
+            self._guard(f"{check.id} check", check.on_structure, view, self.log)
+
+    def step(self, view: StepView) -> None:
+        """One step's view (an optimizer step, or a backward pass without an optimizer)."""
+        for check in self.checks:
+            self._guard(f"{check.id} check", check.on_step, view, self.log)
+
+    def run(self, view: RunView) -> None:
+        """The whole run, once, when the watcher closes."""
+        for check in self.checks:
+            self._guard(f"{check.id} check", check.on_run, view, self.log)
+
+    def fact(self, fact: Fact) -> None:
+        """A fact the run recorded: the checks that declared its kind judge it."""
+        for check in self._by_fact.get(fact.kind, ()):
+            self._guard(f"{check.id} check", check.on_fact, fact, self.log)
+
+    def evidence(self) -> dict[str, Any]:
+        """What the enabled checks need gathered, each with the largest setting asked for."""
+        out: dict[str, Any] = {}
+        for check in self.checks:
+            for name, value in check.evidence().items():
+                old = out.get(name)
+                out[name] = value if old is None or old is True else max(old, value)
+        return out
+
+    def needing(self, evidence: str) -> list[str]:
+        """The ids of the checks that need ``evidence``."""
+        return [c.id for c in self.checks if evidence in c.needs]
+
+    def hooked_modules(self, findings: Iterable[Any]) -> set[str]:
+        """Layers of findings whose check keeps their forward hooks on once trimmed."""
+        return {f.module for f in findings if f.check in self._keep_hooks and f.module}
+
+
+def call_site(finding: Any) -> Optional[str]:
+    """The module whose calling line ``finding`` wants, as its check says (``None``: none)."""
+    try:
+        cls = by_id(finding.check)
+    except KeyError:
+        return None
+    return cls.call_site(finding)

@@ -13,17 +13,17 @@ import torch
 from torch import nn
 
 from gradwatch.capture.evidence import Tracker, make_cause
+from gradwatch.capture.facts import FOREIGN_TENSORS, SKIPPED_STEPS, Fact
 from gradwatch.capture.hooks import HookSet
 from gradwatch.capture.scaler import ScalerWatch
 from gradwatch.capture.step_reading import StepReading
 from gradwatch.capture.unwatched import StepNesting, UnwatchedUpdates
 from gradwatch.capture.window import Gathered, Track
-from gradwatch.checks import Check, RunView, StepView, StructureView
-from gradwatch.checks.nonfinite import NonfiniteGrad
+from gradwatch.checks import RunView, StepView, StructureView
 from gradwatch.config import GradWatchConfig
 from gradwatch.core.extra_evidence import ExtraEvidence
 from gradwatch.core.faults import Faults
-from gradwatch.core.findings import FindingLog
+from gradwatch.core.findings import FindingLog, Judges
 from gradwatch.core.gather import gather, layer_samples
 from gradwatch.core.recorder import LayerRecorder
 from gradwatch.core.structure import Structure, group_signature
@@ -77,7 +77,7 @@ class StepPipeline:
         config: GradWatchConfig,
         structure: Structure,
         hooks: HookSet,
-        checks: list[Check],
+        judges: Judges,
         findings: FindingLog,
         faults: Faults,
         scaler: ScalerWatch,
@@ -89,7 +89,7 @@ class StepPipeline:
         self.structure = structure
         self.tracker: Tracker = structure.tracker
         self.hooks = hooks
-        self.checks = checks
+        self.judges = judges
         self.findings = findings
         self.faults = faults
         self.scaler = scaler
@@ -118,20 +118,24 @@ class StepPipeline:
         if view is not None:
             self._on_structure(view, step)
 
+    def record(self, fact: Fact) -> None:
+        """A fact the run saw: the checks that judge its kind do."""
+        self.judges.fact(fact)
+
     def _on_structure(self, view: StructureView, step: int) -> None:
-        for check in self.checks:
-            self.faults.guard(f"{check.id} check", check.on_structure, view, self.findings)
+        self.judges.structure(view)
         outside = self.structure.outside
         if outside:
-            self.findings.emit(
-                "param_outside_model",
-                severity="info",
-                step=step,
-                message=f"{len(outside)} optimizer tensor(s) are not parameters of the watched "
-                "model; watched under synthesized names.",
-                hint="Watch the whole model (not a submodule) to get real parameter names.",
-                params=self.structure.index.names(outside),
-                key="optimizer",
+            self.record(
+                Fact(
+                    FOREIGN_TENSORS,
+                    step=step,
+                    key="optimizer",
+                    message=f"{len(outside)} optimizer tensor(s) are not parameters of the "
+                    "watched model; watched under synthesized names.",
+                    hint="Watch the whole model (not a submodule) to get real parameter names.",
+                    params=self.structure.index.names(outside),
+                )
             )
 
     # -- events ----------------------------------------------------------------------------
@@ -150,7 +154,7 @@ class StepPipeline:
         elif not self.nesting.inside():  # an LBFGS closure's backward belongs to its step
             for track in self.structure.tracks:
                 if track.index is not None:
-                    self.unwatched.look(track, self.backward_passes, self.structure, self.findings)
+                    self.unwatched.look(track, self.backward_passes, self.structure, self.record)
 
     def step_pre(self, k: int, caller: FrameType) -> None:
         """Optimizer ``k``'s pre-step hook (a nested ``super().step()`` is the same step)."""
@@ -219,14 +223,13 @@ class StepPipeline:
         _note_hand_written(self, track, g)
         view = self._view(track, g, observed)
         self.extra.fill(view, track, g, trace, skipped)
-        for check in self.checks:
-            self.faults.guard(f"{check.id} check", check.on_step, view, self.findings)
+        self.judges.step(view)
         if observed:
             several = sum(1 for t in structure.tracks if t.index is not None) > 1
             self.recorder.record(
                 view,
                 several_optimizers=several,
-                findings=len(self.findings._findings),
+                findings=len(self.findings),
                 guard=self.faults.guard,
             )
         self.tracker.snapshot(g.ids, g.grads)
@@ -253,8 +256,7 @@ class StepPipeline:
             and not self.config.fail_fast
             and self.steps >= limit
         ):
-            flagged = {f.module for f in self.findings.findings() if f.check == "ghost_param"}
-            self.hooks.trim({m for m in flagged if m is not None})
+            self.hooks.trim(self.judges.hooked_modules(self.findings.findings()))
 
     def _view(self, track: Track, g: Gathered, observed: bool) -> StepView:
         index = self.structure.index
@@ -310,9 +312,7 @@ class StepPipeline:
 
     def finish(self, faults: list[str]) -> None:
         """The run is over: checks judge it as a whole once."""
-        view = run_view(self, faults)
-        for check in self.checks:
-            self.faults.guard(f"{check.id} check", check.on_run, view, self.findings)
+        self.judges.run(run_view(self, faults))
 
     def release(self) -> None:
         self.model = None
@@ -321,12 +321,11 @@ class StepPipeline:
 
 
 def _note_skips(pipe: StepPipeline, skipped: int, step: int, trace: Optional[dict] = None) -> None:
-    """Steps the GradScaler skipped (inf/NaN gradients): nonfinite_grad reports them."""
+    """Steps the GradScaler skipped (inf/NaN gradients): a fact for the checks to judge."""
     if not skipped:
         return
-    for check in pipe.checks:
-        if isinstance(check, NonfiniteGrad):
-            check.on_skipped(skipped, pipe.scaler.skipped, step, pipe.findings, trace)
+    details = {"skipped": skipped, "total": pipe.scaler.skipped, "trace": trace}
+    pipe.record(Fact(SKIPPED_STEPS, step=step, key="grad_scaler", message="", details=details))
 
 
 def _note_hand_written(pipe: StepPipeline, track: Track, g: Gathered) -> None:
@@ -355,7 +354,7 @@ def _note_hand_written(pipe: StepPipeline, track: Track, g: Gathered) -> None:
 def run_view(pipe: StepPipeline, faults: list[str]) -> RunView:
     """What the whole run showed, for the checks that judge it once at the end."""
     if pipe.model is not None:  # a short run may never have re-read the layout
-        late_sharding(pipe.sharded, pipe.model, pipe.findings, pipe.config, pipe.steps)
+        late_sharding(pipe.sharded, pipe.model, pipe.record, pipe.steps)
     tracker = pipe.tracker
     return RunView(
         steps=pipe.steps,

@@ -187,18 +187,15 @@ def _coverage(
     optimizers: list[torch.optim.Optimizer],
 ) -> dict[str, int]:
     params = index.params
-    return {
-        "trainable": len(trainable),
-        "frozen": len(frozen),
-        "trainable_numel": sum(params[i].numel for i in trainable),
-        "frozen_numel": sum(params[i].numel for i in frozen),
-        "in_optimizer": sum(1 for i in trainable if i in optimizer_of),
-        "not_in_optimizer": sum(
-            1 for i in trainable if i not in optimizer_of and not params[i].outside_model
-        )
-        if optimizers
-        else 0,
-        "frozen_in_optimizer": sum(1 for i in frozen if i in optimizer_of),
-        "outside_model": sum(1 for i in optimizer_of if params[i].outside_model),
-        "optimizers": len(optimizers),
-    }
+    unoptimised = sum(1 for i in trainable if i not in optimizer_of and not params[i].outside_model)
+    return dict(
+        trainable=len(trainable),
+        frozen=len(frozen),
+        trainable_numel=sum(params[i].numel for i in trainable),
+        frozen_numel=sum(params[i].numel for i in frozen),
+        in_optimizer=sum(1 for i in trainable if i in optimizer_of),
+        not_in_optimizer=unoptimised if optimizers else 0,
+        frozen_in_optimizer=sum(1 for i in frozen if i in optimizer_of),
+        outside_model=sum(1 for i in optimizer_of if params[i].outside_model),
+        optimizers=len(optimizers),
+    )

@@ -32,11 +32,12 @@ from gradwatch.capture.hooks import HookSet
 from gradwatch.capture.resets import sweep_resets
 from gradwatch.capture.scaler import ScalerWatch
 from gradwatch.checks import ALL_CHECKS, Check
+from gradwatch.checks.registry import SELF_CHECKS
 from gradwatch.config import GradWatchConfig
 from gradwatch.core.adapter_api import AdapterAPI
 from gradwatch.core.build_report import build_report
 from gradwatch.core.faults import Faults
-from gradwatch.core.findings import FindingLog
+from gradwatch.core.findings import FindingLog, Judges, call_site
 from gradwatch.core.persist import ReportRefresher
 from gradwatch.core.recorder import LayerRecorder
 from gradwatch.core.steps import StepPipeline
@@ -127,11 +128,11 @@ class Watcher(AdapterAPI):
         find_unused = ddp_find_unused(model)
         self._model: Optional[nn.Module] = unwrap(model)
         self._log = FindingLog(self.config)
-        self._faults = Faults(self.config, self._log)
+        self._faults = Faults(self.config)
         self._tracker = Tracker()
         self._ends = BackwardEnds(self._tracker, self._end_callback(), self._faults.callback())
         self._log.locations = Locations(
-            self._model, self._tracker.called_at, self._tracker.want_call
+            self._model, self._tracker.called_at, self._tracker.want_call, call_site
         )  # source lines of findings
         self._hooks = HookSet(self._tracker, self._arrival_callback(), self._faults.callback())
         # Under torch.compile, hooks stay put: adding/removing one costs a recompile.
@@ -141,7 +142,9 @@ class Watcher(AdapterAPI):
             cls(self.config.check(cls.id), self.config)
             for cls in ALL_CHECKS
             if self.config.check(cls.id).enabled
-        ]
+        ] + [cls(cls.Config(), self.config) for cls in SELF_CHECKS]
+        judges = Judges(checks, self._log, self._faults.guard)
+        self._faults.connect(judges.fact)  # a fault is a fact the internal_error check judges
         dist = DistSync.detect()
         if dist is not None and dist.rank != 0:
             self._log.emit_warnings = False
@@ -151,7 +154,7 @@ class Watcher(AdapterAPI):
             self.config,
             Structure(_optimizers(optimizer), self._tracker, ddp_find_unused=find_unused),
             self._hooks,
-            checks,
+            judges,
             self._log,
             self._faults,
             ScalerWatch(scaler),
@@ -360,7 +363,7 @@ def _attach_sharded(w: Watcher, model: nn.Module) -> None:
     pipe = w._pipe
     on_arrival, on_error = w._arrival_callback(), w._faults.callback()
     hook_backward(pipe.sharded, model, w._flat, w._hooks.add, on_arrival, on_error)
-    report_layout(pipe.sharded, w._log, w.config, pipe.structure)
+    report_layout(pipe.sharded, pipe.record, pipe.structure.index)
 
 
 def _check_model(model: nn.Module) -> None:

@@ -24,6 +24,7 @@ judged as one tensor and a ``not_observed`` error says so.
 from __future__ import annotations
 
 import weakref
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -36,7 +37,6 @@ from gradwatch.model.index import ROOT, ParamIndex
 if TYPE_CHECKING:
     from gradwatch.capture.hooks import HookSet
     from gradwatch.capture.window import Track
-    from gradwatch.core.structure import Structure
 
 __all__ = [
     "FlatLayout",
@@ -74,14 +74,14 @@ class FlatLayout:
     """Flat parameter's index -> why its layout cannot be read (judged as one tensor)."""
 
 
-_LAYOUTS: weakref.WeakKeyDictionary[Structure, FlatLayout] = weakref.WeakKeyDictionary()
+_LAYOUTS: weakref.WeakKeyDictionary[ParamIndex, FlatLayout] = weakref.WeakKeyDictionary()
 
 
-def layout_of(structure: Structure) -> FlatLayout:
-    """The flat layout read so far for ``structure``'s model (empty until :func:`adopt`)."""
-    found = _LAYOUTS.get(structure)
+def layout_of(index: ParamIndex) -> FlatLayout:
+    """The flat layout read so far for the model ``index`` maps (empty until :func:`adopt`)."""
+    found = _LAYOUTS.get(index)
     if found is None:
-        found = _LAYOUTS[structure] = FlatLayout()
+        found = _LAYOUTS[index] = FlatLayout()
     return found
 
 
@@ -146,14 +146,15 @@ def _join(module: str, param: str) -> str:
     return f"{module}.{param}" if module else param
 
 
-def adopt(model: nn.Module, structure: Structure, hooks: HookSet) -> FlatLayout:
+def adopt(
+    model: nn.Module, index: ParamIndex, tracks: Sequence[Track], hooks: HookSet
+) -> FlatLayout:
     """Replace every readable flat parameter by its originals: in the index, the tracks, hooks.
 
     Idempotent: run after each layout re-read. New index entries are ``within`` their flat
     parameter (never hooked themselves); the flat parameter leaves the report's layers.
     """
-    index = structure.index
-    lay = layout_of(structure)
+    lay = layout_of(index)
     names: Optional[dict[int, str]] = None
     for info in list(index.params):
         p = info.ref()
@@ -183,7 +184,7 @@ def adopt(model: nn.Module, structure: Structure, hooks: HookSet) -> FlatLayout:
         lay.originals[info.idx] = ids
     for flat, ids in lay.originals.items():  # again after each re-scan (it re-adds the name)
         index.hide(flat, [n for i in ids for n in index.params[i].names])
-    for track in structure.tracks:
+    for track in tracks:
         _translate(track, lay, index)
     return lay
 

@@ -1,4 +1,4 @@
-"""What gradwatch can and cannot see under each sharding engine: evidence and findings."""
+"""What gradwatch can and cannot see under each sharding engine: evidence, and facts to judge."""
 
 from __future__ import annotations
 
@@ -8,16 +8,13 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 import torch
 from torch import nn
 
-from gradwatch.checks.not_observed import emit_not_observed
+from gradwatch.capture.facts import UNOBSERVABLE, Fact, Report
 from gradwatch.distributed import fsdp1_flat
 from gradwatch.distributed.sharded import hook_flat_params, hook_layer_outputs
 from gradwatch.model.engines import FSDP1_FLAT, FSDP1_ORIG, engine_of
 
 if TYPE_CHECKING:
     from gradwatch.capture.evidence import Tracker
-    from gradwatch.config import GradWatchConfig
-    from gradwatch.core.findings import FindingLog
-    from gradwatch.core.structure import Structure
     from gradwatch.model.index import ParamIndex
 
 __all__ = ["adopt_engine", "forward_arrival", "hook_backward", "late_sharding", "report_layout"]
@@ -30,20 +27,19 @@ def adopt_engine(pipe: Any, step: int) -> None:
     its metadata, :mod:`gradwatch.distributed.fsdp1_flat`); one it cannot read fails the report.
     """
     if pipe.model is not None:
-        late_sharding(pipe.sharded, pipe.model, pipe.findings, pipe.config, step)
+        late_sharding(pipe.sharded, pipe.model, pipe.record, step)
     if pipe.sharded == FSDP1_FLAT and pipe.model is not None:
         structure = pipe.structure
-        lay = fsdp1_flat.adopt(pipe.model, structure, pipe.hooks)
-        pipe.tracker.grow(len(structure.index.params))
+        index = structure.index
+        lay = fsdp1_flat.adopt(pipe.model, index, structure.tracks, pipe.hooks)
+        pipe.tracker.grow(len(index.params))
         if lay.unreadable:
-            _flat_unreadable(pipe.findings, pipe.config, structure, lay.unreadable, step)
+            _flat_unreadable(pipe.record, index, lay.unreadable, step)
     for track in pipe.structure.tracks:
         track.sharded = pipe.sharded
 
 
-def late_sharding(
-    engine: Optional[str], model: nn.Module, log: FindingLog, config: GradWatchConfig, step: int
-) -> None:
+def late_sharding(engine: Optional[str], model: nn.Module, report: Report, step: int) -> None:
     """The model was sharded after ``watch()`` began (seen at a layout re-read): say so.
 
     ``fully_shard`` replaces every parameter with a DTensor: the hooks, and an optimizer
@@ -51,15 +47,17 @@ def late_sharding(
     """
     if engine is not None or engine_of(model) is None:
         return
-    emit_not_observed(
-        log,
-        severity=config.check("not_observed").severity,
-        step=step,
-        reason="sharded_after_watch",
-        message="The model was sharded (fully_shard / FSDP) after watch() began: gradwatch "
-        "(and any optimizer created before sharding) holds the parameters from before.",
-        hint="Shard first, then create the optimizer from the sharded model's parameters, "
-        "then call watch().",
+    report(
+        Fact(
+            UNOBSERVABLE,
+            step=step,
+            key="sharded_after_watch",
+            message="The model was sharded (fully_shard / FSDP) after watch() began: gradwatch "
+            "(and any optimizer created before sharding) holds the parameters from before.",
+            hint="Shard first, then create the optimizer from the sharded model's parameters, "
+            "then call watch().",
+            details={"reason": "sharded_after_watch"},
+        )
     )
 
 
@@ -101,10 +99,8 @@ def forward_arrival(
     return arrived
 
 
-def report_layout(
-    engine: Optional[str], log: FindingLog, config: GradWatchConfig, structure: Structure
-) -> None:
-    """Emit the ``not_observed`` finding for what ``engine`` hides from gradwatch (if any).
+def report_layout(engine: Optional[str], report: Report, index: ParamIndex) -> None:
+    """Record what ``engine`` hides from gradwatch (if any), for ``not_observed`` to judge.
 
     FSDP1 (``use_orig_params`` or flattened): a ghost whose module ran without giving it a
     gradient looks like a zero gradient (``info``: the other checks run, only that cause is
@@ -112,46 +108,47 @@ def report_layout(
     configured severity).
     """
     if engine == FSDP1_FLAT:
-        lay = fsdp1_flat.layout_of(structure)
+        lay = fsdp1_flat.layout_of(index)
         if lay.unreadable or not lay.originals:
             problems = lay.unreadable or {-1: "no flat parameter in the watched model"}
-            _flat_unreadable(log, config, structure, problems, 0)
+            _flat_unreadable(report, index, problems, 0)
             return
     if engine in (FSDP1_ORIG, FSDP1_FLAT):
-        emit_not_observed(
-            log,
-            severity="info",
-            step=0,
-            reason="fsdp1_disconnected",
-            message="FSDP1 assigns gradients after its reduce-scatter and gives an unused "
-            "parameter a zero gradient: a ghost whose layer never ran (or ran under no_grad) "
-            "is named, one whose layer ran without giving it a gradient (disconnected) is not.",
-            hint="FSDP2 (torch.distributed.fsdp.fully_shard) keeps an unused parameter's "
-            "gradient None, so gradwatch sees every ghost there.",
-            details={"engine": engine},
+        report(
+            Fact(
+                UNOBSERVABLE,
+                step=0,
+                key="fsdp1_disconnected",
+                message="FSDP1 assigns gradients after its reduce-scatter and gives an unused "
+                "parameter a zero gradient: a ghost whose layer never ran (or ran under no_grad) "
+                "is named, one whose layer ran without giving it a gradient (disconnected) is not.",
+                hint="FSDP2 (torch.distributed.fsdp.fully_shard) keeps an unused parameter's "
+                "gradient None, so gradwatch sees every ghost there.",
+                details={"reason": "fsdp1_disconnected", "engine": engine},
+            )
         )
 
 
 def _flat_unreadable(
-    log: FindingLog,
-    config: GradWatchConfig,
-    structure: Structure,
-    problems: dict[int, str],
-    step: int,
+    report: Report, index: ParamIndex, problems: dict[int, str], step: int
 ) -> None:
     """FSDP1 flattened, a flat parameter whose layout cannot be read: the report fails."""
-    params = structure.index.params
+    params = index.params
     names = [n for i in problems if 0 <= i < len(params) for n in params[i].names]
-    emit_not_observed(
-        log,
-        severity=config.check("not_observed").severity,
+    fact = Fact(
+        UNOBSERVABLE,
         step=step,
-        reason="fsdp1_flat_params",
+        key="fsdp1_flat_params",
         message="FSDP1 with flattened parameters (use_orig_params=False): the layout of "
         f"{len(names)} flat parameter(s) could not be read ({'; '.join(problems.values())}), "
         "so no per-layer check (ghost parameters included) runs on the layers inside them.",
         hint="Wrap with FullyShardedDataParallel(..., use_orig_params=True) or use FSDP2 "
         "(torch.distributed.fsdp.fully_shard): gradwatch then checks every layer.",
         params=names,
-        details={"engine": FSDP1_FLAT, "problems": sorted(set(problems.values()))},
+        details={
+            "reason": "fsdp1_flat_params",
+            "engine": FSDP1_FLAT,
+            "problems": sorted(set(problems.values())),
+        },
     )
+    report(fact)

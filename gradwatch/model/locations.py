@@ -29,13 +29,10 @@ import os
 import sys
 import textwrap
 import weakref
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import Any, Callable, Optional
 
 import torch
 from torch import nn
-
-if TYPE_CHECKING:
-    from gradwatch.report import Finding
 
 __all__ = ["Locations", "call_site", "defined_at", "where"]
 
@@ -200,35 +197,32 @@ def defined_at(root: nn.Module, layer: str) -> Optional[str]:
     return None
 
 
-def _call_target(finding: Finding) -> Optional[str]:
-    """The module whose call site a finding wants, if any."""
-    details = finding.details
-    if finding.check == "ghost_param" and details.get("cause") in ("disconnected", "no_grad"):
-        return finding.module
-    if finding.check == "nonfinite_grad" and details.get("phase") == "forward":
-        origin = details.get("origin_module") or finding.module
-        return origin if isinstance(origin, str) else None
-    return None
-
-
 class Locations:
     """Adds ``defined_at``/``called_at`` to one watcher's findings (never raises)."""
 
-    def __init__(self, model: nn.Module, called_at: dict[str, str], want_call: set[str]) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        called_at: dict[str, str],
+        want_call: set[str],
+        call_target: Callable[[Any], Optional[str]],
+    ) -> None:
         self._model = weakref.ref(model)
+        # which module's calling line a finding wants: its check says (checks/*.call_site)
+        self._call_target = call_target
         # the forward hooks' evidence (core.evidence.Tracker): lines seen, layers asked for
         self._called_at = called_at
         self._want_call = want_call
         self._defined: dict[str, Optional[str]] = {}
 
-    def annotate(self, finding: Finding) -> None:
+    def annotate(self, finding: Any) -> None:
         """Fill in the locations known for ``finding``; ask for a call site when it needs one."""
         try:
             self._annotate(finding)
         except Exception:  # a location is a nicety: it must never cost a finding
             pass
 
-    def _annotate(self, finding: Finding) -> None:
+    def _annotate(self, finding: Any) -> None:
         details, module = finding.details, finding.module
         if module and "defined_at" not in details:
             if module not in self._defined:
@@ -237,7 +231,7 @@ class Locations:
             found = self._defined[module]
             if found is not None:
                 details["defined_at"] = found
-        target = _call_target(finding)
+        target = self._call_target(finding)
         if target is not None and "called_at" not in details:
             site = self._called_at.get(target)
             if site is not None:

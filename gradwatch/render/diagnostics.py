@@ -22,6 +22,7 @@ import textwrap
 from typing import TYPE_CHECKING, Optional
 
 from gradwatch._text import safe
+from gradwatch.checks.ghost import GhostParam
 
 if TYPE_CHECKING:
     from gradwatch.results import Finding, ReportData
@@ -87,7 +88,7 @@ def _fields(f: Finding) -> list[tuple[str, str, str]]:
         shown = ", ".join(safe(n) for n in names[:_PARAMS_SHOWN])
         more = len(names) - _PARAMS_SHOWN
         rows.append(("params", shown + (f" +{more} more" if more > 0 else ""), ""))
-    if f.module and (not names or f.check != "ghost_param"):
+    if f.module and (not names or f.check != GhostParam.id):  # a ghost names its params
         rows.append(("module", safe(f.module), ""))
     details = f.details
     if details.get("cause"):

@@ -16,6 +16,9 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Optional
 
+from gradwatch.checks.dead import DeadParam
+from gradwatch.checks.ghost import GhostParam
+
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
@@ -39,8 +42,8 @@ UPDATE_RATIO_RULE = 1e-3
 TOP_K = 8
 _MAX_TICKS = 80
 _TOP, _BOTTOM = 0.96, 0.04  # axes fractions for markers of values off a log axis
-_GHOST = "ghost_param"
-_DEAD = "dead_param"
+_GHOST = GhostParam.id
+_DEAD = DeadParam.id
 _RED, _ORANGE, _BLUE, _LIGHT = "#c62828", "#ef6c00", "#1565c0", "#90caf9"
 
 
