@@ -60,13 +60,16 @@ def _arrivals(
     return arrived
 
 
-def _param_chunks(
-    track: Track, ks: list[int], judged: list[torch.Tensor], chunks: list[Chunk]
-) -> tuple[list[int], bool]:
-    """Queue parameter norms and the step's update (no parameter copy) into the one transfer.
-
-    Returns the measured positions and whether the update's chunk follows their norms.
-    """
+def _observed_chunks(
+    track: Track,
+    ks: list[int],
+    judged: list[torch.Tensor],
+    grad_stats: list[Chunk],
+    chunks: list[Chunk],
+) -> tuple[int, list[int], bool]:
+    """Queue gradient statistics, parameter norms, then the update (no parameter copy)."""
+    chunks.extend(grad_stats)
+    n_stats = len(grad_stats)
     n = len(judged)
     if ParamIndex.any_uninitialized(judged):
         pnorm_ks = [j for j in range(n) if not ParamIndex.uninitialized(judged[j])]
@@ -74,7 +77,7 @@ def _param_chunks(
         pnorm_ks = list(range(n))
     ps = judged if len(pnorm_ks) == n else [judged[j] for j in pnorm_ks]
     if not ps:
-        return pnorm_ks, False
+        return n_stats, pnorm_ks, False
     fp = track.fingerprint
     whole = fp is not None and ks is track.positions and len(ps) == n
     try:
@@ -85,10 +88,10 @@ def _param_chunks(
         chunks.append(m.param_norm)
         if m.delta is not None:
             chunks.append(m.delta)
-            return pnorm_ks, True
+            return n_stats, pnorm_ks, True
     except (RuntimeError, TypeError, NotImplementedError):  # a tensor type it cannot
         chunks.append(vector_norms(ps, (2.0,))[0])  # read: norms only, no update
-    return pnorm_ks, False
+    return n_stats, pnorm_ks, False
 
 
 def _frozen_chunk(track: Track, chunks: list[Chunk]) -> int:
@@ -105,43 +108,71 @@ def _frozen_chunk(track: Track, chunks: list[Chunk]) -> int:
     return len(track.frozen)
 
 
-def _stats(
+def _read_back(
     host: list[float],
-    pos: int,
     present: list[int],
-    n_grads: int,
-    n_stats: int,
-    pnorm_ks: list[int],
-    has_delta: bool,
     n: int,
-) -> tuple[dict[str, list[Optional[float]]], int]:
-    """Read an observed step's statistics back, in the order ``gather`` queued them."""
-    stats: dict[str, list[Optional[float]]] = {}
-    for key in ("l1", "linf", "nnz")[:n_stats]:
-        stats[key] = _spread(present, host[pos : pos + n_grads], n)
-        pos += n_grads
-    m = len(pnorm_ks)
-    stats["param_norm"] = _spread(pnorm_ks, host[pos : pos + m], n)
-    pos += m
-    if has_delta:  # NaN: a tensor the fingerprint could not cover (no estimate)
-        delta = [None if v != v else v for v in host[pos : pos + m]]
-        stats["delta"] = _spread(pnorm_ks, delta, n)  # type: ignore[arg-type]
+    n_grads: int,
+    n_pending: int,
+    observed: Optional[tuple[int, list[int], bool]],
+    n_frozen: int,
+    n_extra: int,
+    has_scale: bool,
+) -> tuple[
+    list[Optional[float]],
+    list[float],
+    Optional[dict[str, list[Optional[float]]]],
+    list[float],
+    Optional[float],
+    list[float],
+]:
+    """Slice the host values in the order ``gather`` queued them, aligned to the judged positions.
+
+    ``observed`` is ``(statistics per gradient, measured positions, has update)``; returns
+    the norms, pending flags, statistics, frozen moves, scaler scale and extra values.
+    """
+    norms = _spread(present, host[:n_grads], n)
+    pos = n_grads + n_pending
+    flags = host[n_grads:pos]
+    stats: Optional[dict[str, list[Optional[float]]]] = None
+    if observed is not None:
+        n_stats, pnorm_ks, has_delta = observed
+        stats = {}
+        for key in ("l1", "linf", "nnz")[:n_stats]:
+            stats[key] = _spread(present, host[pos : pos + n_grads], n)
+            pos += n_grads
+        m = len(pnorm_ks)
+        stats["param_norm"] = _spread(pnorm_ks, host[pos : pos + m], n)
         pos += m
-    else:
-        stats["delta"] = [None] * n
-    return stats, pos
+        if has_delta:  # NaN: a tensor the fingerprint could not cover (no estimate)
+            delta = [None if v != v else v for v in host[pos : pos + m]]
+            stats["delta"] = _spread(pnorm_ks, delta, n)  # type: ignore[arg-type]
+            pos += m
+        else:
+            stats["delta"] = [None] * n
+    moved = host[pos : pos + n_frozen]
+    pos += n_frozen
+    scale = None
+    if has_scale:
+        scale = host[pos]
+        pos += 1
+    return norms, flags, stats, moved, scale, host[pos : pos + n_extra]
 
 
-def _nonfinite(norms: list[Optional[float]], grads: list[Optional[torch.Tensor]]) -> list[bool]:
-    """NaN/Inf norms; an inf L2 norm may be float32 overflow of finite values, so look again."""
+def _nonfinite(
+    norms: list[Optional[float]], grads: list[Optional[torch.Tensor]], ids: list[int], t: Tracker
+) -> tuple[list[bool], list[int]]:
+    """NaN/Inf norms (an inf L2 norm may be float32 overflow: rechecked) and arrival order."""
     isfinite = math.isfinite
     nonfinite = [v is not None and not isfinite(v) for v in norms]
-    if any(nonfinite):
-        for j, (v, g) in enumerate(zip(norms, grads)):
-            if nonfinite[j] and g is not None and v is not None and math.isinf(v):
-                dense = g.coalesce()._values() if g.is_sparse else g
-                nonfinite[j] = not bool(torch.isfinite(dense).all())
-    return nonfinite
+    if not any(nonfinite):
+        return nonfinite, []
+    for j, (v, g) in enumerate(zip(norms, grads)):
+        if nonfinite[j] and g is not None and v is not None and math.isinf(v):
+            dense = g.coalesce()._values() if g.is_sparse else g
+            nonfinite[j] = not bool(torch.isfinite(dense).all())
+    ls = t.last_seq
+    return nonfinite, [ls[i] for i in ids]
 
 
 def _cleared(
@@ -201,43 +232,34 @@ def gather(
     if t.pending:
         pending = [j for j in range(n) if arrived[j] and ids[j] in t.pending]
         chunks.append([t.dirty[ids[j]] for j in pending])
-    n_stats = 0
-    if observed and pg:
-        chunks.extend(grad_chunks[1:])
-        n_stats = 3
-    pnorm_ks: list[int] = []
-    has_delta = False
+    queued = None  # observed: (statistics per gradient, measured positions, has update)
     if observed:
-        pnorm_ks, has_delta = _param_chunks(track, ks, judged, chunks)
+        queued = _observed_chunks(track, ks, judged, grad_chunks[1:] if pg else [], chunks)
     n_frozen = _frozen_chunk(track, chunks)
     if scaler_scale is not None:
         chunks.append([scaler_scale])
     if extra:
         chunks.extend(extra)  # device flags of other evidence (the NaN probe): same transfer
     host = to_host(chunks)
-
-    n_grads = len(pg)
-    norms = _spread(present, host[:n_grads], n)
-    pos = n_grads + len(pending)
-    flags = host[n_grads:pos]
-    stats: Optional[dict[str, list[Optional[float]]]] = None
-    if observed:
-        stats, pos = _stats(host, pos, present, n_grads, n_stats, pnorm_ks, has_delta, n)
-    moved = host[pos : pos + n_frozen]
-    pos += n_frozen
+    n_extra = sum(x.numel() for x in extra) if extra else 0
+    norms, flags, stats, moved, scale, extra_values = _read_back(
+        host,
+        present,
+        n,
+        len(pg),
+        len(pending),
+        queued,
+        n_frozen,
+        n_extra,
+        scaler_scale is not None,
+    )
     frozen_changed_ids = [i for i, v in zip(track.frozen_ids, moved) if v > 0]
-    scale = None
-    if scaler_scale is not None:
-        scale = host[pos]
-        pos += 1
-    extra_values = host[pos : pos + sum(t.numel() for t in extra)] if extra else []
 
     # missing_zero_grad: a value check said the gradient held pre-step contributions.
     dirty = [False] * n
     for j, flag in zip(pending, flags):
         dirty[j] = bool(flag) and grads[j] is not None
-    nonfinite = _nonfinite(norms, grads)
-    order = [t.last_seq[i] for i in ids] if any(nonfinite) else []
+    nonfinite, order = _nonfinite(norms, grads, ids, t)
     return Gathered(
         ks,
         ids,

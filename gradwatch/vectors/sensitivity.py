@@ -168,6 +168,94 @@ def _power(block: _Block, iters: int, tol: float, gen: torch.Generator) -> tuple
     return lam, used
 
 
+def _selected(
+    model: nn.Module, samples: int, power_iters: int, layers: Patterns
+) -> list[tuple[str, list[str], list[Tensor]]]:
+    """Check the arguments and pick the layers to probe, before any loss is computed."""
+    if not isinstance(samples, int) or samples < 2:
+        raise SensitivityError(f"samples must be an int of at least 2, got {samples!r}")
+    if not isinstance(power_iters, int) or power_iters < 1:
+        raise SensitivityError(f"power_iters must be a positive int, got {power_iters!r}")
+    try:
+        wanted = _patterns("layers", layers)
+    except ValueError as exc:
+        raise SensitivityError(str(exc)) from None
+    groups = layer_groups(model)
+    if wanted is not None:
+        groups = [g for g in groups if _matches([g[0]], wanted)]
+    if not groups:
+        what = (
+            f"layers {list(wanted)} match no layer"
+            if wanted
+            else "the model has no trainable parameters"
+        )
+        raise SensitivityError(f"sensitivity: {what}")
+    return groups
+
+
+def _scalar_loss(model: nn.Module, batch: Any, loss_fn: LossFn) -> Tensor:
+    """The loss, or one line saying why it cannot be differentiated twice."""
+    try:
+        loss = loss_fn(model, batch)
+    except Exception as exc:
+        raise SensitivityError(f"sensitivity: loss_fn failed: {_first_line(exc)}") from exc
+    if not isinstance(loss, Tensor) or loss.numel() != 1:
+        got = f"shape {tuple(loss.shape)}" if isinstance(loss, Tensor) else type(loss).__name__
+        raise SensitivityError(f"sensitivity: loss_fn must return a scalar tensor, got {got}")
+    if not loss.requires_grad:
+        raise SensitivityError(
+            "sensitivity: the loss does not require grad (computed under torch.no_grad or detached)"
+        )
+    return loss
+
+
+def _gradient_graph(
+    loss: Tensor, groups: list[tuple[str, list[str], list[Tensor]]]
+) -> tuple[tuple[Optional[Tensor], ...], list[int]]:
+    """The gradient with its graph (built once, reused by every product) and each layer's start."""
+    flat = [p for _, _, ps in groups for p in ps]
+    try:
+        grads = torch.autograd.grad(loss.reshape(()), flat, create_graph=True, allow_unused=True)
+    except RuntimeError as exc:
+        raise SensitivityError(
+            f"sensitivity needs double backward, but the gradient with create_graph=True "
+            f"failed: {_first_line(exc)}"
+        ) from None
+    starts = [0]
+    for _, _, params in groups:
+        starts.append(starts[-1] + len(params))
+    if _reaches_error(grads):  # then name the first layer behind it
+        culprit = next(
+            g[0] for g, lo, hi in zip(groups, starts, starts[1:]) if _reaches_error(grads[lo:hi])
+        )
+        raise SensitivityError(
+            f"sensitivity needs double backward (Hessian-vector products), but the gradient "
+            f"of layer {culprit!r} passes through a backward marked @once_differentiable"
+        )
+    return grads, starts
+
+
+def _layer_row(
+    block: _Block, names: list[str], samples: int, power_iters: int, tol: float, seed: int
+) -> LayerCurvature:
+    """One layer's estimates, its probes seeded by its name so other layers do not shift them."""
+    name, params = block.name, block.params
+    gen = torch.Generator().manual_seed((seed * 0x9E3779B1 + zlib.crc32(name.encode())) % 2**63)
+    trace, stderr = _hutchinson(block, samples, gen)
+    top, used = _power(block, power_iters, tol, gen)
+    numel = sum(p.numel() for p in params)
+    return LayerCurvature(
+        name=name,
+        params=names,
+        numel=numel,
+        trace=trace,
+        trace_stderr=stderr,
+        trace_per_param=trace / numel if numel else 0.0,
+        top_eigenvalue=top,
+        power_iters=used,
+    )
+
+
 def sensitivity(
     model: nn.Module,
     batch: Any,
@@ -205,73 +293,13 @@ def sensitivity(
         >>> curv = gradwatch.sensitivity(model, (x, y), loss_fn, samples=16)  # doctest: +SKIP
         >>> print(curv.table())  # doctest: +SKIP
     """
-    if not isinstance(samples, int) or samples < 2:
-        raise SensitivityError(f"samples must be an int of at least 2, got {samples!r}")
-    if not isinstance(power_iters, int) or power_iters < 1:
-        raise SensitivityError(f"power_iters must be a positive int, got {power_iters!r}")
-    try:
-        wanted = _patterns("layers", layers)
-    except ValueError as exc:
-        raise SensitivityError(str(exc)) from None
-    groups = layer_groups(model)
-    if wanted is not None:
-        groups = [g for g in groups if _matches([g[0]], wanted)]
-    if not groups:
-        what = (
-            f"layers {list(wanted)} match no layer"
-            if wanted
-            else "the model has no trainable parameters"
-        )
-        raise SensitivityError(f"sensitivity: {what}")
-    try:
-        loss = loss_fn(model, batch)
-    except Exception as exc:
-        raise SensitivityError(f"sensitivity: loss_fn failed: {_first_line(exc)}") from exc
-    if not isinstance(loss, Tensor) or loss.numel() != 1:
-        got = f"shape {tuple(loss.shape)}" if isinstance(loss, Tensor) else type(loss).__name__
-        raise SensitivityError(f"sensitivity: loss_fn must return a scalar tensor, got {got}")
-    if not loss.requires_grad:
-        raise SensitivityError(
-            "sensitivity: the loss does not require grad (computed under torch.no_grad or detached)"
-        )
-    flat = [p for _, _, ps in groups for p in ps]
-    try:
-        grads = torch.autograd.grad(loss.reshape(()), flat, create_graph=True, allow_unused=True)
-    except RuntimeError as exc:
-        raise SensitivityError(
-            f"sensitivity needs double backward, but the gradient with create_graph=True "
-            f"failed: {_first_line(exc)}"
-        ) from None
-    starts = [0]
-    for _, _, params in groups:
-        starts.append(starts[-1] + len(params))
-    if _reaches_error(grads):  # then name the first layer behind it
-        culprit = next(
-            g[0] for g, lo, hi in zip(groups, starts, starts[1:]) if _reaches_error(grads[lo:hi])
-        )
-        raise SensitivityError(
-            f"sensitivity needs double backward (Hessian-vector products), but the gradient "
-            f"of layer {culprit!r} passes through a backward marked @once_differentiable"
-        )
+    groups = _selected(model, samples, power_iters, layers)
+    loss = _scalar_loss(model, batch, loss_fn)
+    grads, starts = _gradient_graph(loss, groups)
     rows, hvps = [], 0
     for (name, names, params), lo, hi in zip(groups, starts, starts[1:]):
         block = _Block(name, params, grads[lo:hi])
-        gen = torch.Generator().manual_seed((seed * 0x9E3779B1 + zlib.crc32(name.encode())) % 2**63)
-        trace, stderr = _hutchinson(block, samples, gen)
-        top, used = _power(block, power_iters, tol, gen)
-        numel = sum(p.numel() for p in params)
-        rows.append(
-            LayerCurvature(
-                name=name,
-                params=names,
-                numel=numel,
-                trace=trace,
-                trace_stderr=stderr,
-                trace_per_param=trace / numel if numel else 0.0,
-                top_eigenvalue=top,
-                power_iters=used,
-            )
-        )
+        rows.append(_layer_row(block, names, samples, power_iters, tol, seed))
         hvps += block.count
     del grads  # frees the double-backward graph before returning
     return Curvature(loss=float(loss.detach()), samples=samples, seed=seed, hvps=hvps, layers=rows)
