@@ -12,6 +12,7 @@ from pydantic import Field
 from gradwatch._severity import Severity
 from gradwatch.capture.facts import FAULT
 from gradwatch.checks.base import Check, CheckConfig
+from gradwatch.checks.docs import CheckDoc
 
 __all__ = ["InternalError"]
 
@@ -28,3 +29,14 @@ class InternalError(Check):
     id = "internal_error"
     Config = InternalErrorConfig
     facts = frozenset({FAULT})
+    doc = CheckDoc(
+        summary="A fault inside gradwatch's own hooks, a check or a sink was contained; "
+        "training went on without that part.",
+        why="The part that failed did not watch the run: its checks may have missed problems.",
+        causes=(
+            "A gradwatch bug.",
+            "A faulty metric sink or an unusual tensor type in a hook.",
+        ),
+        fix="Report it with `details.traceback`; set `on_internal_error: raise` to get the "
+        "full error where it happens.",
+    )

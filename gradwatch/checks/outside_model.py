@@ -12,6 +12,7 @@ from pydantic import Field
 from gradwatch._severity import Severity
 from gradwatch.capture.facts import FOREIGN_TENSORS
 from gradwatch.checks.base import Check, CheckConfig
+from gradwatch.checks.docs import CheckDoc
 
 __all__ = ["ParamOutsideModel"]
 
@@ -28,3 +29,10 @@ class ParamOutsideModel(Check):
     id = "param_outside_model"
     Config = ParamOutsideModelConfig
     facts = frozenset({FOREIGN_TENSORS})
+    doc = CheckDoc(
+        summary="An optimizer holds tensors that are not parameters of the watched model; they "
+        "are watched under synthesized names.",
+        why="Findings about them cannot name the module they belong to.",
+        causes=("`watch()` was given a submodule while the optimizer holds the whole model.",),
+        fix="Watch the whole model the optimizer trains.",
+    )

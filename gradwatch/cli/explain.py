@@ -25,7 +25,7 @@ def _width() -> int:
 
 def cmd_explain(args: argparse.Namespace) -> int:
     """Print the explanation of ``args.check`` (or the list); 2 for an unknown id."""
-    from gradwatch.checks.docs import all_docs, explain_text
+    from gradwatch.checks.explain import all_docs, explain_text
     from gradwatch.cli.targets import CliError
 
     docs = all_docs()

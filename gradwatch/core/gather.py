@@ -11,7 +11,7 @@ import torch
 from gradwatch.capture.evidence import Tracker
 from gradwatch.capture.window import Gathered, Track
 from gradwatch.checks.views import LayerSample
-from gradwatch.core.layer_rows import fast_layer_samples
+from gradwatch.core.layers import fast_layer_samples
 from gradwatch.distributed.gather import gather_sharded
 from gradwatch.measure.fingerprint import measure
 from gradwatch.measure.stats import Chunk, to_host

@@ -25,9 +25,9 @@ from gradwatch.core.extra_evidence import ExtraEvidence
 from gradwatch.core.faults import Faults
 from gradwatch.core.findings import FindingLog, Judges
 from gradwatch.core.gather import gather, layer_samples
-from gradwatch.core.recorder import LayerRecorder
+from gradwatch.core.layers import LayerRecorder
 from gradwatch.core.structure import Structure, group_signature
-from gradwatch.distributed.fsdp1_flat import shard_pieces
+from gradwatch.distributed.fsdp1_flat import FlatLayout, shard_pieces
 from gradwatch.distributed.gather import merge_shards
 from gradwatch.distributed.layout import adopt_engine, forward_arrival, late_sharding
 from gradwatch.distributed.sync import DistSync
@@ -105,6 +105,7 @@ class StepPipeline:
         self.unwatched = UnwatchedUpdates()
         self.sharded: Optional[str] = None  # the sharding engine (distributed/sharded.py), if any
         self.reading = StepReading(self.tracker, hooks)
+        self.flat = FlatLayout()  # FSDP1 flattened: the originals read from each flat shard
 
     # -- layout ----------------------------------------------------------------------------
 

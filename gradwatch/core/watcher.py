@@ -38,8 +38,8 @@ from gradwatch.core.adapter_api import AdapterAPI
 from gradwatch.core.build_report import build_report
 from gradwatch.core.faults import Faults
 from gradwatch.core.findings import FindingLog, Judges, call_site
+from gradwatch.core.layers import LayerRecorder
 from gradwatch.core.persist import ReportRefresher
-from gradwatch.core.recorder import LayerRecorder
 from gradwatch.core.steps import StepPipeline
 from gradwatch.core.structure import Structure
 from gradwatch.distributed.layout import hook_backward, report_layout
@@ -363,7 +363,7 @@ def _attach_sharded(w: Watcher, model: nn.Module) -> None:
     pipe = w._pipe
     on_arrival, on_error = w._arrival_callback(), w._faults.callback()
     hook_backward(pipe.sharded, model, w._flat, w._hooks.add, on_arrival, on_error)
-    report_layout(pipe.sharded, pipe.record, pipe.structure.index)
+    report_layout(pipe.sharded, pipe.record, pipe.structure.index, pipe.flat)
 
 
 def _check_model(model: nn.Module) -> None:

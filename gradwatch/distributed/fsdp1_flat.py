@@ -43,7 +43,6 @@ __all__ = [
     "Original",
     "adopt",
     "grad_pieces",
-    "layout_of",
     "read_flat",
     "shard_pieces",
 ]
@@ -72,17 +71,6 @@ class FlatLayout:
     """Original parameter's index -> (offset, count) in its flat parameter's local shard."""
     unreadable: dict[int, str] = field(default_factory=dict)
     """Flat parameter's index -> why its layout cannot be read (judged as one tensor)."""
-
-
-_LAYOUTS: weakref.WeakKeyDictionary[ParamIndex, FlatLayout] = weakref.WeakKeyDictionary()
-
-
-def layout_of(index: ParamIndex) -> FlatLayout:
-    """The flat layout read so far for the model ``index`` maps (empty until :func:`adopt`)."""
-    found = _LAYOUTS.get(index)
-    if found is None:
-        found = _LAYOUTS[index] = FlatLayout()
-    return found
 
 
 def _int(v: Any) -> bool:
@@ -147,14 +135,13 @@ def _join(module: str, param: str) -> str:
 
 
 def adopt(
-    model: nn.Module, index: ParamIndex, tracks: Sequence[Track], hooks: HookSet
+    model: nn.Module, index: ParamIndex, tracks: Sequence[Track], hooks: HookSet, lay: FlatLayout
 ) -> FlatLayout:
     """Replace every readable flat parameter by its originals: in the index, the tracks, hooks.
 
     Idempotent: run after each layout re-read. New index entries are ``within`` their flat
     parameter (never hooked themselves); the flat parameter leaves the report's layers.
     """
-    lay = layout_of(index)
     names: Optional[dict[int, str]] = None
     for info in list(index.params):
         p = info.ref()

@@ -31,7 +31,7 @@ def adopt_engine(pipe: Any, step: int) -> None:
     if pipe.sharded == FSDP1_FLAT and pipe.model is not None:
         structure = pipe.structure
         index = structure.index
-        lay = fsdp1_flat.adopt(pipe.model, index, structure.tracks, pipe.hooks)
+        lay = fsdp1_flat.adopt(pipe.model, index, structure.tracks, pipe.hooks, pipe.flat)
         pipe.tracker.grow(len(index.params))
         if lay.unreadable:
             _flat_unreadable(pipe.record, index, lay.unreadable, step)
@@ -99,7 +99,9 @@ def forward_arrival(
     return arrived
 
 
-def report_layout(engine: Optional[str], report: Report, index: ParamIndex) -> None:
+def report_layout(
+    engine: Optional[str], report: Report, index: ParamIndex, lay: fsdp1_flat.FlatLayout
+) -> None:
     """Record what ``engine`` hides from gradwatch (if any), for ``not_observed`` to judge.
 
     FSDP1 (``use_orig_params`` or flattened): a ghost whose module ran without giving it a
@@ -108,7 +110,6 @@ def report_layout(engine: Optional[str], report: Report, index: ParamIndex) -> N
     configured severity).
     """
     if engine == FSDP1_FLAT:
-        lay = fsdp1_flat.layout_of(index)
         if lay.unreadable or not lay.originals:
             problems = lay.unreadable or {-1: "no flat parameter in the watched model"}
             _flat_unreadable(report, index, problems, 0)

@@ -34,7 +34,7 @@ _LEVEL = {"error": "error", "warning": "warning", "info": "note"}
 
 
 def _rule(check: str) -> dict[str, Any]:
-    from gradwatch.checks.docs import default_severity, explain_text, lookup
+    from gradwatch.checks.explain import default_severity, explain_text, lookup
 
     doc = lookup(check)
     rule: dict[str, Any] = {

@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 from gradwatch.checks import ALL_CHECKS
-from gradwatch.checks.docs import DOCS, all_docs, lookup
+from gradwatch.checks.docs import DOCS
+from gradwatch.checks.explain import all_docs, lookup
 from gradwatch.cli.main import main
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gradwatch.checks._window import MedianWindow
-from gradwatch.core.layer_rows import fast_layer_samples
+from gradwatch.core.layers import fast_layer_samples
 from gradwatch.measure.chunked import CHUNK, abs_stats
 from gradwatch.measure.stats import foreach_norms, median
 
