@@ -24,7 +24,9 @@ import gradwatch
 from gradwatch._severity import Severity
 from gradwatch.checks import ALL_CHECKS, Check
 from gradwatch.checks.base import CheckConfig
-from gradwatch.checks.docs import DOCS, explain_text
+from gradwatch.checks.docs import DOCS
+from gradwatch.checks.explain import explain_text
+from gradwatch.checks.registry import SELF_CHECKS
 from gradwatch.config import ChecksConfig, GradWatchConfig
 
 # SPEC.md §2 and §5: the stable ids and their default severities.
@@ -216,8 +218,16 @@ def test_documented_in_its_module(cls: type[Check]) -> None:
     assert text and text.startswith(f"{cls.id} (default severity: {_default(cls)})\n")
 
 
+def test_gradwatchs_own_checks_document_themselves_too() -> None:
+    for cls in SELF_CHECKS:
+        assert cls.doc is not None and cls.doc.severity is None, cls.id
+        assert cls.id not in DOCS and cls.id not in ChecksConfig.model_fields
+        text = explain_text(cls.id)
+        assert text and text.startswith(f"{cls.id} (default severity: {_default(cls)})\n")
+
+
 def test_ids_without_a_check_class_keep_their_severity_in_docs() -> None:
-    registered = {cls.id for cls in ALL_CHECKS}
+    registered = {cls.id for cls in [*ALL_CHECKS, *SELF_CHECKS]}
     for check_id, doc in DOCS.items():
         assert check_id not in registered
         assert doc.severity in get_args(Severity), check_id
