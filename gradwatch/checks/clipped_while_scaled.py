@@ -53,9 +53,10 @@ class ClippedWhileScaled(Check):
     )
 
     def on_step(self, view: StepView, log: FindingLog) -> None:
-        if not view.scaled_edits:
+        edits = view.window.scaled_edits
+        if not edits:
             return
-        names = view.index.names(view.scaled_edits)
+        names = view.index.names(edits)
         log.emit(
             self.id,
             severity=self.severity,

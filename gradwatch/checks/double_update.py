@@ -71,7 +71,7 @@ class DoubleUpdate(Check):
 
     def on_step(self, view: StepView, log: FindingLog) -> None:
         k = view.optimizer
-        state = view.acc_state
+        state = view.window.acc_state
         if k is None or state is None or not view.ids:
             return
         # (parameter, optimizer that consumed the same gradient before)

@@ -70,16 +70,16 @@ class LossDisconnected(Check):
     )
 
     def on_step(self, view: StepView, log: FindingLog) -> None:
-        if view.optimizer is None or not view.ids or view.model_ran is None:
+        if view.optimizer is None or not view.ids or view.window.model_ran is None:
             return
         # Nothing may have arrived anywhere (another optimizer training in this window is a
         # phase switch, not a cut-off loss), and an integration that saw no backward() requested
         # (Lightning skipping a batch) rules it out.
-        if view.backward_in_window or any(view.arrived) or view.backward_called is False:
+        if view.backward_in_window or any(view.arrived) or view.window.backward_called is False:
             return
-        if view.grads_assigned is not None and view.grads_assigned():
+        if view.window.grads_assigned:
             return  # gradients set by hand (torch.autograd.grad, gradient surgery): not cut off
-        cause = "disconnected" if view.model_ran == "grad" else "no_grad"
+        cause = "disconnected" if view.window.model_ran == "grad" else "no_grad"
         names = view.index.names(view.ids)
         log.emit(
             self.id,

@@ -135,7 +135,7 @@ class NonfiniteGrad(Check):
         origin_k = min(arrived_bad, key=lambda k: view.order[k])
         origin = view.index.params[view.ids[origin_k]]
         names = view.index.names([view.ids[k] for k in bad])
-        new = view.nan_trace
+        new = view.window.nan_trace
         if self._episode is None:
             # One finding per run of consecutive non-finite steps, keyed by where it started:
             # once an update spread the NaN into the weights, backward order starts elsewhere.

@@ -72,11 +72,11 @@ class UnregisteredParam(Check):
         return {"module_scan": self.config.scan_steps}
 
     def on_step(self, view: StepView, log: FindingLog) -> None:
-        if not view.unregistered:
+        if not view.window.unregistered:
             return
         by_module: dict[str, list[str]] = {}
         classes: dict[str, str] = {}
-        for name, cls in view.unregistered:
+        for name, cls in view.window.unregistered:
             where = name.rsplit(".", 1)[0]
             by_module.setdefault(where, []).append(name)
             classes[where] = cls

@@ -12,7 +12,7 @@ from typing import Any, Callable, Optional
 
 from gradwatch.model.index import ParamIndex
 
-__all__ = ["LayerSample", "RunView", "StepView", "StructureView"]
+__all__ = ["LayerSample", "RunView", "StepView", "StructureView", "WindowEvidence"]
 
 
 @dataclass(slots=True)  # 200 built per statistics step on a deep stack: cheaper init and reads
@@ -31,6 +31,27 @@ class LayerSample:
     @property
     def finite(self) -> bool:
         return math.isfinite(self.norm)
+
+
+@dataclass(frozen=True)
+class WindowEvidence:
+    """What one step's window showed besides its gradients, each part gathered only where an
+    enabled check needs it (``Check.needs``); the defaults say "nothing known"."""
+
+    model_ran: Optional[str] = None
+    """``"grad"`` / ``"no_grad"``: the model's forward ran in the window, in that grad mode."""
+    backward_called: Optional[bool] = None
+    """An integration saw ``backward()`` requested in the window (``None``: unknown)."""
+    acc_state: Optional[Callable[[int], tuple[int, Any]]] = None
+    """Parameter ``i`` -> (its last accumulation's event number, the gradient it left)."""
+    grads_assigned: bool = False
+    """A ``.grad`` was replaced by hand since the last step (not a cut-off loss)."""
+    scaled_edits: Optional[list[int]] = None
+    """Parameters whose gradients changed while still scaled by the GradScaler."""
+    unregistered: list[tuple[str, str]] = field(default_factory=list)
+    """(attribute path, module class) of unregistered parameters that got a gradient."""
+    nan_trace: Optional[dict[str, Any]] = None
+    """The NaN probe's verdict for this window: where a non-finite value was born."""
 
 
 @dataclass
@@ -75,16 +96,8 @@ class StepView:
     # Whether parameter ``i`` (any watched one, also outside this step's ids) ever received
     # a gradient while watched.
     received: Callable[[int], bool] = field(default=lambda i: False)
-    # Evidence of the newer checks (defaults: nothing known).
-    model_ran: Optional[str] = None  # "grad" / "no_grad": the model's forward ran in the window
-    backward_called: Optional[bool] = (
-        None  # an integration saw backward() requested (None: unknown)
-    )
-    acc_state: Optional[Callable[[int], tuple[int, Any]]] = None  # i -> (last accumulation, grad)
-    scaled_edits: Optional[list[int]] = None  # parameters whose grads changed while scaled
-    unregistered: list[tuple[str, str]] = field(default_factory=list)  # (path, module class)
-    nan_trace: Optional[dict[str, Any]] = None  # the NaN probe's verdict for this window
-    grads_assigned: Optional[Callable[[], bool]] = None  # a .grad replaced since the last step
+    # What the window showed besides the gradients (where a check needs it).
+    window: WindowEvidence = field(default_factory=lambda: WindowEvidence())
     # ids of frozen (requires_grad=False) parameters of this optimizer whose values changed
     # across this step (observed steps only; exact change detection, no parameter copy)
     frozen_changed: list[int] = field(default_factory=list)

@@ -15,7 +15,7 @@ from gradwatch.capture.facts import UNOBSERVABLE, Fact
 from gradwatch.capture.forward_scout import ForwardScout
 from gradwatch.capture.unscale_watch import UnscaleWatch
 from gradwatch.capture.window import Gathered, Track
-from gradwatch.checks import StepView
+from gradwatch.checks.views import WindowEvidence
 from gradwatch.measure.stats import to_host
 
 __all__ = ["FIRST_TRACE_STEPS", "ExtraEvidence"]
@@ -131,36 +131,43 @@ class ExtraEvidence:
                 edited.append(i)
         self.scaled_edits[k] = edited
 
-    def fill(
-        self, view: StepView, track: Track, g: Gathered, trace: Optional[dict], skipped: int
-    ) -> None:
-        """Fill the view's evidence for the second-round checks; (dis)arm the NaN probe."""
+    def window(
+        self, track: Track, g: Gathered, trace: Optional[dict], skipped: int
+    ) -> WindowEvidence:
+        """What this step's window showed besides its gradients; (dis)arms the NaN probe."""
         start, scout, tracker = track.start, self.scout, self.tracker
+        model_ran = None
         if scout.ran_grad > start:
-            view.model_ran = "grad"
+            model_ran = "grad"
         elif scout.ran_nograd > start:
-            view.model_ran = "no_grad"
+            model_ran = "no_grad"
+        called = None
         if self.backward_calls is not None:
-            view.backward_called = self.backward_calls > self._calls_at_start.get(track.index, 0)
+            called = self.backward_calls > self._calls_at_start.get(track.index, 0)
         last_seq, acc_ref = tracker.last_seq, tracker.acc_ref
-        view.acc_state = lambda i: (last_seq[i], acc_ref[i]())
-        # Gradients written by hand (p.grad = torch.autograd.grad(...)) fire no accumulation
-        # hook: a new .grad tensor since the last step (core/steps.py) tells them apart from a
-        # cut-off loss.
-        assigned = g.assigned
-        view.grads_assigned = lambda: assigned
-        view.scaled_edits = self.scaled_edits.pop(track.index, None)
-        view.unregistered = scout.take_unregistered()
         # A step the GradScaler skipped had inf/NaN gradients too: trace those as well.
         nonfinite = any(g.nonfinite) or skipped > 0
+        nan_trace = None
         if scout.armed:
             scout.armed_steps += 1
             if nonfinite:
-                view.nan_trace = trace
+                nan_trace = trace
             if (nonfinite and trace is not None) or scout.armed_steps >= scout.arm_limit:
                 scout.disarm()
         elif nonfinite and "nan_probe" in self.wanted:
             scout.arm(self.wanted["nan_probe"])
+        return WindowEvidence(
+            model_ran=model_ran,
+            backward_called=called,
+            acc_state=lambda i: (last_seq[i], acc_ref[i]()),
+            # Gradients written by hand (p.grad = torch.autograd.grad(...)) fire no
+            # accumulation hook: a new .grad tensor since the last step (core/steps.py)
+            # tells them apart from a cut-off loss.
+            grads_assigned=g.assigned,
+            scaled_edits=self.scaled_edits.pop(track.index, None),
+            unregistered=scout.take_unregistered(),
+            nan_trace=nan_trace,
+        )
 
     def window_closed(self, k: Optional[int]) -> None:
         """Optimizer ``k``'s window closed: backward requests are counted from here."""

@@ -20,6 +20,7 @@ from gradwatch.capture.step_reading import StepReading
 from gradwatch.capture.unwatched import StepNesting, UnwatchedUpdates
 from gradwatch.capture.window import Gathered, Track
 from gradwatch.checks import RunView, StepView, StructureView
+from gradwatch.checks.views import WindowEvidence
 from gradwatch.config import GradWatchConfig
 from gradwatch.core.extra_evidence import ExtraEvidence
 from gradwatch.core.faults import Faults
@@ -222,8 +223,7 @@ class StepPipeline:
         skipped = self.scaler.note(g.scale)
         _note_skips(self, skipped, track.steps, trace)
         _note_hand_written(self, track, g)
-        view = self._view(track, g, observed)
-        self.extra.fill(view, track, g, trace, skipped)
+        view = self._view(track, g, observed, self.extra.window(track, g, trace, skipped))
         self.judges.step(view)
         if observed:
             several = sum(1 for t in structure.tracks if t.index is not None) > 1
@@ -259,7 +259,8 @@ class StepPipeline:
         ):
             self.hooks.trim(self.judges.hooked_modules(self.findings.findings()))
 
-    def _view(self, track: Track, g: Gathered, observed: bool) -> StepView:
+    def _view(self, track: Track, g: Gathered, observed: bool, window: WindowEvidence) -> StepView:
+        """The step's view, built once: the gathered reads, the ranks' exchange, the window."""
         index = self.structure.index
         tracker = self.tracker
         start = track.start
@@ -302,6 +303,7 @@ class StepPipeline:
             received=lambda i: tracker.last_seq[i] > 0,
             frozen_changed=g.frozen_changed,
             group_lr=lambda i: _lr_of(track, i),
+            window=window,
         )
 
     # -- the scaler ------------------------------------------------------------------------
