@@ -9,15 +9,20 @@ as scripts (``python _helpers/_dist_helpers.py ...``) put their own folder first
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 TESTS = Path(__file__).resolve().parent
+EXAMPLES = TESTS.parent / "examples"
 HELPERS = str(TESTS / "_helpers")
 if HELPERS not in sys.path:
     sys.path.insert(0, HELPERS)
+
+from _examples import RunExample  # noqa: E402 (the helpers folder is on sys.path only now)
 
 pytest_plugins = ["pytester"]
 
@@ -36,3 +41,28 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             continue
         if folder in FLOOR_FOLDERS:
             item.add_marker(pytest.mark.floor)
+
+
+@pytest.fixture(scope="session")
+def run_example(tmp_path_factory: pytest.TempPathFactory) -> RunExample:
+    """``run_example("demo.py")``: examples/demo.py run once per session, in a folder of its own.
+
+    Several tests read the same script's run (every example exits 0; the Lightning one prints
+    its ghost): a fresh Python that imports torch (and Lightning) costs seconds, so the run is
+    shared, not repeated. Warnings are off as for a user who runs the script.
+    """
+    done: dict[str, subprocess.CompletedProcess[str]] = {}
+
+    def run(name: str) -> subprocess.CompletedProcess[str]:
+        if name not in done:
+            done[name] = subprocess.run(
+                [sys.executable, str(EXAMPLES / name)],
+                cwd=tmp_path_factory.mktemp(Path(name).stem),
+                env={**os.environ, "PYTHONWARNINGS": "ignore"},
+                capture_output=True,
+                text=True,
+                timeout=300,
+            )
+        return done[name]
+
+    return run

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from _examples import RunExample
 
 EXAMPLES = sorted((Path(__file__).parents[2] / "examples").glob("*.py"))
 SLOW = {"lightning_ghost.py"}
@@ -20,16 +19,8 @@ SLOW = {"lightning_ghost.py"}
         for p in EXAMPLES
     ],
 )
-def test_example_runs(script: Path, tmp_path: Path) -> None:
-    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
-    proc = subprocess.run(
-        [sys.executable, str(script)],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+def test_example_runs(script: Path, run_example: RunExample) -> None:
+    proc = run_example(script.name)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
 

@@ -9,6 +9,7 @@ from typing import Any, Callable
 
 import pytest
 import torch
+from _examples import RunExample
 from _lightning_helpers import (
     GAN,
     ManualRegressor,
@@ -227,11 +228,8 @@ def test_missing_lightning_names_the_extra() -> None:
     assert "pip install gradwatch[lightning]" in out
 
 
-def test_example_lightning_ghost_runs() -> None:
-    example = Path(__file__).parents[2] / "examples" / "lightning_ghost.py"
-    done = subprocess.run(
-        [sys.executable, str(example)], capture_output=True, text=True, timeout=120
-    )
+def test_example_lightning_ghost_runs(run_example: RunExample) -> None:
+    done = run_example("lightning_ghost.py")
     assert done.returncode == 0, done.stderr[-2000:]
     assert "gradwatch: FAILED" in done.stdout
     assert "ghost: aux_head.weight, aux_head.bias (cause: disconnected)" in done.stdout

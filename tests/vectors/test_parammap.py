@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from _examples import RunExample
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch import nn
@@ -18,7 +16,6 @@ from torch.nn.utils import parameters_to_vector
 
 from gradwatch.vectors.parammap import ParamEntry, ParamMap, ParamMapError
 
-ROOT = Path(__file__).resolve().parents[2]
 PROPERTY = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
@@ -539,18 +536,7 @@ def test_locate_agrees_with_offsets_property(model: nn.Module, data: st.DataObje
 
 
 # --- example ------------------------------------------------------------------------------
-def test_example_script_runs() -> None:
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-    }
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "examples" / "parammap_demo.py")],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=60,
-        check=False,
-    )
+def test_example_script_runs(run_example: RunExample) -> None:
+    result = run_example("parammap_demo.py")
     assert result.returncode == 0, result.stderr
     assert "NaN at" in result.stdout and "max round-trip error" in result.stdout
