@@ -63,6 +63,10 @@ class HookSet:
         """Keep ``handle`` (e.g. an optimizer step hook) for removal."""
         self.other.append(handle)
 
+    def note_arrival(self) -> None:
+        """A gradient arrived that no hook of gradwatch's saw (``capture/in_backward.py``)."""
+        self._on_arrival()
+
     def hook_param(self, i: int, p: torch.Tensor) -> None:
         """The evidence hooks of parameter ``i`` (once; one the step reads stays unhooked)."""
         if i in self.param or i in self.unhooked:

@@ -3,8 +3,8 @@
 Per-sample gradients (``vmap(grad(...))`` over ``functional_call``: DP-SGD, per-example
 gradient norms for data pruning) call the watched model's modules inside a transform, where
 their tensors are wrapped; gradwatch's forward probes must stay out of it. A loop whose every
-gradient is written into ``.grad`` by hand gives gradwatch no arrival to see: the report says
-so (``not_observed``, ``no_backward``) instead of passing with nothing checked.
+gradient is written into ``.grad`` by hand (DP-SGD) is judged on those gradients: they are
+the step's, as if a backward pass had accumulated them.
 """
 
 from __future__ import annotations
@@ -85,20 +85,22 @@ def _dp_sgd(model: nn.ModuleDict, config: dict[str, Any]) -> gradwatch.Report:
     return w.report()
 
 
-def test_hand_written_gradients_do_not_pass_unchecked() -> None:
-    report = _dp_sgd(ghost_model(5, ghost=False), {})
-    assert report.failed and report.backward_passes == 0 and report.steps == STEPS
-    (f,) = report.findings
-    assert f.check == "not_observed" and f.details["reason"] == "no_backward"
-    assert f.details["hand_written_steps"] == STEPS
-    assert (
-        "no backward pass accumulated a gradient" in f.message and "were not checked" in f.message
-    )
+def test_dp_sgd_with_hand_written_gradients_is_judged_and_clean() -> None:
+    """DP-SGD: per-sample gradients clipped, averaged and written into ``.grad``, then a
+    normal step. Those gradients are the step's: judged, measured, and the run passes."""
+    report = _dp_sgd(ghost_model(5, ghost=False), {"every_n_steps": 1})
+    assert not report.failed and report.findings == [], report.findings
+    assert report.backward_passes == 0 and report.steps == STEPS
+    assert all(layer.steps_with_grad == STEPS for layer in report.layers), report.layers
 
 
-def test_no_backward_can_be_turned_off() -> None:
-    report = _dp_sgd(ghost_model(5, ghost=False), {"checks": {"not_observed": {"enabled": False}}})
-    assert not report.failed and report.findings == []
+def test_dp_sgd_still_finds_a_ghost() -> None:
+    """A layer the per-sample loss never reaches gets zeros from ``grad``: still a ghost."""
+    report = _dp_sgd(ghost_model(5, ghost=True), {})
+    assert [sorted(f.params) for f in report.by_check("ghost_param")] == [
+        ["ghost.bias", "ghost.weight"]
+    ]
+    assert {f.check for f in report.findings} == {"ghost_param"}
 
 
 def test_a_step_without_backward_in_a_normal_loop_is_not_hand_written() -> None:
