@@ -19,6 +19,7 @@ from gradwatch.checks.ghost import GhostParam
 from gradwatch.checks.internal_error import InternalError
 from gradwatch.checks.loss_disconnected import LossDisconnected
 from gradwatch.checks.nonfinite import NonfiniteGrad
+from gradwatch.checks.nonfinite_param import NonfiniteParam
 from gradwatch.checks.not_observed import NotObserved
 from gradwatch.checks.outside_model import ParamOutsideModel
 from gradwatch.checks.stale import StaleParam
@@ -47,6 +48,7 @@ ALL_CHECKS: list[type[Check]] = [
     DoubleUpdate,
     UnregisteredParam,
     ClippedWhileScaled,
+    NonfiniteParam,
 ]
 
 # gradwatch's own: always on, in no config (a fault or a synthesized name must be said).

@@ -47,6 +47,8 @@ SPEC_SEVERITY = {
     "frozen_param_updated": "error",
     "clipped_while_scaled": "error",
     "not_observed": "error",
+    # §6
+    "nonfinite_param": "error",
 }
 # Every observed step, and gradwatch's own faults raised, so a broken check cannot hide.
 CFG: dict[str, Any] = {"every_n_steps": 1, "on_internal_error": "raise"}

@@ -1,0 +1,111 @@
+"""``nonfinite_param``: NaN/Inf weights, also behind finite gradients.
+
+A Linear whose weights hold NaN can still get finite gradients (its NaN rows are masked out,
+an embedding row the batch never looks up, a head whose invalid classes are
+``masked_fill``-ed): the gradients look healthy while the model holds garbage. The evidence is
+the per-parameter norm every observed step already computes after the update (float32, on
+device, read with the step's one transfer, ``gradwatch/measure/fingerprint.py``): a NaN/Inf
+norm is a NaN/Inf weight. The first steps of a run are all observed
+(``core/steps.py``), so weights broken by the first updates are seen at once.
+
+A layer whose gradient in this step is itself non-finite is ``nonfinite_grad``'s (one root
+cause, one finding): this check speaks for weights whose gradients are finite.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import torch
+
+from gradwatch._severity import Severity
+from gradwatch.checks.base import Check, CheckConfig, severity_field
+from gradwatch.checks.docs import CheckDoc
+from gradwatch.checks.views import StepView
+
+if TYPE_CHECKING:
+    from gradwatch.checks.base import FindingLog
+    from gradwatch.model.index import ParamIndex
+
+
+class NonfiniteParamConfig(CheckConfig):
+    """``nonfinite_param``: no thresholds (``enabled`` and ``severity`` only)."""
+
+    severity: Severity = severity_field("error")
+
+
+def _really_nonfinite(index: ParamIndex, ids: list[int]) -> bool:
+    """An Inf float32 norm of finite values (elements past 1e19) is an overflow: recheck.
+
+    Runs only on an Inf norm, so its host read never touches a healthy step.
+    """
+    for i in ids:
+        p = index.params[i].ref()
+        if p is None or not p.is_floating_point():
+            continue
+        values = p.coalesce()._values() if p.is_sparse else p
+        if not bool(torch.isfinite(values).all()):
+            return True
+    return False
+
+
+class NonfiniteParam(Check):
+    """Per layer, on observed steps: a parameter norm that is NaN/Inf after the update."""
+
+    id = "nonfinite_param"
+    Config = NonfiniteParamConfig
+    doc = CheckDoc(
+        summary="A parameter holds NaN/Inf after an optimizer step, even though its gradients "
+        "were finite.",
+        why="NaN weights poison every output that reads them; while they sit in rows the "
+        "batch does not use (embeddings, masked classes), the gradients stay finite and the "
+        "loss may look normal, until the first batch that reads them.",
+        causes=(
+            "Adam/AdamW with `eps=0` (or fp16 weights, where `eps=1e-8` rounds to 0): a "
+            "parameter whose gradient is exactly 0 (an embedding row not in the batch) gets "
+            "0/0 = NaN.",
+            "A checkpoint or an initialisation that left NaN/Inf values "
+            "(`torch.empty` never filled, new token rows added by `resize_token_embeddings` "
+            "from uninitialised memory).",
+            "Code that edits the weights in place between steps (a division by a zero norm "
+            "in a weight normalisation or an EMA update).",
+        ),
+        fix="Find the first step it fires at: check the optimizer's `eps` (keep weights in "
+        "float32 under mixed precision), the checkpoint's values "
+        "(`torch.isfinite(t).all()` per tensor after loading), and any code that writes "
+        "`.data` or `param.copy_`.",
+    )
+
+    def on_step(self, view: StepView, log: FindingLog) -> None:
+        if not view.layers or any(view.nonfinite):
+            return  # a non-finite gradient is nonfinite_grad's finding (one root cause)
+        isfinite = math.isfinite
+        judged = set(view.ids)
+        for layer, s in view.layers.items():
+            if s.param_norm is None or isfinite(s.param_norm):
+                continue
+            ids = [i for i in view.index.layers.get(layer, []) if i in judged]
+            ids = ids or [view.ids[k] for k in s.positions]
+            if math.isinf(s.param_norm) and not _really_nonfinite(view.index, ids):
+                continue
+            where = (
+                f" after optimizer[{view.optimizer}].step()" if view.optimizer is not None else ""
+            )
+            log.emit(
+                self.id,
+                severity=self.severity,
+                step=view.step,
+                message=f"layer '{layer}': its weights hold NaN/Inf{where} although its "
+                "gradients were finite (NaN weights behind a finite gradient).",
+                hint="Look at what wrote these values: an optimizer step with eps=0 (Adam) or "
+                "fp16 weights, a checkpoint holding NaN, or code that edits the weights in "
+                "place. Check with torch.isfinite(p).all() after loading and after the first "
+                "step.",
+                params=view.index.names(ids),
+                module=layer,
+                details={
+                    "optimizer": view.optimizer,
+                    "value": "nan" if math.isnan(s.param_norm) else "inf",
+                },
+            )
