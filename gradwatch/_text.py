@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["safe"]
+__all__ = ["clip", "safe"]
 
-# C0 controls, DEL, C1 controls, and the bidi embedding/override/isolate marks ("Trojan source").
-_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+# C0 controls, DEL, C1 controls, the bidi embedding/override/isolate marks ("Trojan source"),
+# and lone surrogates (names decoded with os.fsdecode: no UTF-8 output can encode them).
+_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
 
 
 def _escape(match: re.Match[str]) -> str:
@@ -35,3 +36,17 @@ def safe(text: object) -> str:
     """
     value = text if isinstance(text, str) else str(text)
     return _UNSAFE.sub(_escape, value) if _UNSAFE.search(value) else value
+
+
+def clip(text: str, limit: int = 4000) -> str:
+    """``text`` cut to ``limit`` characters, saying how many were left out.
+
+    A saved report can hold a message of any length (100 MiB): what is printed is bounded.
+
+    Example:
+        >>> clip("x" * 10, 4)
+        'xxxx... (6 more characters)'
+    """
+    return (
+        text if len(text) <= limit else f"{text[:limit]}... ({len(text) - limit} more characters)"
+    )

@@ -181,12 +181,21 @@ def failure_message(watchers: list[Watcher]) -> str:
 def report_filename(nodeid: str, index: int = 0) -> str:
     """A file name for a test's report: the node id with unsafe characters replaced.
 
+    A node id that needed any replacement (beyond ``::``) gets a short hash of the id, so
+    ``test_p[a/b]`` and ``test_p[a_b]`` never share a file.
+
     Example:
+        >>> report_filename("test_a.py::test_b")
+        'test_a.py__test_b.json'
         >>> report_filename("tests/test_a.py::test_b[x/1]")
-        'tests_test_a.py__test_b_x_1.json'
+        'tests_test_a.py__test_b_x_1-221caedca9fe.json'
     """
-    name = re.sub(r"[^A-Za-z0-9_.-]", "_", nodeid).strip("._") or "test"
+    plain = nodeid.replace("::", "__")
+    name = re.sub(r"[^A-Za-z0-9_.-]", "_", plain).strip("._") or "test"
+    digest = hashlib.sha1(nodeid.encode("utf-8", "surrogatepass")).hexdigest()[:12]
     if len(name) > 120:  # keep under file-system limits, unique through a hash of the full id
-        name = name[:100] + "-" + hashlib.sha1(nodeid.encode()).hexdigest()[:12]
+        name = name[:100] + "-" + digest
+    elif name != plain or "__" in nodeid:  # characters replaced: two ids may have met
+        name = f"{name}-{digest}"
     suffix = f"-{index + 1}" if index else ""
     return f"{name}{suffix}.json"

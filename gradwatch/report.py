@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Union
 
 from gradwatch._text import safe
+from gradwatch.checks.not_observed import NotObserved
 from gradwatch.checks.registry import error_class
 from gradwatch.render.console import print_report, render_text
 from gradwatch.render.html import notebook_html, write_html
@@ -46,7 +47,8 @@ class Report(ReportData):
 
         Findings match on :meth:`Finding.key` (check and layer or parameters), never on step
         numbers. Accepted ones get ``details.baselined = True``; ``failed`` is recomputed
-        from the others, so only new findings fail the run.
+        from the others, so only new findings fail the run. A ``not_observed`` finding is
+        never accepted: a run that was not observed cannot be baselined into a pass.
 
         Example:
             >>> old = Report.read("gradwatch-baseline.json")  # doctest: +SKIP
@@ -58,7 +60,7 @@ class Report(ReportData):
         for f in out.findings:
             # A fresh dict each: findings copied from one another may share theirs.
             details = {k: v for k, v in f.details.items() if k != "baselined"}
-            if f.key() in known:
+            if f.key() in known and f.check != NotObserved.id:
                 details["baselined"] = True
             f.details = details
         out.failed = bool(out.failing())

@@ -66,12 +66,32 @@ def resolve_output(path: Union[str, Path], *, what: str = "output") -> Path:
             + (hint if stat.S_ISCHR(st.st_mode) or stat.S_ISFIFO(st.st_mode) else "")
         )
     real = Path(os.path.realpath(text))
-    if st is not None:
-        # /proc/self/fd/N and similar "magic" links resolve to names that are not the file.
-        real_st = os.stat(real) if real.exists() else None
-        if real_st is None or (real_st.st_dev, real_st.st_ino) != (st.st_dev, st.st_ino):
-            raise ConfigError(f"cannot write {what} {text!r}: cannot resolve it to a file path")
+    if st is not None and os.fspath(real) != os.path.abspath(text):
+        _same_file(text, real, st, what)
     return real
+
+
+def _same_file(text: str, real: Path, st: os.stat_result, what: str) -> None:
+    """``real`` (``text`` with its links resolved) names the file ``text`` opens.
+
+    ``/proc/self/fd/N`` and similar "magic" links resolve to names that are not the file. A
+    path without links needs no test; with links, another writer's rename between two stats
+    changes the inode (concurrent writers to one report), so a mismatch is looked at again.
+    """
+    for _ in range(8):
+        try:
+            real_st: Optional[os.stat_result] = os.stat(real)
+        except FileNotFoundError:
+            real_st = None
+        if real_st is not None and (real_st.st_dev, real_st.st_ino) == (st.st_dev, st.st_ino):
+            return
+        try:
+            st = os.stat(text)
+        except FileNotFoundError:
+            return  # replaced by nothing yet: written as a new file
+        if os.path.realpath(text) != os.fspath(real):
+            break
+    raise ConfigError(f"cannot write {what} {text!r}: cannot resolve it to a file path")
 
 
 def write_text_atomic(path: Union[str, Path], text: str, *, what: str = "output") -> Path:
@@ -97,7 +117,9 @@ def write_text_atomic(path: Union[str, Path], text: str, *, what: str = "output"
         mode = 0o666 & ~umask
     fd, tmp = tempfile.mkstemp(prefix=f".{real.name}.", suffix=".tmp", dir=real.parent)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        # A lone surrogate that reached the text (a name from os.fsdecode) is written as its
+        # escape rather than failing the whole file.
+        with os.fdopen(fd, "w", encoding="utf-8", errors="backslashreplace") as fh:
             fh.write(text)
             fh.flush()
             os.fsync(fh.fileno())  # the rename must not land before the data does

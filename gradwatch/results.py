@@ -7,9 +7,12 @@ records and never import the report, so the dependency runs one way.
 
 from __future__ import annotations
 
+import math
+import re
 from typing import Any, Optional
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic_core import PydanticSerializationError
 
 from gradwatch._severity import FailOn, Severity, at_least
 from gradwatch._text import safe
@@ -29,8 +32,36 @@ __all__ = [
 SCHEMA_VERSION = 1
 
 
-# NaN/Inf norms are data here (a NaN gradient is what the report is about): keep them in JSON.
-_JSON = ConfigDict(ser_json_inf_nan="constants")
+# NaN/Inf norms are data here (a NaN gradient is what the report is about), but the NaN and
+# Infinity literals are not JSON (jq, JSON.parse and Go reject them): they are written as the
+# strings "NaN", "Infinity" and "-Infinity". Reports written with the literals still load.
+_JSON = ConfigDict(ser_json_inf_nan="strings")
+_NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+# A lone surrogate (a name decoded with os.fsdecode from bytes that are not UTF-8) cannot be
+# encoded as UTF-8 nor read back from a JSON escape: such names are written as "\\udcff" text.
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _from_json(value: Any) -> Any:
+    """``details`` read from JSON: the strings a non-finite float was written as are floats."""
+    if isinstance(value, str):
+        return _NONFINITE.get(value, value)
+    if isinstance(value, list):
+        return [_from_json(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _from_json(v) for k, v in value.items()}
+    return value
+
+
+def _no_surrogates(value: Any) -> Any:
+    """``value`` with every lone surrogate in a string (keys too) shown as ``\\uXXXX`` text."""
+    if isinstance(value, str):
+        return _SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", value)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_no_surrogates(v) for v in value)
+    if isinstance(value, dict):
+        return {_no_surrogates(k): _no_surrogates(v) for k, v in value.items()}
+    return value
 
 
 class Finding(BaseModel):
@@ -48,6 +79,11 @@ class Finding(BaseModel):
     last_step: int = 0
     count: int = 1
     details: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("details", mode="before")
+    @classmethod
+    def _nonfinite_details(cls, value: Any, info: ValidationInfo) -> Any:
+        return _from_json(value) if info.mode == "json" else value
 
     def cause(self) -> str:
         """The short "why" of the finding: ``details.cause``, else ``details.origin``, else ""."""
@@ -208,6 +244,15 @@ class ReportData(BaseModel):
     coverage: Coverage = Field(default_factory=Coverage)
     param_map: Optional[dict[str, Any]] = None
     curvature: Optional[Curvature] = None
+
+    def model_dump_json(self, **kwargs: Any) -> str:  # type: ignore[override]
+        """Strict JSON (no NaN/Infinity literals), whatever the names hold (lone surrogates)."""
+        try:
+            return super().model_dump_json(**kwargs)
+        except PydanticSerializationError:
+            pass  # a lone surrogate somewhere: written as text, below (raises if it was not)
+        clean = type(self).model_validate(_no_surrogates(self.model_dump()))
+        return BaseModel.model_dump_json(clean, **kwargs)
 
     def failing(self) -> list[Finding]:
         """The findings at or above ``fail_on`` (except those a baseline accepted)."""

@@ -23,6 +23,7 @@ import traceback
 from collections.abc import Sequence
 from typing import Any, Optional
 
+from gradwatch._text import safe
 from gradwatch._version import __version__
 from gradwatch.cli.targets import CliError, first_line, load_target
 
@@ -30,9 +31,12 @@ __all__ = ["CliError", "build_parser", "load_target", "main"]
 
 PROG = "gradwatch"
 DEFAULT_TIMEOUT = 900.0  # a probe is a few steps: 15 min is a hang, long before CI's 6 h
+MAX_REPORT_BYTES = 256 << 20  # a saved report read by `report`/`--baseline`, as config files are
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell shows for a reader that went away
 
 
 def _write(what: str, fn: Any, *args: Any, **kwargs: Any) -> None:
+    what = safe(what)  # a newline in an output path must not cut the one-line error
     try:
         fn(*args, **kwargs)
     except ImportError as exc:
@@ -104,7 +108,11 @@ def _read_report(path: str) -> Any:
     from gradwatch.report import Report
 
     try:
-        return Report.read(path)
+        with open(path, "rb") as fh:  # bounded: /dev/zero or a huge file is not read whole
+            raw = fh.read(MAX_REPORT_BYTES + 1)
+        if len(raw) > MAX_REPORT_BYTES:
+            raise CliError(f"cannot read report {path!r}: larger than {MAX_REPORT_BYTES >> 20} MiB")
+        return Report.model_validate_json(raw.decode("utf-8"))
     except OSError as exc:
         raise CliError(f"cannot read report {path!r}: {exc.strerror or exc}") from exc
     except UnicodeDecodeError as exc:
@@ -154,7 +162,10 @@ def _add_output_options(parser: argparse.ArgumentParser) -> None:
 def _cmd_report(args: argparse.Namespace) -> int:
     from gradwatch.render.junit import write_junit
 
-    report = _with_baseline(_read_report(args.file), _load_baseline(args.baseline))
+    report = _read_report(args.file)
+    # The stored flag is data from a file: judge the findings against the saved fail_on.
+    report.failed = bool(report.failing())
+    report = _with_baseline(report, _load_baseline(args.baseline))
     report.print(style=args.style)
     if args.html is not None:
         _write(f"HTML report {args.html}", report.to_html, args.html)
@@ -346,7 +357,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 130
     except BrokenPipeError:  # `gradwatch ... | head`: stop quietly, as the docs of `signal` advise
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 1
+        return EXIT_BROKEN_PIPE  # not 1: that means "findings", and none were judged here
     except Exception as exc:  # a gradwatch bug: still one line unless --verbose
         print(
             f"{PROG}: error: internal error: {first_line(exc)}"

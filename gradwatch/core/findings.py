@@ -47,6 +47,26 @@ def _user_stacklevel() -> int:
     return level
 
 
+def _warn(text: str, stacklevel: int) -> None:
+    """One ``GradWatchWarning`` that never aborts the user's step.
+
+    This runs inside ``optimizer.step()`` and ``loss.backward()`` hooks. A filter that turns
+    warnings into errors (``python -W error``, pytest's ``filterwarnings = error``) would raise
+    out of them and stop training, which only ``fail_fast`` may do. The warning it refused is
+    shown instead (``warnings.showwarning``: stderr, or pytest's warnings summary); the
+    finding is in the report, which fails the run as usual.
+    """
+    try:
+        warnings.warn(text, GradWatchWarning, stacklevel=stacklevel)
+    except Exception:
+        try:
+            frame = sys._getframe(stacklevel - 1)
+            where, line = frame.f_code.co_filename, frame.f_lineno
+        except ValueError:
+            where, line = "gradwatch", 0
+        warnings.showwarning(GradWatchWarning(text), GradWatchWarning, where, line)
+
+
 class FindingLog:
     """The running set of findings of one watcher."""
 
@@ -200,14 +220,13 @@ class FindingLog:
             level = _user_stacklevel()
             where = finding.details.get("defined_at")
             for name in fresh:
-                warnings.warn(
+                _warn(
                     safe(
                         f"gradwatch {finding.check} [{name}]: {finding.message}"
                         + (f" Hint: {finding.hint}" if finding.hint else "")
                         + (f" (defined at {where})" if where else "")
                     ),
-                    GradWatchWarning,
-                    stacklevel=level,
+                    level + 1,
                 )
 
     def raise_fail_fast(self) -> None:

@@ -21,7 +21,7 @@ import shutil
 import sys
 from typing import TYPE_CHECKING, Any
 
-from gradwatch._text import safe
+from gradwatch._text import clip, safe
 from gradwatch.render.diagnostics import coverage_line, render_diagnostics
 
 if TYPE_CHECKING:
@@ -43,7 +43,7 @@ _STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 
 def _params(f: Finding, limit: int = _PARAMS_SHOWN) -> str:
     names = f.params or ([f.module] if f.module else [])
-    shown = ", ".join(safe(n) for n in names[:limit])
+    shown = ", ".join(clip(safe(n), 400) for n in names[:limit])
     return shown + (f" +{len(names) - limit} more" if len(names) > limit else "")
 
 
@@ -121,7 +121,7 @@ def _build(report: ReportData, *, plain: bool) -> list[Any]:
                 Text(f.severity, style=_STYLE[f.severity]),
                 Text(safe(f.check)),
                 Text(_params(f)),
-                Text(safe(f.cause())),
+                Text(clip(safe(f.cause()), 400)),
                 Text(hint),
             )
         parts.append(table)

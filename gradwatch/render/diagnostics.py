@@ -21,7 +21,7 @@ import os
 import textwrap
 from typing import TYPE_CHECKING, Optional
 
-from gradwatch._text import safe
+from gradwatch._text import clip, safe
 from gradwatch.checks.ghost import GhostParam
 
 if TYPE_CHECKING:
@@ -85,22 +85,22 @@ def _fields(f: Finding) -> list[tuple[str, str, str]]:
     rows: list[tuple[str, str, str]] = []
     names = f.params
     if names:
-        shown = ", ".join(safe(n) for n in names[:_PARAMS_SHOWN])
+        shown = ", ".join(clip(safe(n), 400) for n in names[:_PARAMS_SHOWN])
         more = len(names) - _PARAMS_SHOWN
         rows.append(("params", shown + (f" +{more} more" if more > 0 else ""), ""))
     if f.module and (not names or f.check != GhostParam.id):  # a ghost names its params
-        rows.append(("module", safe(f.module), ""))
+        rows.append(("module", clip(safe(f.module), 400), ""))
     details = f.details
     if details.get("cause"):
-        rows.append(("cause", safe(details["cause"]), ""))
+        rows.append(("cause", clip(safe(details["cause"]), 400), ""))
     elif details.get("origin"):
-        rows.append(("origin", safe(details["origin"]), ""))
+        rows.append(("origin", clip(safe(details["origin"]), 400), ""))
     if details.get("ranks"):
-        rows.append(("ranks", safe(details["ranks"]), ""))
+        rows.append(("ranks", clip(safe(details["ranks"]), 400), ""))
     for key, label in (("defined_at", "defined"), ("called_at", "called")):
         value = details.get(key)
         if isinstance(value, str) and value:
-            rows.append((label, safe(value), safe(_snippet(value))))
+            rows.append((label, clip(safe(value), 400), safe(_snippet(value))))
     if f.first_step == f.last_step and f.count == 1:
         rows.append(("step", str(f.first_step), ""))
     else:
@@ -108,13 +108,13 @@ def _fields(f: Finding) -> list[tuple[str, str, str]]:
             ("steps", f"{f.first_step}..{f.last_step} (seen {_count(f.count, 'time')})", "")
         )
     if f.hint:
-        rows.append(("hint", safe(f.hint), ""))
+        rows.append(("hint", clip(safe(f.hint)), ""))
     return rows
 
 
 def _block(f: Finding, width: int, color: bool) -> list[str]:
     tag = f"{f.severity}[{safe(f.check)}]:"
-    head = _wrap(f"{tag} {safe(f.message)}", width, "", "  ")
+    head = _wrap(f"{tag} {clip(safe(f.message))}", width, "", "  ")
     if color:
         rest = head[0][len(tag) :]
         head[0] = _paint(f.severity, _COLOR[f.severity], True) + _paint(

@@ -17,6 +17,7 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
+from gradwatch._text import safe
 from gradwatch.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -84,7 +85,7 @@ def _require_matplotlib() -> None:
 
 
 def _e(value: Any) -> str:
-    return html.escape(str(value), quote=True)
+    return html.escape(safe(value), quote=True)
 
 
 def _num(value: Optional[float], fmt: str = ".3g") -> str:

@@ -16,6 +16,7 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Optional
 
+from gradwatch._text import safe
 from gradwatch.checks.dead import DeadParam
 from gradwatch.checks.ghost import GhostParam
 
@@ -45,6 +46,18 @@ _TOP, _BOTTOM = 0.96, 0.04  # axes fractions for markers of values off a log axi
 _GHOST = GhostParam.id
 _DEAD = DeadParam.id
 _RED, _ORANGE, _BLUE, _LIGHT = "#c62828", "#ef6c00", "#1565c0", "#90caf9"
+
+
+_LABEL = 60  # characters of a layer name on a chart: a 20,000-character one took seconds
+
+
+def _label(name: str) -> str:
+    """A layer name as a chart label: shortened, control bytes shown, ``$`` not mathtext."""
+    text = safe(name)
+    if len(text) > _LABEL:
+        half = (_LABEL - 1) // 2
+        text = text[:half] + "\u2026" + text[-half:]
+    return text.replace("$", r"\$")
 
 
 def _finite_pos(x: Optional[float]) -> bool:
@@ -92,7 +105,7 @@ def _layer_ticks(ax: Axes, names: list[str], flags: dict[str, str]) -> None:
     every = max(1, math.ceil(n / _MAX_TICKS))
     shown = [i for i in range(n) if i % every == 0 or names[i] in flags]
     ax.set_xticks(shown)
-    ax.set_xticklabels([names[i] for i in shown], rotation=90, fontsize=7 if n > 30 else 8)
+    ax.set_xticklabels([_label(names[i]) for i in shown], rotation=90, fontsize=7 if n > 30 else 8)
     for label, i in zip(ax.get_xticklabels(), shown):
         kind = flags.get(names[i])
         if kind is not None:
@@ -224,7 +237,7 @@ def norm_timelines(report: ReportData, k: int = TOP_K) -> Optional[Figure]:
         bad_x += [s for s, v in layer.history if not math.isfinite(v)]
         zero_x += [s for s, v in layer.history if v == 0.0]
         style = "--" if layer.name in flagged_modules else "-"
-        label = layer.name + (" (flagged)" if layer.name in flagged_modules else "")
+        label = _label(layer.name) + (" (flagged)" if layer.name in flagged_modules else "")
         ax.plot(steps, norms, style, marker="." if len(steps) < 40 else None, lw=1.3, label=label)
     ax.set_yscale("log")
     ax.set_ylim(floor, ceiling)

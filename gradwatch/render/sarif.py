@@ -59,6 +59,8 @@ def _physical(location: str, text: str) -> Optional[dict[str, Any]]:
         return None
     if os.path.isabs(path):
         artifact = {"uri": Path(path).as_uri()}
+    elif os.path.normpath(path).split(os.sep)[0] == os.pardir:
+        return None  # `../../etc/passwd` (a report read from anywhere): outside the source root
     else:
         artifact = {
             "uri": quote(PurePosixPath(*Path(path).parts).as_posix()),
@@ -98,7 +100,7 @@ def _result(f: Finding, rule_index: int, baseline: bool) -> dict[str, Any]:
             result["relatedLocations"] = [{"id": k, **p} for k, p in enumerate(places[1:])]
     elif logical:
         result["locations"] = [{"logicalLocations": logical}]
-    digest = hashlib.sha256("\x00".join(f.key()).encode()).hexdigest()
+    digest = hashlib.sha256("\x00".join(f.key()).encode("utf-8", "surrogatepass")).hexdigest()
     result["partialFingerprints"] = {"gradwatchFinding/v1": digest}
     if baseline:
         result["baselineState"] = "unchanged" if f.baselined() else "new"
