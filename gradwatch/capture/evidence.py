@@ -59,6 +59,15 @@ class Tracker:
         self.fwd_first: dict[str, int] = {}
         self.fwd_since: dict[str, int] = {}  # layer -> event number its forward hook went on
         self.pending: set[int] = set()  # parameters whose dirty flag is an unresolved tensor
+        # Micro-batches dropped before the step: a gradient reset (set_to_none) between two
+        # backward passes of one window, no step of any optimizer and no change to the
+        # parameter in between (zero_grad() inside the accumulation loop). SAM's and LBFGS's
+        # resets follow a change to the parameters; a GAN's follow the other one's step.
+        self.dropped: list[int] = []
+        self.dropping: set[int] = set()  # parameters with dropped[i] > 0
+        self.pver: list[int] = []  # the parameter's version at its window's first arrival
+        self.stepped_at = 0  # event number of the latest step of any optimizer
+        self.ended_at = 0  # event number of the latest backward pass that completed
         self.want_pre: set[int] = set()  # parameters whose resets only values can tell
         self.backward_queued = False  # the end-of-backward callback is queued
         self.task = -2  # the graph task whose end callback is queued (see capture/backward.py)
@@ -87,6 +96,8 @@ class Tracker:
             self.has_pre.append(False)
             self.seen.append(0)
             self.missing.append(0)
+            self.dropped.append(0)
+            self.pver.append(-1)
 
     def snapshot(self, ids: list[int], grads: list[Optional[torch.Tensor]]) -> None:
         """Record each ``.grad`` as its optimizer's step left it (identity and version)."""
@@ -101,6 +112,10 @@ class Tracker:
             dirty[i] = False
         if self.pending:
             self.pending.difference_update(ids)
+        if self.dropping:
+            for i in ids:
+                self.dropped[i] = 0
+            self.dropping.difference_update(ids)
 
 
 def make_param_hooks(
@@ -187,6 +202,15 @@ def make_param_hooks(
                 ):
                     t.dirty[i] = False
                     t.pending.discard(i)
+            if t.fresh[i]:
+                t.pver[i] = p._version
+            elif (
+                t.acc_ref[i]() is not g
+                and t.stepped_at < t.last_seq[i] < t.ended_at  # not a backward that raised
+                and p._version == t.pver[i]
+            ):
+                t.dropped[i] += 1  # the window's earlier gradient was dropped, unused
+                t.dropping.add(i)
             t.last_seq[i] = next(t.counter)
             t.acc_ref[i], t.acc_ver[i] = weakref.ref(g), ver
             t.fresh[i] = False

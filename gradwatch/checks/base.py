@@ -107,7 +107,8 @@ class Check:
     #: Evidence it needs beyond every step's gradients (the run gathers only what an
     #: enabled check names): ``"forward_runs"`` (whether and how the model's forward ran),
     #: ``"module_scan"`` (modules run but not registered), ``"nan_probe"`` (where a NaN is
-    #: born), ``"unscale_watch"`` (gradients edited while scaled).
+    #: born), ``"unscale_watch"`` (gradients edited while scaled), ``"discarded_passes"``
+    #: (micro-batches reset before the step).
     needs: ClassVar[frozenset[str]] = frozenset()
     #: Whether the layers of its findings keep their forward hooks once the others are
     #: trimmed (``trim_hooks_after``): a ghost's cause comes from them.

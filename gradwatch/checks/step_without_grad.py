@@ -1,4 +1,5 @@
-"""``step_without_grad``: gradients were cleared between ``backward()`` and ``step()``."""
+"""``step_without_grad``: gradients were cleared between ``backward()`` and ``step()``, or
+between the micro-batches of one accumulated step (``details.discarded_backward_passes``)."""
 
 from __future__ import annotations
 
@@ -32,12 +33,20 @@ class StepWithoutGrad(Check):
         causes=(
             "zero_grad() between backward() and step() (the calls in the wrong order).",
             "A helper that clears gradients (p.grad = None) before stepping.",
+            "zero_grad() inside a gradient-accumulation loop (every micro-batch instead of "
+            "after each step): the step uses the last micro-batch only "
+            "(`details.discarded_backward_passes`).",
         ),
-        fix="Order the loop as zero_grad(), forward, backward(), step().",
+        fix="Order the loop as zero_grad(), forward, backward(), step(); under gradient "
+        "accumulation call zero_grad() once per optimizer step, right after step().",
     )
+    needs = frozenset({"discarded_passes"})
 
     def on_step(self, view: StepView, log: FindingLog) -> None:
         if view.optimizer is None or not view.backward_in_window or not view.ids:
+            return
+        if view.window.discarded_passes:
+            _discarded(self, view, log)
             return
         if not any(view.arrived) or not all(
             view.cleared[k] for k, a in enumerate(view.arrived) if a
@@ -55,3 +64,21 @@ class StepWithoutGrad(Check):
             key=f"optimizer[{view.optimizer}]",
             details={"optimizer": view.optimizer},
         )
+
+
+def _discarded(check: StepWithoutGrad, view: StepView, log: FindingLog) -> None:
+    """Gradients of earlier micro-batches reset before the step that should have summed them."""
+    n = view.window.discarded_passes
+    log.emit(
+        check.id,
+        severity=check.severity,
+        step=view.step,
+        message=f"optimizer[{view.optimizer}].step() used only the last backward pass's "
+        f"gradient: the gradients of {n} earlier backward pass(es) since its previous step "
+        "were reset (zero_grad()) before it, unused.",
+        hint="zero_grad() runs inside the gradient-accumulation loop: call it once per "
+        "optimizer step (after step()), not before every micro-batch's backward().",
+        params=view.index.names([i for i, a in zip(view.ids, view.arrived) if a]),
+        key=f"optimizer[{view.optimizer}]",
+        details={"optimizer": view.optimizer, "discarded_backward_passes": n},
+    )

@@ -52,6 +52,8 @@ class WindowEvidence:
     """(attribute path, module class) of unregistered parameters that got a gradient."""
     nan_trace: Optional[dict[str, Any]] = None
     """The NaN probe's verdict for this window: where a non-finite value was born."""
+    discarded_passes: int = 0
+    """Backward passes of the window whose gradients were reset before this step used them."""
 
 
 @dataclass

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from gradwatch.capture.discarded import discarded_passes
 from gradwatch.capture.facts import UNOBSERVABLE, Fact
 from gradwatch.capture.forward_scout import ForwardScout
 from gradwatch.capture.unscale_watch import UnscaleWatch
@@ -167,6 +168,11 @@ class ExtraEvidence:
             scaled_edits=self.scaled_edits.pop(track.index, None),
             unregistered=scout.take_unregistered(),
             nan_trace=nan_trace,
+            discarded_passes=(  # a step the GradScaler skipped drops its gradient rightly
+                discarded_passes(tracker, track)
+                if "discarded_passes" in self.wanted and not skipped
+                else 0
+            ),
         )
 
     def window_closed(self, k: Optional[int]) -> None:

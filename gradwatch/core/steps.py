@@ -149,6 +149,7 @@ class StepPipeline:
     def backward_end(self) -> None:
         """A backward pass finished (queued by the first gradient that arrived in it)."""
         self.tracker.backward_queued = False
+        self.tracker.ended_at = self.tracker.now()
         self.backward_passes += 1
         if self.structure.lazy_materialised():
             self.sync(step=self.steps)
@@ -236,6 +237,8 @@ class StepPipeline:
                 guard=self.faults.guard,
             )
         self.tracker.snapshot(g.ids, g.grads)
+        if track.index is not None:
+            self.tracker.stepped_at = self.tracker.now()
         if self.tracker.want_pre and self.hooks.trimmed:
             self.hooks.restore_pre_hooks(structure.index)
         track.fingerprint = track.frozen_fp = None

@@ -1,0 +1,31 @@
+"""Micro-batches whose gradients were reset before the step that should have used them.
+
+``zero_grad()`` inside a gradient-accumulation loop leaves the step only the last
+micro-batch's gradient. The post-accumulate hook counts each reset (``set_to_none``: a new
+``.grad`` tensor) between two backward passes of one window (``Tracker.dropped``); this reads
+the count at the step.
+"""
+
+from __future__ import annotations
+
+from gradwatch.capture.evidence import Tracker
+from gradwatch.capture.window import Track
+
+__all__ = ["discarded_passes"]
+
+
+def discarded_passes(tracker: Tracker, track: Track) -> int:
+    """Backward passes of this window whose gradients were reset before the step used them
+    (``Tracker.dropped``), where the step's ``.grad`` is still what the last one left: a
+    gradient rewritten since (PCGrad's merge) was made from all of them."""
+    t = tracker
+    if not t.dropping:
+        return 0
+    worst = 0
+    for i, p in zip(track.ids, track.params):
+        if i in t.dropping:
+            g = p.grad
+            if g is not None and g._base is None and t.acc_ref[i]() is g:
+                if g._version == t.acc_ver[i]:
+                    worst = max(worst, t.dropped[i])
+    return worst
