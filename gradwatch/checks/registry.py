@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from gradwatch.checks.base import Check
+from gradwatch.checks.clip_after_step import ClipAfterStep
 from gradwatch.checks.clipped_while_scaled import ClippedWhileScaled
 from gradwatch.checks.coverage import FrozenInOptimizer, NotInOptimizer
 from gradwatch.checks.dead import DeadParam
@@ -48,6 +49,7 @@ ALL_CHECKS: list[type[Check]] = [
     DoubleUpdate,
     UnregisteredParam,
     ClippedWhileScaled,
+    ClipAfterStep,
     NonfiniteParam,
 ]
 

@@ -54,6 +54,8 @@ class WindowEvidence:
     """The NaN probe's verdict for this window: where a non-finite value was born."""
     discarded_passes: int = 0
     """Backward passes of the window whose gradients were reset before this step used them."""
+    edited_after_step: Optional[list[int]] = None
+    """Parameters whose gradients changed after the previous step, before their reset."""
 
 
 @dataclass

@@ -16,6 +16,7 @@ from gradwatch.capture.facts import UNOBSERVABLE, Fact
 from gradwatch.capture.forward_scout import ForwardScout
 from gradwatch.capture.unscale_watch import UnscaleWatch
 from gradwatch.capture.window import Gathered, Track
+from gradwatch.capture.zero_grad_watch import AfterStepEdits, ZeroGradWatch
 from gradwatch.checks.views import WindowEvidence
 from gradwatch.measure.stats import to_host
 
@@ -40,6 +41,7 @@ class ExtraEvidence:
         self.scaled_edits: dict[Optional[int], list[int]] = {}
         self.backward_calls: Optional[int] = None  # counted only where an integration sees them
         self._calls_at_start: dict[Optional[int], int] = {}
+        self.after_step: Optional[AfterStepEdits] = None  # clip_after_step's evidence
 
     def install(self) -> None:
         """Hook the model's entry points and the scaler (once, at the first layout sync)."""
@@ -69,6 +71,15 @@ class ExtraEvidence:
                 pipe.scaler.scaler, lambda opt: guard("unscale watch", self.unscaling, opt)
             )
             pipe.hooks.removers.append(self._unscale.remove)
+        if "zero_grad_watch" in self.wanted and pipe.structure.optimizers:
+            edits = self.after_step = AfterStepEdits(
+                self.tracker, pipe.structure.track_of, lambda: pipe.backward_passes
+            )
+            guard = pipe.faults.guard
+            zero = ZeroGradWatch(
+                pipe.structure.optimizers, lambda k: guard("zero_grad watch", edits.zeroing, k)
+            )
+            pipe.hooks.removers.append(zero.remove)
 
     def _say_compiled(self, wanted: bool, nonfinite: bool) -> None:
         """Under torch.compile the scout stays off: say which checks that leaves blind."""
@@ -168,6 +179,9 @@ class ExtraEvidence:
             scaled_edits=self.scaled_edits.pop(track.index, None),
             unregistered=scout.take_unregistered(),
             nan_trace=nan_trace,
+            edited_after_step=(
+                self.after_step.take(track.index) if self.after_step is not None else None
+            ),
             discarded_passes=(  # a step the GradScaler skipped drops its gradient rightly
                 discarded_passes(tracker, track)
                 if "discarded_passes" in self.wanted and not skipped
