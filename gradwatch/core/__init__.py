@@ -1,10 +1,9 @@
-"""The watching core: hooks record evidence, the pipeline turns it into step views.
+"""The run: the watcher, the step pipeline, the views, and the checks' judges.
 
-Data flow: ``hooks`` (install/trim/remove) → ``evidence`` (what arrived, when, in which grad
-mode) → ``pipeline`` (one step's gradients gathered, one host transfer) → a
-:class:`~gradwatch.checks.StepView` judged by :mod:`gradwatch.checks` → ``findings`` →
-``build_report`` → :class:`~gradwatch.Report`. :class:`Watcher` is the lifecycle facade.
+Data flow: ``capture`` (hooks record evidence) → ``core/gather.py`` (one step's gradients
+read, one host transfer) → ``core/steps.py`` builds a :class:`~gradwatch.checks.StepView`
+→ ``core/findings.py`` (``Judges``) hands views and facts to :mod:`gradwatch.checks`, which
+write findings → ``core/build_report.py`` → :class:`~gradwatch.Report`. :class:`Watcher`
+(``core/watcher.py``) is the lifecycle facade; ``core/adapter_api.py`` its public API for
+integrations. CONTRIBUTING.md draws the layers.
 """
-
-# Nothing is imported here: checks import the core's maths (``core.stats``) and the core
-# imports the checks, so this package's __init__ must not pull in the watcher.
