@@ -16,6 +16,7 @@ from pydantic_core import PydanticSerializationError
 
 from gradwatch._severity import FailOn, Severity, at_least
 from gradwatch._text import safe
+from gradwatch.checks.not_observed import ALL_IGNORED, NotObserved
 from gradwatch.config import GradWatchConfig
 
 __all__ = [
@@ -253,6 +254,15 @@ class ReportData(BaseModel):
             pass  # a lone surrogate somewhere: written as text, below (raises if it was not)
         clean = type(self).model_validate(_no_surrogates(self.model_dump()))
         return BaseModel.model_dump_json(clean, **kwargs)
+
+    def verdict(self) -> str:
+        """``FAILED``, ``passed``, or ``NOT JUDGED`` when ``ignore`` matched every parameter."""
+        if self.failed:
+            return "FAILED"
+        for f in self.findings:
+            if f.check == NotObserved.id and f.details.get("reason") == ALL_IGNORED:
+                return f"NOT JUDGED ({f.details.get('ignored', 'all')} parameters ignored)"
+        return "passed"
 
     def failing(self) -> list[Finding]:
         """The findings at or above ``fail_on`` (except those a baseline accepted)."""

@@ -14,7 +14,7 @@ from gradwatch._severity import Severity
 from gradwatch.capture.facts import UNOBSERVABLE, Fact
 from gradwatch.checks.base import Check, CheckConfig, severity_field
 from gradwatch.checks.docs import CheckDoc
-from gradwatch.checks.views import RunView
+from gradwatch.checks.views import RunView, StructureView
 
 if TYPE_CHECKING:
     from gradwatch.checks.base import FindingLog
@@ -25,6 +25,8 @@ ID = "not_observed"
 
 # Reasons that leave only some checks blind (they say which): ``info``, not a failure.
 PARTIAL_REASONS = frozenset({"compiled_forward", "fsdp1_disconnected"})
+#: ``details.reason`` when ``ignore`` matches every trainable parameter: nothing was judged.
+ALL_IGNORED = "all_ignored"
 
 
 def emit_not_observed(
@@ -97,10 +99,29 @@ class NotObserved(Check):
             details=fact.details,
         )
 
+    def on_structure(self, view: StructureView, log: FindingLog) -> None:
+        """``ignore`` that matches every trainable parameter: say that nothing is judged."""
+        ignored = getattr(log, "ignored", None)
+        names = [n for i in view.trainable for n in view.index.params[i].names]
+        if ignored is None or not names or not all(ignored(n) for n in names):
+            return
+        emit_not_observed(
+            log,
+            severity="info",
+            step=0,
+            reason=ALL_IGNORED,
+            message=f"`ignore` matches every trainable parameter ({len(names)} ignored): "
+            "nothing was judged, so this report is no pass.",
+            hint="Narrow the `ignore` patterns to the parameters you mean to allowlist.",
+            details={"ignored": len(names)},
+        )
+
     def on_run(self, view: RunView, log: FindingLog) -> None:
         if view.steps > 0:
             # Steps whose gradients were all written by hand (DP-SGD with torch.func) were
             # judged on those gradients (core/steps.py): observed, not a blind spot.
+            if not (view.backward_passes or view.forward_ran or view.hand_written_steps):
+                _another_instance(view, log, self.severity)
             return
         if view.faults:
             emit_not_observed(
@@ -173,3 +194,19 @@ def _never_stepped(view: RunView, log: FindingLog, severity: str) -> None:
         details={"backward_passes": view.backward_passes, "unreached": len(view.unreached)},
     )
 
+
+def _another_instance(view: RunView, log: FindingLog, severity: str) -> None:
+    """The watched optimizer stepped, yet the watched model never ran and no backward pass
+    reached it: the loop trained another instance (a ``deepcopy``, a model the loss built)."""
+    emit_not_observed(
+        log,
+        severity=severity,
+        step=0,
+        reason="never_ran",
+        message=f"The watched optimizer stepped {view.steps} time(s), but the watched model "
+        "never ran and no backward pass reached it: another instance was trained (a copy, "
+        "or a model that the loss function uses instead), so nothing was checked.",
+        hint="Train the model object passed to watch() (and, for `gradwatch check`, use "
+        "the Probe's model in its loss_fn): a copy of it is not the one being watched.",
+        details={"steps": view.steps},
+    )

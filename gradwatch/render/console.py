@@ -60,9 +60,8 @@ def _header(report: ReportData) -> Any:
     from rich.text import Text
 
     head = Text("gradwatch: ")
-    head.append(
-        "FAILED" if report.failed else "passed", style="bold red" if report.failed else "bold green"
-    )
+    verdict = report.verdict()
+    head.append(verdict, style="bold green" if verdict == "passed" else "bold red")
     head.append(f"  steps={report.steps} backward_passes={report.backward_passes}")
     if report.skipped_steps:
         head.append(f" skipped_steps={report.skipped_steps}")

@@ -164,7 +164,7 @@ def summary_line(report: ReportData) -> str:
     ]
     what = ", ".join(counts) if counts else "no findings"
     line = (
-        f"gradwatch: {'FAILED' if report.failed else 'passed'}  {what} in "
+        f"gradwatch: {report.verdict()}  {what} in "
         f"{_count(report.steps, 'step')} "
         f"({_count(report.backward_passes, 'backward pass', 'backward passes')})"
     )

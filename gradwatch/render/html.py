@@ -244,7 +244,7 @@ def render_html(report: ReportData) -> str:
         update_ratios,
     )
 
-    title = f"gradwatch report: {'FAILED' if report.failed else 'passed'}"
+    title = f"gradwatch report: {report.verdict()}"
     parts = [
         _header(report),
         _findings(report),
