@@ -8,18 +8,24 @@ the count at the step.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from gradwatch.capture.evidence import Tracker
 from gradwatch.capture.window import Track
 
 __all__ = ["discarded_passes"]
 
 
-def discarded_passes(tracker: Tracker, track: Track) -> int:
+def discarded_passes(tracker: Tracker, track: Track, tracks: Sequence[Track]) -> int:
     """Backward passes of this window whose gradients were reset before the step used them
     (``Tracker.dropped``), where the step's ``.grad`` is still what the last one left: a
-    gradient rewritten since (PCGrad's merge) was made from all of them."""
+    gradient rewritten since (PCGrad's merge) was made from all of them. Not judged while
+    another optimizer whose parameters get gradients has never stepped: the dropped
+    gradient was its loss's (a GAN's generator step forgotten: ``stale_param``)."""
     t = tracker
-    if not t.dropping:
+    if not t.dropping or any(
+        o is not track and o.index is not None and o.steps == 0 and _received(t, o) for o in tracks
+    ):
         return 0
     worst = 0
     for i, p in zip(track.ids, track.params):
@@ -29,3 +35,8 @@ def discarded_passes(tracker: Tracker, track: Track) -> int:
                 if g._version == t.acc_ver[i]:
                     worst = max(worst, t.dropped[i])
     return worst
+
+
+def _received(t: Tracker, track: Track) -> bool:
+    seq = t.last_seq
+    return any(seq[i] > 0 for i in track.ids if i < len(seq))

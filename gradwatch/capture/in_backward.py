@@ -1,4 +1,4 @@
-"""Optimizer steps taken inside a backward pass (the "optimizer in backward" pattern).
+"""Arrivals no hook saw: optimizer steps inside a backward pass, gradients written by hand.
 
 PyTorch's tutorial steps one optimizer per parameter from a
 ``register_post_accumulate_grad_hook`` and clears ``.grad`` right after: registered before
@@ -6,6 +6,9 @@ gradwatch's, that hook leaves gradwatch's own post hook a ``.grad`` of ``None``,
 arrival is recorded. The step itself runs inside the backward's graph task, where a
 ``.grad`` that is not the tensor the last step left can only have been made by this backward:
 it is read as an arrival, and the backward's end is queued as at any arrival.
+
+A gradient written into ``.grad`` by hand (DP-SGD's per-sample gradients, clipped, noised and
+averaged) is likewise the step's gradient (``written_arrive``).
 """
 
 from __future__ import annotations
@@ -14,9 +17,9 @@ import weakref
 from typing import Callable
 
 from gradwatch.capture.evidence import Tracker, task_id
-from gradwatch.capture.window import Track
+from gradwatch.capture.window import Gathered, Track
 
-__all__ = ["read_in_backward"]
+__all__ = ["read_in_backward", "written_arrive"]
 
 
 def read_in_backward(tracker: Tracker, track: Track, on_arrival: Callable[[], None]) -> None:
@@ -37,3 +40,15 @@ def read_in_backward(tracker: Tracker, track: Track, on_arrival: Callable[[], No
         found = True
     if found:
         on_arrival()
+
+
+def written_arrive(t: Tracker, g: Gathered) -> None:
+    """Gradients written by hand (``g.written``) are this step's gradients: judged, counted
+    and measured as ones that arrived."""
+    arrived, seen, missing = g.arrived, t.seen, t.missing
+    for k, (i, w) in enumerate(zip(g.ids, g.written)):
+        if w and not arrived[k]:
+            arrived[k] = True
+            seen[i] += 1
+            missing[i] -= 1
+            t.last_seq[i] = t.now()

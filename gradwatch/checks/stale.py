@@ -11,7 +11,8 @@ from gradwatch._severity import Severity
 from gradwatch.checks._patience import Streaks
 from gradwatch.checks.base import Check, CheckConfig, severity_field
 from gradwatch.checks.docs import CheckDoc
-from gradwatch.checks.views import StepView
+from gradwatch.checks._never_stepped import emit_never_stepped
+from gradwatch.checks.views import RunView, StepView
 
 if TYPE_CHECKING:
     from gradwatch.checks.base import FindingLog
@@ -39,6 +40,8 @@ class StaleParam(Check):
             "Learning rate 0 in its param group (a scheduler at 0, a typo).",
             "The optimizer holds copies of the parameters, not the model's own tensors.",
             "A step skipped by custom code.",
+            "Its optimizer never stepped while another watched optimizer did (one of a "
+            "GAN's two `step()` calls forgotten): `cause: never_stepped`, an error.",
         ),
         fix="Check its param group's learning rate and that the optimizer holds the model's "
         "parameters (build it after the model is moved and complete).",
@@ -76,6 +79,9 @@ class StaleParam(Check):
                 module=layer,
                 details=details,
             )
+
+    def on_run(self, view: RunView, log: FindingLog) -> None:
+        emit_never_stepped(self.id, view, log)  # an optimizer forgotten (error)
 
 
 _HINT = (

@@ -145,4 +145,6 @@ class RunView:
     skipped_steps: int = 0  # optimizer steps a GradScaler skipped (inf/NaN gradients)
     # In a run without a step: the trainable parameters no backward pass reached.
     unreached: list[str] = field(default_factory=list)
+    # Optimizers that never stepped while another did: (index, params that got gradients).
+    idle_optimizers: list[tuple[int, list[str]]] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)

@@ -183,7 +183,7 @@ class ExtraEvidence:
                 self.after_step.take(track.index) if self.after_step is not None else None
             ),
             discarded_passes=(  # a step the GradScaler skipped drops its gradient rightly
-                discarded_passes(tracker, track)
+                discarded_passes(tracker, track, self.pipe.structure.tracks)
                 if "discarded_passes" in self.wanted and not skipped
                 else 0
             ),

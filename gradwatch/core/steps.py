@@ -15,7 +15,8 @@ from torch import nn
 from gradwatch.capture.evidence import Tracker, make_cause
 from gradwatch.capture.facts import FOREIGN_TENSORS, SKIPPED_STEPS, Fact
 from gradwatch.capture.hooks import HookSet
-from gradwatch.capture.in_backward import read_in_backward
+from gradwatch.capture.idle import idle_optimizers
+from gradwatch.capture.in_backward import read_in_backward, written_arrive
 from gradwatch.capture.scaler import ScalerWatch
 from gradwatch.capture.step_reading import StepReading
 from gradwatch.capture.unwatched import StepNesting, UnwatchedUpdates
@@ -357,19 +358,7 @@ def _note_hand_written(pipe: StepPipeline, track: Track, g: Gathered) -> None:
         g.written = written
         if pipe.backward_passes == track.backward_at_start:
             pipe.hand_written += 1
-        _written_arrive(pipe.tracker, g)
-
-
-def _written_arrive(t: Tracker, g: Gathered) -> None:
-    """A gradient written by hand (DP-SGD's per-sample gradients clipped, noised and put in
-    ``.grad``) is this step's gradient: judged, counted and measured as one that arrived."""
-    arrived, seen, missing = g.arrived, t.seen, t.missing
-    for k, (i, w) in enumerate(zip(g.ids, g.written)):
-        if w and not arrived[k]:
-            arrived[k] = True
-            seen[i] += 1
-            missing[i] -= 1
-            t.last_seq[i] = t.now()
+        written_arrive(pipe.tracker, g)
 
 
 def run_view(pipe: StepPipeline, faults: list[str]) -> RunView:
@@ -388,6 +377,7 @@ def run_view(pipe: StepPipeline, faults: list[str]) -> RunView:
         hand_written_steps=pipe.hand_written,
         skipped_steps=pipe.scaler.skipped,
         unreached=_unreached(pipe) if pipe.steps == 0 and pipe.backward_passes else [],
+        idle_optimizers=idle_optimizers(tracker, pipe.structure.tracks, pipe.structure.index.names),
     )
 
 

@@ -163,4 +163,6 @@ def test_a_nan_in_a_hand_written_gradient_is_named_as_such() -> None:
     (f,) = report.by_check("nonfinite_grad")
     assert sorted(f.params) == ["ghost.bias", "ghost.weight"] and f.first_step == 3
     assert "no backward pass made (set by hand)" in f.message and "into .grad itself" in f.hint
-    assert {x.check for x in report.findings} == {"nonfinite_grad"}
+    # The hand-written gradients are measured: the Inf update left Inf weights that the later
+    # (finite) hand-written gradients cannot repair, which nonfinite_param may say too.
+    assert {x.check for x in report.findings} - {"nonfinite_param"} == {"nonfinite_grad"}
