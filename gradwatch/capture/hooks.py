@@ -15,6 +15,7 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
+from gradwatch.capture.copies import cover_class, uncover_class
 from gradwatch.capture.evidence import Tracker, make_forward_hook, make_param_hooks
 from gradwatch.model.engines import clean_name
 from gradwatch.model.index import ParamIndex
@@ -58,6 +59,7 @@ class HookSet:
         self.keep_all = False
         self.wanted: set[str] = set()  # layers whose forward hook should come back
         self.removers: list[Callable[[], None]] = []  # other parts' hooks (forward scout, ...)
+        self._classes: dict[type, bool] = {}  # module classes whose copies leave hooks out
 
     def add(self, handle: RemovableHandle) -> None:
         """Keep ``handle`` (e.g. an optimizer step hook) for removal."""
@@ -113,7 +115,13 @@ class HookSet:
         tracker.want_pre.clear()
 
     def hook_modules(self, model: nn.Module) -> None:
-        """A forward hook on each layer not seen before (until trimmed)."""
+        """A forward hook on each layer not seen before (until trimmed).
+
+        Every module class of the model is covered: its copies carry none of gradwatch's
+        hooks (``capture/copies.py``), the scout's and the NaN probe's included.
+        """
+        for cls in {type(m) for m in model.modules()} - self._classes.keys():
+            self._classes[cls] = cover_class(cls)
         for name, mod in model.named_modules():
             if id(mod) in self._hooked_modules or not mod._parameters:
                 continue
@@ -194,6 +202,10 @@ class HookSet:
         removers, self.removers = self.removers, []
         for remove in removers:
             remove()
+        classes, self._classes = self._classes, {}
+        for cls, covered in classes.items():
+            if covered:
+                uncover_class(cls)
 
 
 class ForwardStamp:
