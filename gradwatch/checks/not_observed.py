@@ -83,6 +83,9 @@ class NotObserved(Check):
         "`use_orig_params=True` with FSDP1. `details.reason` says which case it was.",
     )
     facts = frozenset({UNOBSERVABLE})
+    #: Every parameter of the watched optimizers is outside the watched model (the optimizer
+    #: of a copy was watched with the original).
+    _trains_other = False
 
     def on_fact(self, fact: Fact, log: FindingLog) -> None:
         """Something the run could not see, said as it was seen (one finding per reason)."""
@@ -101,6 +104,9 @@ class NotObserved(Check):
 
     def on_structure(self, view: StructureView, log: FindingLog) -> None:
         """``ignore`` that matches every trainable parameter: say that nothing is judged."""
+        params = view.index.params
+        held = view.in_optimizer
+        self._trains_other = bool(held) and all(params[i].outside_model for i in held)
         ignored = getattr(log, "ignored", None)
         names = [n for i in view.trainable for n in view.index.params[i].names]
         if ignored is None or not names or not all(ignored(n) for n in names):
@@ -120,7 +126,9 @@ class NotObserved(Check):
         if view.steps > 0:
             # Steps whose gradients were all written by hand (DP-SGD with torch.func) were
             # judged on those gradients (core/steps.py): observed, not a blind spot.
-            if not (view.backward_passes or view.forward_ran or view.hand_written_steps):
+            if not view.forward_ran and (
+                self._trains_other or not (view.backward_passes or view.hand_written_steps)
+            ):
                 _another_instance(view, log, self.severity)
             return
         if view.faults:

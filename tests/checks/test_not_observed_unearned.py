@@ -57,3 +57,17 @@ def test_ignore_of_some_parameters_judges_the_others() -> None:
     model = net()
     report = run(model, model, {"ignore": ["0.*"]})
     assert not report.by_check(NotObserved.id) and report.verdict() == "passed"
+
+
+def test_the_optimizer_of_a_copy_watched_with_the_original_fails() -> None:
+    model = net()
+    twin = copy.deepcopy(model)
+    opt = torch.optim.SGD(twin.parameters(), lr=0.1)
+    with gradwatch.watch(model, opt, config={"warn": False}) as w:
+        for _ in range(3):
+            opt.zero_grad()
+            twin(torch.randn(4, 2)).sum().backward()
+            opt.step()
+    report = w.report()
+    assert report.failed
+    assert [f.details["reason"] for f in report.by_check(NotObserved.id)] == ["never_ran"]
