@@ -23,6 +23,7 @@ from gradwatch.checks.nonfinite import NonfiniteGrad
 from gradwatch.checks.nonfinite_param import NonfiniteParam
 from gradwatch.checks.not_observed import NotObserved
 from gradwatch.checks.outside_model import ParamOutsideModel
+from gradwatch.checks.scheduler_misstepped import SchedulerMisstepped
 from gradwatch.checks.stale import StaleParam
 from gradwatch.checks.step_without_grad import StepWithoutGrad
 from gradwatch.checks.unregistered import UnregisteredParam
@@ -50,6 +51,7 @@ ALL_CHECKS: list[type[Check]] = [
     UnregisteredParam,
     ClippedWhileScaled,
     ClipAfterStep,
+    SchedulerMisstepped,
     NonfiniteParam,
 ]
 

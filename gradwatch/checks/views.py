@@ -56,6 +56,10 @@ class WindowEvidence:
     """Backward passes of the window whose gradients were reset before this step used them."""
     edited_after_step: Optional[list[int]] = None
     """Parameters whose gradients changed after the previous step, before their reset."""
+    scheduler_steps: list[tuple[int, bool]] = field(default_factory=list)
+    """Per LR scheduler of the optimizer: (its steps since the optimizer's previous step,
+    taken before its first step), and how many a healthy schedule may take then."""
+    scheduler_allowed: int = 1
 
 
 @dataclass

@@ -14,6 +14,7 @@ from typing import Any, Optional
 from gradwatch.capture.discarded import discarded_passes
 from gradwatch.capture.facts import UNOBSERVABLE, Fact
 from gradwatch.capture.forward_scout import ForwardScout
+from gradwatch.capture.schedulers import SchedulerCounts
 from gradwatch.capture.unscale_watch import UnscaleWatch
 from gradwatch.capture.window import Gathered, Track
 from gradwatch.capture.zero_grad_watch import AfterStepEdits, ZeroGradWatch
@@ -42,6 +43,7 @@ class ExtraEvidence:
         self.backward_calls: Optional[int] = None  # counted only where an integration sees them
         self._calls_at_start: dict[Optional[int], int] = {}
         self.after_step: Optional[AfterStepEdits] = None  # clip_after_step's evidence
+        self.schedulers = SchedulerCounts() if "scheduler_counts" in self.wanted else None
 
     def install(self) -> None:
         """Hook the model's entry points and the scaler (once, at the first layout sync)."""
@@ -179,6 +181,10 @@ class ExtraEvidence:
             scaled_edits=self.scaled_edits.pop(track.index, None),
             unregistered=scout.take_unregistered(),
             nan_trace=nan_trace,
+            scheduler_steps=self._scheduler_steps(track),
+            # A step the GradScaler skipped still steps the schedule; accelerate steps it once
+            # per process.
+            scheduler_allowed=(1 + skipped) * (self.pipe.dist.world_size if self.pipe.dist else 1),
             edited_after_step=(
                 self.after_step.take(track.index) if self.after_step is not None else None
             ),
@@ -188,6 +194,12 @@ class ExtraEvidence:
                 else 0
             ),
         )
+
+    def _scheduler_steps(self, track: Track) -> list[tuple[int, bool]]:
+        if self.schedulers is None or track.index is None:
+            return []
+        opt = self.pipe.structure.optimizers[track.index]
+        return self.schedulers.read(track.index, opt, track.steps == 0)
 
     def window_closed(self, k: Optional[int]) -> None:
         """Optimizer ``k``'s window closed: backward requests are counted from here."""

@@ -50,6 +50,7 @@ SPEC_SEVERITY = {
     # §6
     "nonfinite_param": "error",
     "clip_after_step": "error",
+    "scheduler_misstepped": "warning",
 }
 # Every observed step, and gradwatch's own faults raised, so a broken check cannot hide.
 CFG: dict[str, Any] = {"every_n_steps": 1, "on_internal_error": "raise"}
