@@ -93,6 +93,9 @@ class ForwardScout(NanProbe):
         self._waiting: dict[int, tuple[weakref.ref[torch.Tensor], weakref.ref[nn.Module], str]] = {}
         self._grad_hooks: dict[int, RemovableHandle] = {}
         self._got: set[int] = set()
+        # Called at each outermost forward in grad mode with the module it entered
+        # (``capture/modes.py``'s ModeWatch.seen), where a check needs the model's modes.
+        self.on_outer: Optional[Callable[[nn.Module], None]] = None
 
     # -- installing ------------------------------------------------------------------------
 
@@ -108,7 +111,7 @@ class ForwardScout(NanProbe):
         def pre(module: nn.Module, args: Any) -> None:
             me = wself()
             if me is not None and not _not_eager():
-                me._enter()
+                me._enter(module)
 
         def post(module: nn.Module, args: Any, output: Any) -> None:
             me = wself()
@@ -124,7 +127,7 @@ class ForwardScout(NanProbe):
                     for h in me._children:
                         h.remove()
                     me._children.clear()
-                me._enter()
+                me._enter(module)
 
         self._entry.append(model.register_forward_pre_hook(_Owned(pre_root, model)))
         self._entry.append(model.register_forward_hook(_Owned(post, model), always_call=True))
@@ -132,13 +135,15 @@ class ForwardScout(NanProbe):
             self._children.append(mod.register_forward_pre_hook(_Owned(pre, mod)))
             self._children.append(mod.register_forward_hook(_Owned(post, mod), always_call=True))
 
-    def _enter(self) -> None:
+    def _enter(self, module: nn.Module) -> None:
         try:
             if self._depth == 0:
                 self._out_flags.clear()  # output identities are per forward
                 seq = self.tracker.now()
                 if torch.is_grad_enabled():
                     self.ran_grad = seq
+                    if self.on_outer is not None:
+                        self.on_outer(module)
                 else:
                     self.ran_nograd = seq
                 if self.scanning and self._global is None:

@@ -173,6 +173,9 @@ class NanProbe:
         self._n_flags = 0
         self._flag_pos: dict[int, int] = {}  # id(flag) -> its place in pending_flags()
         self._out_grad: list[torch.Tensor] = []
+        # The model's own inputs, per argument (``args[0]``, ``pixel_values``): a NaN/Inf
+        # that arrives with the data (``phase: input``).
+        self._inputs: list[tuple[str, Flag]] = []
 
     def arm(self, limit: int) -> None:
         """Finiteness flags on every module of the model for up to ``limit`` steps."""
@@ -201,6 +204,26 @@ class NanProbe:
                     me._on_error("NaN probe", exc)
 
             self._probe.append(mod.register_forward_hook(_Owned(flag, mod)))
+
+        def inputs(m: nn.Module, args: Any, kwargs: Any) -> None:
+            me = wself()
+            if me is None or len(me._inputs) >= _MAX_RECORDS or _not_eager():
+                return
+            try:
+                with torch.no_grad():
+                    me._record_inputs(args, kwargs)
+            except Exception as exc:
+                me._on_error("NaN probe", exc)
+
+        self._probe.append(model.register_forward_pre_hook(_Owned(inputs, model), with_kwargs=True))
+
+    def _record_inputs(self, args: Any, kwargs: Any) -> None:
+        """The finiteness of each floating argument of the model's own forward (no sync)."""
+        named = [(f"args[{k}]", a) for k, a in enumerate(args)] + list(kwargs.items())
+        for name, value in named:
+            ts = _tensors(value)
+            if ts:
+                self._inputs.append((name, _all_finite(ts)))
 
     def _record(self, m: nn.Module, name: str, args: Any, output: Any) -> None:
         """One module call's (inputs, output, own weights) finiteness, as device flags.
@@ -237,6 +260,7 @@ class NanProbe:
         self._records.clear()
         self._out_grad.clear()
         self._out_flags.clear()
+        self._inputs.clear()
         self._pvec = None
         self.armed = False
 
@@ -263,7 +287,7 @@ class NanProbe:
         # tensor: sent once.
         pos: dict[int, int] = {}
         flags: list[torch.Tensor] = []
-        for rec in self._records:
+        for rec in [*self._records, *self._inputs]:
             for f in rec[1:]:
                 if isinstance(f, torch.Tensor) and id(f) not in pos:
                     pos[id(f)] = len(flags)
@@ -305,10 +329,15 @@ class NanProbe:
 
         decoded = [(name, ok(i), ok(o), weights_ok(p)) for name, i, o, p in self._records]
         out_grad_ok = all(bool(v) for v in values[len(pos) : len(pos) + len(self._out_grad)])
+        bad_input = next((name for name, f in self._inputs if not ok(f)), None)
         self._records.clear()
         self._out_grad.clear()
         self._out_flags.clear()
+        self._inputs.clear()
         self._pvec = None
+        if bad_input is not None:  # it came with the data: the first module it reached
+            first = next((name for name, in_ok, _, _ in decoded if not in_ok), None)
+            return {"phase": "input", "origin_module": first, "input": bad_input}
         # Hooks fire in completion order: an inner module (the normaliser) finishes before the
         # block that calls it, so the first candidate is the innermost.
         for name, in_ok, out_ok, p_ok in decoded:

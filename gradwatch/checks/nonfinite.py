@@ -35,6 +35,12 @@ HINT_LOSS = (
     "the loss computation made it (log(0), division by a zero count, a NaN target). Clamp "
     "its inputs (e.g. log(p.clamp_min(1e-12))) or use the library loss (cross_entropy)."
 )
+HINT_INPUT = (
+    "The NaN/Inf is in the data, not the model: check the dataset and its preprocessing "
+    "(missing values read as NaN, a normalisation by a zero standard deviation, log of 0 in "
+    "a feature transform). Drop or impute those samples, or assert torch.isfinite(batch) "
+    "in the data pipeline."
+)
 HINT_WEIGHTS = (
     " The weights were already non-finite at the next step (the optimizer applied the NaN, or "
     "its update overflowed: fp16 weights with Adam), so the forward origin cannot be traced: "
@@ -105,6 +111,8 @@ class NonfiniteGrad(Check):
             "A normaliser dividing by a zero norm, log(0) in a hand-written loss.",
             "fp16 overflow (logits, attention scores), with or without a GradScaler.",
             "A learning rate so high that activations overflow.",
+            "NaN/Inf in the input batch (details.phase: input, details.input names the "
+            "argument): missing values, a normalisation by a zero standard deviation.",
             "An update that overflows the weights from finite gradients (fp16 weights with "
             "Adam, whose eps=1e-8 rounds to 0): details.update_step names that step.",
         ),
@@ -153,7 +161,15 @@ class NonfiniteGrad(Check):
         phase = trace.get("phase")
         module = origin.layer
         origin_name: Optional[str] = origin.name
-        if phase == "forward":
+        if phase == "input":
+            module = trace.get("origin_module") or "(root)"
+            origin_name = _first_param(view.index, module)
+            where = (
+                f"it arrives with the data: the model's input '{trace['input']}' already holds "
+                f"NaN/Inf (first received by '{module}')"
+            )
+            hint = HINT_INPUT
+        elif phase == "forward":
             module = trace["origin_module"]
             origin_name = _first_param(view.index, module)
             where = f"it is born in the forward pass of '{module}' (finite inputs, NaN/Inf output)"
@@ -186,6 +202,8 @@ class NonfiniteGrad(Check):
             "phase": phase,
             "nonfinite_params": len(names),
         }
+        if phase == "input":
+            details["input"] = trace["input"]
         if trace.get("weights_nonfinite"):
             details["weights_nonfinite"] = True
             if self._after_clean is not None:

@@ -8,8 +8,9 @@ device, read with the step's one transfer, ``gradwatch/measure/fingerprint.py``)
 norm is a NaN/Inf weight. The first steps of a run are all observed
 (``core/steps.py``), so weights broken by the first updates are seen at once.
 
-A layer whose gradient in this step is itself non-finite is ``nonfinite_grad``'s (one root
-cause, one finding): this check speaks for weights whose gradients are finite.
+Weights made non-finite by a non-finite gradient (in this step, or applied by an earlier
+one) are ``nonfinite_grad``'s (one root cause, one finding): this check speaks for weights
+whose gradients were finite.
 """
 
 from __future__ import annotations
@@ -77,9 +78,17 @@ class NonfiniteParam(Check):
         "`.data` or `param.copy_`.",
     )
 
+    def __init__(self, config, watch_config) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(config, watch_config)
+        self._grad_spread: set[object] = set()  # optimizers that applied a non-finite gradient
+
     def on_step(self, view: StepView, log: FindingLog) -> None:
-        if not view.layers or any(view.nonfinite):
-            return  # a non-finite gradient is nonfinite_grad's finding (one root cause)
+        if any(view.nonfinite) and not view.scaler:  # a GradScaler skips such steps
+            self._grad_spread.add(view.optimizer)
+        # A non-finite gradient (now, or applied by an earlier step) is nonfinite_grad's
+        # finding: the weights it spread into are the same root cause.
+        if not view.layers or any(view.nonfinite) or view.optimizer in self._grad_spread:
+            return
         isfinite = math.isfinite
         judged = set(view.ids)
         for layer, s in view.layers.items():

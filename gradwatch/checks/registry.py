@@ -14,7 +14,10 @@ from gradwatch.checks.clipped_while_scaled import ClippedWhileScaled
 from gradwatch.checks.coverage import FrozenInOptimizer, NotInOptimizer
 from gradwatch.checks.dead import DeadParam
 from gradwatch.checks.double_update import DoubleUpdate
+from gradwatch.checks.eval_mode import EvalModeTraining
 from gradwatch.checks.exploding import ExplodingGrad
+from gradwatch.checks.freeze_flag import FreezeNotApplied
+from gradwatch.checks.frozen_stats import FrozenStatsUpdated
 from gradwatch.checks.frozen_updated import FrozenParamUpdated
 from gradwatch.checks.ghost import GhostParam
 from gradwatch.checks.internal_error import InternalError
@@ -53,6 +56,9 @@ ALL_CHECKS: list[type[Check]] = [
     ClipAfterStep,
     SchedulerMisstepped,
     NonfiniteParam,
+    EvalModeTraining,
+    FrozenStatsUpdated,
+    FreezeNotApplied,
 ]
 
 # gradwatch's own: always on, in no config (a fault or a synthesized name must be said).

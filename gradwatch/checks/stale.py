@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 from math import inf
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Optional
 
+import torch
 from pydantic import Field, StrictInt
 
 from gradwatch._severity import Severity
+from gradwatch.checks._never_stepped import emit_never_stepped
 from gradwatch.checks._patience import Streaks
 from gradwatch.checks.base import Check, CheckConfig, severity_field
 from gradwatch.checks.docs import CheckDoc
-from gradwatch.checks._never_stepped import emit_never_stepped
-from gradwatch.checks.views import RunView, StepView
+from gradwatch.checks.views import LayerSample, RunView, StepView
 
 if TYPE_CHECKING:
     from gradwatch.checks.base import FindingLog
@@ -24,6 +25,13 @@ class StaleParamConfig(CheckConfig):
     severity: Severity = severity_field("warning")
     patience: StrictInt = Field(
         default=3, ge=1, description="Consecutive observed steps before it fires."
+    )
+    precision_moved: float = Field(
+        default=0.1,
+        gt=0.0,
+        le=1.0,
+        description="bf16/fp16 layers: updates round away (`cause: precision`) when fewer "
+        "than this share of the values that had a non-zero gradient changed in the step.",
     )
 
 
@@ -42,9 +50,14 @@ class StaleParam(Check):
             "A step skipped by custom code.",
             "Its optimizer never stepped while another watched optimizer did (one of a "
             "GAN's two `step()` calls forgotten): `cause: never_stepped`, an error.",
+            "bf16/fp16 weights whose updates are below the resolution of their dtype "
+            "(`cause: precision`): `w + lr * update` rounds back to `w` for nearly every "
+            "element (pure bf16 training at a small learning rate).",
         ),
         fix="Check its param group's learning rate and that the optimizer holds the model's "
-        "parameters (build it after the model is moved and complete).",
+        "parameters (build it after the model is moved and complete). For `cause: "
+        "precision`, keep float32 master weights (`torch.autocast` computes in bf16 without "
+        "bf16 weights) or use an optimizer with Kahan summation or stochastic rounding.",
     )
     config: StaleParamConfig
 
@@ -56,9 +69,10 @@ class StaleParam(Check):
         if view.optimizer is None:
             return
         for layer, s in view.layers.items():
-            if s.delta_norm is None:
+            if s.delta_norm is None or not 0 < s.norm < inf:  # finite, non-zero gradients
                 continue
-            stale = s.delta_norm == 0.0 and 0 < s.norm < inf  # finite, non-zero gradients
+            moved = _rounded_away(view, s, self.config.precision_moved)
+            stale = s.delta_norm == 0.0 or moved is not None
             if self._streaks.hit(layer, stale) < self.config.patience:
                 continue
             ids = [view.ids[k] for k in s.positions]
@@ -67,11 +81,20 @@ class StaleParam(Check):
             if all(view.group_lr(i) == 0.0 for i in ids):
                 said, hint = " Its param group's learning rate is 0.", _HINT_LR_ZERO
                 details.update(cause="lr_zero", lr=0.0)
+            elif moved is not None:
+                dtype = _low_precision(view, ids)
+                said = (
+                    f" Its {dtype} weights round the updates away: {moved:.1%} of the values "
+                    "with a gradient changed."
+                )
+                hint = _HINT_PRECISION
+                details.update(cause="precision", dtype=dtype, moved_fraction=moved)
+            unchanged = "did not change" if moved is None else "barely changed"
             log.emit(
                 self.id,
                 severity=self.severity,
                 step=view.step,
-                message=f"layer '{layer}': had gradients but its values did not change across "
+                message=f"layer '{layer}': had gradients but its values {unchanged} across "
                 f"optimizer[{view.optimizer}].step() for {self.config.patience}+ observed "
                 f"steps.{said}",
                 hint=hint,
@@ -84,6 +107,47 @@ class StaleParam(Check):
         emit_never_stepped(self.id, view, log)  # an optimizer forgotten (error)
 
 
+_LOW = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
+
+
+def _low_precision(view: StepView, ids: list[int]) -> Optional[str]:
+    """The layer's dtype when all its parameters are bf16/fp16, else ``None``."""
+    found = None
+    for i in ids:
+        p = view.index.params[i].ref()
+        if p is None or p.dtype not in _LOW:
+            return None
+        found = _LOW[p.dtype]
+    return found
+
+
+def _rounded_away(view: StepView, s: LayerSample, limit: float) -> Optional[float]:
+    """The share of the layer's gradient-carrying values that changed, when bf16/fp16
+    rounding lost nearly all of its update (below ``limit`` of them moved); else ``None``."""
+    frac = view.moved_frac
+    if frac is None or not s.numel or not s.nonzero:
+        return None
+    parts = [(frac[k], view.numel[k]) for k in s.positions if k < len(frac)]
+    known = [(f, n) for f, n in parts if f is not None]
+    if not known or len(known) < len(parts):
+        return None
+    moved = sum(f * n for f, n in known) / (sum(n for _, n in known) or 1)
+    with_grad = s.nonzero / s.numel  # rows without a gradient (embeddings) need not move
+    if moved >= limit * with_grad:
+        return None
+    ids = [view.ids[k] for k in s.positions]
+    if _low_precision(view, ids) is None or any(view.compensated(i) for i in ids):
+        return None
+    if any((view.group_lr(i) or 0.0) <= 0.0 for i in ids):
+        return None  # lr 0 is its own cause
+    return moved
+
+
+_HINT_PRECISION = (
+    "Updates smaller than half a unit in the last place of a bf16/fp16 weight are lost. "
+    "Keep float32 master weights and compute in low precision with torch.autocast, use an "
+    "optimizer with Kahan summation or stochastic rounding, or raise the learning rate."
+)
 _HINT = (
     "Check its param group's learning rate (0?), that the optimizer holds these exact tensors "
     "(re-created after .to()?), and any skipped or masked update."

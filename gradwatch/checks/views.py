@@ -10,6 +10,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
+from gradwatch.capture.modes import ModeSnapshot
 from gradwatch.model.index import ParamIndex
 
 __all__ = ["LayerSample", "RunView", "StepView", "StructureView", "WindowEvidence"]
@@ -42,6 +43,10 @@ class WindowEvidence:
     """``"grad"`` / ``"no_grad"``: the model's forward ran in the window, in that grad mode."""
     backward_called: Optional[bool] = None
     """An integration saw ``backward()`` requested in the window (``None``: unknown)."""
+    modes: Optional[ModeSnapshot] = None
+    """The modules' modes at the window's latest training forwards (``module_modes``)."""
+    freeze_flags: list[tuple[str, str]] = field(default_factory=list)
+    """(module, attribute): freezing flags PyTorch ignores on trainable modules."""
     acc_state: Optional[Callable[[int], tuple[int, Any]]] = None
     """Parameter ``i`` -> (its last accumulation's event number, the gradient it left)."""
     grads_assigned: bool = False
@@ -112,6 +117,12 @@ class StepView:
     # The learning rate of the param group that holds parameter ``i`` (a watched id) in this
     # step's optimizer; ``None``: not known. For messages: it reads the optimizer each call.
     group_lr: Callable[[int], Optional[float]] = field(default=lambda i: None)
+    # Per position (observed steps): the share of the sampled values that changed across the
+    # step (``None``: not measured). ``stale_param``'s precision cause reads it.
+    moved_frac: Optional[list[Optional[float]]] = None
+    # Whether the optimizer compensates rounding for parameter ``i`` (Kahan summation,
+    # stochastic rounding): updates below the dtype's resolution are kept, not lost.
+    compensated: Callable[[int], bool] = field(default=lambda i: False)
 
     def by_layer(self) -> dict[str, list[int]]:
         """Positions into ``ids`` grouped by the parameters' layer, in first-seen order."""

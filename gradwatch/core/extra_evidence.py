@@ -14,6 +14,7 @@ from typing import Any, Optional
 from gradwatch.capture.discarded import discarded_passes
 from gradwatch.capture.facts import UNOBSERVABLE, Fact
 from gradwatch.capture.forward_scout import ForwardScout
+from gradwatch.capture.modes import ModeWatch
 from gradwatch.capture.schedulers import SchedulerCounts
 from gradwatch.capture.unscale_watch import UnscaleWatch
 from gradwatch.capture.window import Gathered, Track
@@ -44,15 +45,28 @@ class ExtraEvidence:
         self._calls_at_start: dict[Optional[int], int] = {}
         self.after_step: Optional[AfterStepEdits] = None  # clip_after_step's evidence
         self.schedulers = SchedulerCounts() if "scheduler_counts" in self.wanted else None
+        # The model's modes at training forwards, and freezing flags PyTorch ignores.
+        self.modes: Optional[ModeWatch] = None
+        if "module_modes" in self.wanted or "module_flags" in self.wanted:
+            self.modes = ModeWatch(self.tracker)
 
     def install(self) -> None:
         """Hook the model's entry points and the scaler (once, at the first layout sync)."""
         pipe = self.pipe
+        if self.modes is not None and pipe.model is not None:  # at every layout sync
+            idx = pipe.structure.index
+            pipe.faults.guard(
+                "mode watch",
+                self.modes.collect,
+                pipe.model,
+                lambda p: p.requires_grad and idx.lookup(p) is not None,
+            )
         if self._newer_installed or pipe.model is None:
             return
         self._newer_installed = True
         index = pipe.structure.index
-        wanted = "forward_runs" in self.wanted or self.scout.scanning
+        modes = "module_modes" in self.wanted
+        wanted = "forward_runs" in self.wanted or self.scout.scanning or modes
         nan_probe = "nan_probe" in self.wanted
         # Under torch.compile no hook may come or go (each is a dynamo guard: a recompile),
         # and the scout's come and go by design: a compiled model gets none of them.
@@ -61,6 +75,8 @@ class ExtraEvidence:
         elif wanted or nan_probe:
             self.scout.install(pipe.model, lambda p: index.lookup(p) is not None)
             pipe.hooks.removers.append(self.scout.remove_all)
+            if modes and self.modes is not None:
+                self.scout.on_outer = self.modes.seen
             if nan_probe and self.wanted["nan_probe"] > 0:
                 # On for the first steps (a NaN from the first batches is traced at once,
                 # before the update spreads it into the weights); a flag per module call is
@@ -88,6 +104,7 @@ class ExtraEvidence:
         judges = self.pipe.judges
         blind = [
             *judges.needing("forward_runs"),
+            *judges.needing("module_modes"),
             *(judges.needing("module_scan") if self.scout.scanning else []),
             *(
                 f"{c}'s forward origin (details.phase/origin_module)"
@@ -181,6 +198,8 @@ class ExtraEvidence:
             scaled_edits=self.scaled_edits.pop(track.index, None),
             unregistered=scout.take_unregistered(),
             nan_trace=nan_trace,
+            modes=self.modes.take(start) if self.modes is not None else None,
+            freeze_flags=self.modes.flags if self.modes is not None else [],
             scheduler_steps=self._scheduler_steps(track),
             # A step the GradScaler skipped still steps the schedule; accelerate steps it once
             # per process.

@@ -88,6 +88,7 @@ def _observed_chunks(
         chunks.append(m.param_norm)
         if m.delta is not None:
             chunks.append(m.delta)
+            chunks.append(m.moved_frac if m.moved_frac is not None else m.delta * float("nan"))
             return n_stats, pnorm_ks, True
     except (RuntimeError, TypeError, NotImplementedError):  # a tensor type it cannot
         chunks.append(vector_norms(ps, (2.0,))[0])  # read: norms only, no update
@@ -147,6 +148,9 @@ def _read_back(
         if has_delta:  # NaN: a tensor the fingerprint could not cover (no estimate)
             delta = [None if v != v else v for v in host[pos : pos + m]]
             stats["delta"] = _spread(pnorm_ks, delta, n)  # type: ignore[arg-type]
+            pos += m
+            frac = [None if v != v else v for v in host[pos : pos + m]]
+            stats["moved_frac"] = _spread(pnorm_ks, frac, n)  # type: ignore[arg-type]
             pos += m
         else:
             stats["delta"] = [None] * n

@@ -36,9 +36,15 @@ from gradwatch.distributed.layout import adopt_engine, forward_arrival, late_sha
 from gradwatch.distributed.sync import DistSync
 from gradwatch.measure.fingerprint import Fingerprint, fingerprint
 from gradwatch.model.index import ParamIndex
-from gradwatch.model.optimizers import group_lr
+from gradwatch.model.optimizers import compensates, group_lr
 
-__all__ = ["StepPipeline"]
+__all__ = ["FIRST_OBSERVED", "StepPipeline"]
+
+# Every step of a run's first steps is observed, whatever ``every_n_steps``: the statistics
+# checks (patience 3) and ``nonfinite_param`` fire within about five steps, in a 5-step
+# ``gradwatch check`` probe or a short fine-tune. The steady state keeps the cadence, and the
+# sinks' metrics (``LayerRecorder``) keep it from the start.
+FIRST_OBSERVED = 5
 
 
 def _lr_of(track: Track, i: int) -> Optional[float]:
@@ -46,6 +52,18 @@ def _lr_of(track: Track, i: int) -> Optional[float]:
     if track.ref is None or i not in track.ids:
         return None
     return group_lr(track.ref(), track.params[track.ids.index(i)])
+
+
+def _on_cadence(pipe: StepPipeline, track: Track) -> bool:
+    """A step of the statistics cadence (``every_n_steps``): the sinks' metrics are recorded."""
+    return track.steps % pipe.config.every_n_steps == 0
+
+
+def _compensated(track: Track, i: int) -> bool:
+    """Whether ``track``'s optimizer keeps the rounding error of watched parameter ``i``."""
+    if track.ref is None or i not in track.ids:
+        return False
+    return compensates(track.ref(), track.params[track.ids.index(i)])
 
 
 def _fingerprint_track(track: Track) -> None:
@@ -145,7 +163,7 @@ class StepPipeline:
     # -- events ----------------------------------------------------------------------------
 
     def observed(self, track: Track) -> bool:
-        return track.steps % self.config.every_n_steps == 0
+        return track.steps < FIRST_OBSERVED or _on_cadence(self, track)
 
     def backward_end(self) -> None:
         """A backward pass finished (queued by the first gradient that arrived in it)."""
@@ -229,7 +247,7 @@ class StepPipeline:
         _note_hand_written(self, track, g)
         view = self._view(track, g, observed, self.extra.window(track, g, trace, skipped))
         self.judges.step(view)
-        if observed:
+        if observed and _on_cadence(self, track):
             several = sum(1 for t in structure.tracks if t.index is not None) > 1
             self.recorder.record(
                 view,
@@ -309,6 +327,8 @@ class StepPipeline:
             received=lambda i: tracker.last_seq[i] > 0,
             frozen_changed=g.frozen_changed,
             group_lr=lambda i: _lr_of(track, i),
+            moved_frac=g.stats.get("moved_frac") if g.stats is not None else None,
+            compensated=lambda i: _compensated(track, i),
             window=window,
         )
 

@@ -293,6 +293,8 @@ class Measured:
     param_norm: torch.Tensor
     changed: Optional[torch.Tensor]  # 1.0 where any value changed; NaN: not fingerprinted
     delta: Optional[torch.Tensor]  # update-norm estimate; 0.0 exactly where nothing changed
+    # the share of sampled values that changed (stale_param's precision cause); NaN: unknown
+    moved_frac: Optional[torch.Tensor] = None
 
 
 def measure(tensors: list[torch.Tensor], before: Optional[Fingerprint] = None) -> Measured:
@@ -316,6 +318,7 @@ def measure(tensors: list[torch.Tensor], before: Optional[Fingerprint] = None) -
     norm_parts: list[torch.Tensor] = []
     changed_parts: list[torch.Tensor] = []
     delta_parts: list[torch.Tensor] = []
+    frac_parts: list[torch.Tensor] = []
     with torch.no_grad():
         j = 0
         for g in plan.groups:
@@ -331,9 +334,12 @@ def measure(tensors: list[torch.Tensor], before: Optional[Fingerprint] = None) -
                 if g.uniform:
                     rows = d.view(k, -1)
                     moved = (rows != 0).any(1).to(_F32)
+                    frac_parts.append((rows != 0).to(_F32).mean(1))
                     est = (rows * rows).sum(1)
                 else:
-                    moved = torch.segment_reduce((d != 0).to(_F32), "max", lengths=g.sample_lengths)
+                    nz = (d != 0).to(_F32)
+                    moved = torch.segment_reduce(nz, "max", lengths=g.sample_lengths)
+                    frac_parts.append(torch.segment_reduce(nz, "mean", lengths=g.sample_lengths))
                     est = torch.segment_reduce(d * d, "sum", lengths=g.sample_lengths)
                 changed_parts.append(((c != before.checksums[j]).to(_F32) + moved).clamp_(max=1))
                 delta_parts.append((est * g.scale).sqrt_())
@@ -346,6 +352,7 @@ def measure(tensors: list[torch.Tensor], before: Optional[Fingerprint] = None) -
                 c, s = _big_values(tensors[b.position], b)
                 d = s - before.samples[j]
                 moved = (d != 0).any().reshape(1).to(_F32)
+                frac_parts.append((d != 0).to(_F32).mean().reshape(1))
                 changed_parts.append(((c != before.checksums[j]).to(_F32) + moved).clamp_(max=1))
                 delta_parts.append(((d * d).sum() * b.scale).sqrt_().reshape(1))
                 j += 1
@@ -358,7 +365,7 @@ def measure(tensors: list[torch.Tensor], before: Optional[Fingerprint] = None) -
         delta = _assemble(plan, delta_parts, nan)
         # changed, yet no sampled value moved: floor at TINY (the checksum saw it)
         delta = torch.where(changed == 0, torch.zeros_like(delta), delta.clamp(min=TINY))
-        return Measured(pn, changed, delta)
+        return Measured(pn, changed, delta, _assemble(plan, frac_parts, nan))
 
 
 def compare(tensors: list[torch.Tensor], before: Fingerprint) -> tuple[torch.Tensor, torch.Tensor]:

@@ -25,7 +25,7 @@ import torch
 
 from gradwatch.errors import ConfigError
 
-__all__ = ["delegates", "group_lr", "unwrap_optimizer"]
+__all__ = ["compensates", "delegates", "group_lr", "unwrap_optimizer"]
 
 # A chain longer than this is a cycle (a wrapper whose ``.optimizer`` leads back to itself).
 _MAX_DEPTH = 16
@@ -139,3 +139,35 @@ def group_lr(opt: Optional[torch.optim.Optimizer], param: torch.Tensor) -> Optio
                 return float(lr.item())
             return float(lr) if isinstance(lr, (int, float)) else None
     return None
+
+
+_COMPENSATION_FLAGS = (
+    "kahan_sum",
+    "kahan_summation",
+    "stochastic_rounding",
+    "bf16_stochastic_round",
+)
+_COMPENSATION_STATE = ("kahan", "compensation", "comp_buf", "error_feedback")
+
+
+def compensates(opt: Optional[torch.optim.Optimizer], param: torch.Tensor) -> bool:
+    """Whether ``opt`` keeps the rounding error of ``param``'s low-precision updates.
+
+    Kahan summation (optimi's ``kahan_sum=True``: a compensation buffer in the state),
+    stochastic rounding (torchao's ``bf16_stochastic_round=True``): read from the param
+    group's flags and the parameter's state keys, only when a finding is judged.
+
+    Example:
+        >>> w = torch.nn.Parameter(torch.zeros(1))
+        >>> compensates(torch.optim.SGD([w], lr=0.1), w)
+        False
+    """
+    if opt is None:
+        return False
+    for group in opt.param_groups:
+        if any(p is param for p in group["params"]):
+            if any(group.get(flag) for flag in _COMPENSATION_FLAGS):
+                return True
+            break
+    state = opt.state.get(param, {}) if hasattr(opt, "state") else {}
+    return any(any(s in str(k).lower() for s in _COMPENSATION_STATE) for k in state)

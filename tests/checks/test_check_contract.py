@@ -49,6 +49,9 @@ SPEC_SEVERITY = {
     "not_observed": "error",
     # §6
     "nonfinite_param": "error",
+    "eval_mode_training": "error",
+    "frozen_stats_updated": "warning",
+    "freeze_not_applied": "error",
     "clip_after_step": "error",
     "scheduler_misstepped": "warning",
 }

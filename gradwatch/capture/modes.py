@@ -1,0 +1,223 @@
+"""The mode the model trains in: which mode-dependent modules ran in eval (or train) mode.
+
+Read at the start of each outermost forward in grad mode (the forward scout's entry hook
+calls :meth:`ModeWatch.seen`): a handful of ``module.training`` attribute reads over the
+modules whose behaviour depends on it, picked once per layout (:meth:`ModeWatch.collect`):
+
+- ``norm``: batch/instance norms that keep running statistics;
+- ``dropout``: dropout modules with ``p > 0``;
+- ``custom``: any other module whose class's ``forward`` reads ``self.training`` (stochastic
+  depth, LayerDrop, attention dropout, gradient checkpointing switches).
+
+Only those that matter are kept: a norm that holds trainable parameters, a dropout whose
+parent holds or feeds trainable parameters, a custom module with trainable parameters in or
+beside it. Frozen normalisation layers are kept apart: in eval they are correct (frozen on
+purpose), in train their running statistics move (``frozen_stats_updated``).
+
+What a training step saw is the latest forwards' state (:meth:`ModeWatch.take`): a forward
+in another state replaces it, so a validation forward in eval mode under grad, followed by
+``model.train()`` and a training forward, leaves no trace. No tensor is read, nothing syncs.
+
+Also here, read once per layout: freezing flags that PyTorch ignores (``module.requires_grad
+= False``, ``trainable = False``, ``frozen = True``) on modules whose parameters still
+require grad (``freeze_not_applied``).
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+import torch
+from torch import nn
+
+from gradwatch.capture.evidence import Tracker
+
+__all__ = ["FLAG_ATTRS", "ModeSnapshot", "ModeWatch", "ignored_freeze_flags"]
+
+_NORMS = (nn.modules.batchnorm._BatchNorm, nn.modules.instancenorm._InstanceNorm)
+_DROPOUTS = (nn.modules.dropout._DropoutNd, nn.AlphaDropout, nn.FeatureAlphaDropout)
+_MAX_NAMED = 20  # modules named in one snapshot
+#: Attribute -> the value that means "frozen", as frameworks other than PyTorch spell it.
+FLAG_ATTRS: dict[str, bool] = {
+    "requires_grad": False,
+    "trainable": False,
+    "frozen": True,
+    "freeze": True,
+    "is_frozen": True,
+}
+
+
+@dataclass(frozen=True)
+class ModeSnapshot:
+    """The mode state of the latest training forwards of a window."""
+
+    root_eval: bool
+    """The module the forward entered (the watched model) was in eval mode."""
+    eval_modules: tuple[str, ...] = ()
+    """Root in eval: the mode-dependent modules that matter, in eval. Otherwise: the topmost
+    modules in eval (their parent in train) above such modules."""
+    frozen_norms_training: tuple[str, ...] = ()
+    """Normalisation layers with all affine parameters frozen, in train mode (stats move)."""
+    eval_at_start: bool = False
+    """The root was already in eval mode when watching began."""
+
+    @property
+    def clean(self) -> bool:
+        return not self.root_eval and not self.eval_modules and not self.frozen_norms_training
+
+
+@dataclass
+class _Candidate:
+    name: str
+    ref: weakref.ref[nn.Module]
+    kind: str  # norm / dropout / custom / frozen_norm
+    parent: Optional[weakref.ref[nn.Module]]
+    chain: list[tuple[str, weakref.ref[nn.Module]]] = field(default_factory=list)  # ancestors
+
+
+def _reads_training(cls: type) -> bool:
+    forward = getattr(cls, "forward", None)
+    code = getattr(forward, "__code__", None)
+    return code is not None and "training" in code.co_names
+
+
+def _kind(mod: nn.Module) -> Optional[str]:
+    if isinstance(mod, _NORMS):
+        if not mod.track_running_stats or mod.running_mean is None or mod.momentum == 0:
+            return None
+        return "norm"
+    if isinstance(mod, _DROPOUTS):
+        return "dropout" if getattr(mod, "p", 0) > 0 else None
+    cls = type(mod)
+    if cls.__module__.startswith("torch.nn.") and cls is not nn.MultiheadAttention:
+        return None  # PyTorch's own layers: only the ones above change with the mode
+    if isinstance(mod, nn.MultiheadAttention) and mod.dropout == 0:
+        return None
+    return "custom" if _reads_training(cls) else None
+
+
+def ignored_freeze_flags(
+    model: nn.Module, trainable: Callable[[torch.Tensor], bool]
+) -> list[tuple[str, str]]:
+    """``(module name, attribute)`` of plain freezing flags PyTorch ignores on ``model``:
+    the module's own ``__dict__`` holds ``requires_grad = False`` (or ``trainable = False``,
+    ``frozen = True`` ...) while some of its parameters still require grad."""
+    out: list[tuple[str, str]] = []
+    for name, mod in model.named_modules():
+        attrs = vars(mod)
+        for attr, frozen in FLAG_ATTRS.items():
+            if attrs.get(attr, not frozen) is frozen and any(map(trainable, mod.parameters())):
+                out.append((name or "(root)", attr))
+                break
+    return out
+
+
+class ModeWatch:
+    """Module modes at each training forward (see the module docstring)."""
+
+    def __init__(self, tracker: Tracker) -> None:
+        self.tracker = tracker
+        self._root: Optional[weakref.ref[nn.Module]] = None
+        self._root_relevant = False  # the root's own forward reads self.training
+        self._candidates: list[_Candidate] = []
+        self._eval_at_start: Optional[bool] = None
+        self._pending: Optional[ModeSnapshot] = None
+        self._pending_seq = 0
+        self.flags: list[tuple[str, str]] = []
+
+    def collect(self, model: nn.Module, trainable: Callable[[torch.Tensor], bool]) -> None:
+        """Pick the mode-dependent modules that matter (once per layout)."""
+        if self._eval_at_start is None:
+            self._eval_at_start = not model.training
+        self._root = weakref.ref(model)
+        holds: dict[int, bool] = {}  # id(module) -> its subtree holds trainable params
+        mods = dict(model.named_modules())
+        for mod in mods.values():
+            holds[id(mod)] = any(map(trainable, mod.parameters()))
+        parents: dict[int, tuple[str, nn.Module]] = {}
+        for name, mod in mods.items():
+            for child in mod.children():
+                parents.setdefault(id(child), (name, mod))
+        self._root_relevant = _reads_training(type(model)) and holds[id(model)]
+        out: list[_Candidate] = []
+        for name, mod in mods.items():
+            kind = _kind(mod) if mod is not model else None
+            if kind is None:
+                continue
+            own = any(map(trainable, mod.parameters(recurse=False)))
+            parent = parents.get(id(mod))
+            beside = parent is not None and holds[id(parent[1])]
+            if kind == "norm" and not own:
+                own_params = list(mod.parameters(recurse=False))
+                if not own_params or any(p.requires_grad for p in own_params):
+                    continue  # no affine, or trained outside the watched optimizers
+                kind = "frozen_norm"
+            elif kind == "dropout" and not beside:
+                continue
+            elif kind == "custom" and not (holds[id(mod)] or beside):
+                continue
+            chain = []
+            p = parent
+            while p is not None and p[1] is not model:
+                chain.append((p[0], weakref.ref(p[1])))
+                p = parents.get(id(p[1]))
+            ref = weakref.ref(parent[1]) if parent is not None else None
+            out.append(_Candidate(name, weakref.ref(mod), kind, ref, chain))
+        self._candidates = out
+        self.flags = ignored_freeze_flags(model, trainable)
+
+    def seen(self, entered: nn.Module) -> None:
+        """An outermost forward in grad mode entered ``entered`` (the root, or a child of it)."""
+        if not self._candidates and not self._root_relevant:
+            return
+        root = self._root() if self._root is not None else None
+        root_eval = not entered.training or (root is not None and not root.training)
+        snap = self._judge(root_eval)
+        if snap != self._pending:
+            self._pending = snap
+        self._pending_seq = self.tracker.now()
+
+    def _judge(self, root_eval: bool) -> ModeSnapshot:
+        evals: list[str] = []
+        tops: dict[str, None] = {}
+        frozen_training: list[str] = []
+        for c in self._candidates:
+            mod = c.ref()
+            if mod is None:
+                continue
+            if c.kind == "frozen_norm":
+                if mod.training and not root_eval:
+                    frozen_training.append(c.name)
+                continue
+            if mod.training:
+                continue
+            if root_eval:
+                evals.append(c.name)
+                continue
+            parent = c.parent() if c.parent is not None else None
+            if c.kind == "norm" and (parent is None or parent.training):
+                continue  # a norm put in eval on its own: statistics frozen on purpose
+            top = c.name
+            for name, ref in c.chain:  # the topmost ancestor in eval (its parent in train)
+                anc = ref()
+                if anc is None or anc.training:
+                    break
+                top = name
+            tops[top] = None
+        if root_eval and (evals or self._root_relevant):
+            named = tuple(evals[:_MAX_NAMED]) or ("(root)",)
+            return ModeSnapshot(True, named, (), bool(self._eval_at_start))
+        return ModeSnapshot(
+            False,
+            tuple(list(tops)[:_MAX_NAMED]),
+            tuple(frozen_training[:_MAX_NAMED]),
+            bool(self._eval_at_start),
+        )
+
+    def take(self, start: int) -> Optional[ModeSnapshot]:
+        """The state of the latest training forwards, if one ran since event ``start``."""
+        if self._pending is None or self._pending_seq <= start:
+            return None
+        return self._pending
