@@ -1,9 +1,15 @@
-"""``exploding_grad``: a layer norm above ``max_norm`` or a spike over its running median."""
+"""``exploding_grad``: a layer norm above ``max_norm`` or a spike over its running median.
+
+On a spike, ``details.first_layers`` ranks the layers by how far each rose above its own
+running median, each with the step where its rise began (spike attribution). The history
+this needs is what the spike rule keeps already (one float per layer per kept step) plus
+one step number per layer that is rising.
+"""
 
 from __future__ import annotations
 
 from math import isfinite
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from pydantic import Field, StrictFloat, StrictInt
 
@@ -15,6 +21,11 @@ from gradwatch.checks.views import StepView
 
 if TYPE_CHECKING:
     from gradwatch.checks.base import FindingLog
+
+# A layer is rising while its norm is above this multiple of its running median; the step
+# where that began is its ``rise_began``.
+_RISE = 2.0
+_FIRST_LAYERS = 5  # layers ranked in ``details.first_layers``
 
 
 class ExplodingGradConfig(CheckConfig):
@@ -61,28 +72,70 @@ class ExplodingGrad(Check):
     def __init__(self, config, watch_config) -> None:  # type: ignore[no-untyped-def]
         super().__init__(config, watch_config)
         self._history: dict[str, MedianWindow] = {}
+        self._rise_began: dict[str, int] = {}  # layers now rising: the step it began
 
     def on_step(self, view: StepView, log: FindingLog) -> None:
         cfg = self.config
+        ratios: dict[str, tuple[float, float, float]] = {}  # layer -> (ratio, norm, median)
+        fired: list[tuple[str, str]] = []
         for layer, sample in view.layers.items():
             if not isfinite(sample.norm):
                 continue
             hist = self._history.get(layer)
             if hist is None:
                 hist = self._history[layer] = MedianWindow(self.watch_config.history)
+            med = hist.median() if len(hist) else 0.0
+            if med > 0:
+                ratios[layer] = (sample.norm / med, sample.norm, med)
+                if sample.norm > _RISE * med:
+                    self._rise_began.setdefault(layer, view.step)
+                else:
+                    self._rise_began.pop(layer, None)
             reason = None
             if cfg.max_norm is not None and sample.norm > cfg.max_norm:
                 reason = f"gradient norm {sample.norm:.3g} exceeds max_norm {cfg.max_norm:g}"
             elif len(hist) >= cfg.warmup:
-                med = hist.median()
                 if med > 0 and sample.norm > cfg.spike_factor * med:
                     reason = (
                         f"gradient norm {sample.norm:.3g} jumped to {sample.norm / med:.1f}x its "
                         f"running median {med:.3g}"
                     )
             hist.append(sample.norm)
-            if reason is None:
-                continue
+            if reason is not None:
+                fired.append((layer, reason))
+        if fired:
+            self._emit(view, log, fired, self._attribution(ratios, view.step))
+
+    def _attribution(
+        self, ratios: dict[str, tuple[float, float, float]], step: int
+    ) -> dict[str, Any]:
+        """The layers that rose most above their own running median, and when it began."""
+        ranked = sorted(
+            (item for item in ratios.items() if item[1][0] > _RISE), key=lambda kv: -kv[1][0]
+        )[:_FIRST_LAYERS]
+        first = [
+            {
+                "layer": layer,
+                "ratio": ratio,
+                "norm": norm,
+                "median": med,
+                "rise_began": self._rise_began.get(layer, step),
+            }
+            for layer, (ratio, norm, med) in ranked
+        ]
+        if not first:
+            return {}
+        return {"first_layers": first, "rise_began": min(r["rise_began"] for r in first)}
+
+    def _emit(
+        self,
+        view: StepView,
+        log: FindingLog,
+        fired: list[tuple[str, str]],
+        attribution: dict[str, Any],
+    ) -> None:
+        for layer, reason in fired:
+            sample = view.layers[layer]
             log.emit(
                 self.id,
                 severity=self.severity,
@@ -92,5 +145,5 @@ class ExplodingGrad(Check):
                 "initialisation scale and normalisation layers, or add warmup.",
                 params=view.index.names([view.ids[k] for k in sample.positions]),
                 module=layer,
-                details={"norm": sample.norm, "max_norm": cfg.max_norm},
+                details={"norm": sample.norm, "max_norm": self.config.max_norm, **attribution},
             )

@@ -19,7 +19,7 @@ from __future__ import annotations
 import linecache
 import os
 import textwrap
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from gradwatch._text import clip, safe
 from gradwatch.checks.ghost import GhostParam
@@ -27,7 +27,7 @@ from gradwatch.checks.ghost import GhostParam
 if TYPE_CHECKING:
     from gradwatch.results import Finding, ReportData
 
-__all__ = ["MAX_BLOCKS", "render_diagnostics"]
+__all__ = ["MAX_BLOCKS", "render_diagnostics", "spike_layers"]
 
 #: Findings printed as blocks; the rest are counted in one line (the JSON/HTML report has all).
 MAX_BLOCKS = 20
@@ -80,6 +80,21 @@ def _snippet(location: str) -> str:
     return text if len(text) <= _SNIPPET else text[: _SNIPPET - 3] + "..."
 
 
+def spike_layers(details: dict[str, Any]) -> str:
+    """``exploding_grad``'s spike attribution in one line: the layers that rose most above
+    their own running median, each with the step its rise began."""
+    parts = []
+    for row in details.get("first_layers") or []:
+        try:
+            parts.append(
+                f"{row['layer']} ({float(row['ratio']):.3g}x its median, rising since step "
+                f"{int(row['rise_began'])})"
+            )
+        except (KeyError, TypeError, ValueError):  # a hand-edited report: show what is there
+            parts.append(str(row))
+    return ", ".join(parts)
+
+
 def _fields(f: Finding) -> list[tuple[str, str, str]]:
     """``(label, value, source line)`` rows of one finding's block."""
     rows: list[tuple[str, str, str]] = []
@@ -97,6 +112,8 @@ def _fields(f: Finding) -> list[tuple[str, str, str]]:
         rows.append(("origin", clip(safe(details["origin"]), 400), ""))
     if details.get("ranks"):
         rows.append(("ranks", clip(safe(details["ranks"]), 400), ""))
+    if details.get("first_layers"):
+        rows.append(("spike", clip(safe(spike_layers(details)), 400), ""))
     for key, label in (("defined_at", "defined"), ("called_at", "called")):
         value = details.get(key)
         if isinstance(value, str) and value:

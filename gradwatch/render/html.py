@@ -17,8 +17,9 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
-from gradwatch._text import safe
+from gradwatch._text import clip, safe
 from gradwatch.errors import ConfigError
+from gradwatch.render.diagnostics import spike_layers
 
 if TYPE_CHECKING:
     from gradwatch.results import Finding, ReportData
@@ -136,6 +137,8 @@ def _locations_html(f: Finding) -> str:
         for key, label in (("defined_at", "defined at"), ("called_at", "called at"))
         if f.details.get(key)
     ]
+    if f.details.get("first_layers"):  # exploding_grad's spike attribution
+        parts.append(f"spike from {_e(clip(spike_layers(f.details), 400))}")
     return f'<br><small class="loc">{"; ".join(parts)}</small>' if parts else ""
 
 
