@@ -153,8 +153,8 @@ def _findings(report: ReportData) -> str:
         steps = f"{f.first_step}&ndash;{f.last_step} (&times;{f.count})"
         rows.append(
             f'<tr><td class="sev-{_e(f.severity)}">{_e(f.severity)}</td><td><code>{_e(f.check)}'
-            f"</code></td><td>{_params_cell(f)}</td><td>{_e(f.message)}{_locations_html(f)}</td>"
-            f"<td>{_e(f.cause())}</td><td>{_e(f.hint)}</td><td>{steps}</td></tr>"
+            f"</code></td><td>{_params_cell(f)}</td><td>{_e(clip(f.message))}{_locations_html(f)}</td>"
+            f"<td>{_e(clip(f.cause(), 400))}</td><td>{_e(clip(f.hint))}</td><td>{steps}</td></tr>"
         )
     head = "".join(
         f"<th>{h}</th>"

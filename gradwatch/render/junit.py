@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Optional, Union
 
 from gradwatch._severity import at_least
-from gradwatch._text import safe
+from gradwatch._text import clip, safe
 from gradwatch.results import Finding, ReportData
 
 __all__ = ["check_ids", "finding_text", "junit_xml", "write_junit"]
@@ -34,7 +34,7 @@ def _clean(text: str) -> str:
 
 def finding_text(f: Finding) -> str:
     """A finding as a few indented lines: message, parameters, cause, source lines, steps, hint."""
-    lines = [f"[{f.severity}] {f.message}"]
+    lines = [f"[{f.severity}] {clip(f.message)}"]
     if f.params:
         lines.append("  parameters: " + ", ".join(f.params))
     elif f.module:
@@ -47,7 +47,7 @@ def finding_text(f: Finding) -> str:
             lines.append(f"  {label}: {f.details[key]}")
     lines.append(f"  steps: {f.first_step}..{f.last_step} (seen {f.count}x)")
     if f.hint:
-        lines.append(f"  hint: {f.hint}")
+        lines.append(f"  hint: {clip(f.hint)}")
     return "\n".join(safe(line) for line in lines)  # names are untrusted: no raw escapes
 
 
@@ -89,7 +89,7 @@ def _element(report: ReportData, extra: Iterable[str], time: Optional[float]) ->
                 else (f"{len(failing)} findings; first: {first.line()}")
             )
             failure = ET.SubElement(
-                case, "failure", message=_clean(message), type=f"{check}.{first.severity}"
+                case, "failure", message=_clean(clip(message)), type=f"{check}.{first.severity}"
             )
             failure.text = _clean("\n\n".join(finding_text(f) for f in failing))
         quiet = [f for f in found if not at_least(f.severity, report.fail_on)]

@@ -21,7 +21,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any, Optional, Union
 from urllib.parse import quote
 
-from gradwatch._text import safe
+from gradwatch._text import clip, safe
 from gradwatch._version import __version__
 from gradwatch.render.junit import check_ids
 from gradwatch.results import Finding, ReportData
@@ -73,7 +73,7 @@ def _physical(location: str, text: str) -> Optional[dict[str, Any]]:
 
 
 def _result(f: Finding, rule_index: int, baseline: bool) -> dict[str, Any]:
-    text = safe(f.message) + (f" Hint: {safe(f.hint)}" if f.hint else "")
+    text = clip(safe(f.message)) + (f" Hint: {clip(safe(f.hint))}" if f.hint else "")
     result: dict[str, Any] = {
         "ruleId": f.check,
         "ruleIndex": rule_index,

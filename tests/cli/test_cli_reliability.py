@@ -132,9 +132,12 @@ def test_report_recomputes_failed_from_findings_and_fail_on(tmp_path: Path) -> N
     data["fail_on"] = "error"
     data["findings"][0]["message"] = "m" * (8 << 20)
     (tmp_path / "huge.json").write_text(json.dumps(data))
-    proc = gradwatch_cli("report", "huge.json", cwd=tmp_path)
+    outputs = ["--junit", "r.xml", "--sarif", "r.sarif"]
+    proc = gradwatch_cli("report", "huge.json", *outputs, cwd=tmp_path)
     assert proc.returncode == 1 and len(proc.stdout) < 64_000
     assert "more characters" in proc.stdout
+    for name in ("r.xml", "r.sarif"):
+        assert (tmp_path / name).stat().st_size < 1 << 20
 
 
 def test_report_read_is_bounded(tmp_path: Path) -> None:
