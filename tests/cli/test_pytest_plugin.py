@@ -220,6 +220,29 @@ def test_report_filename_is_safe_and_bounded() -> None:
     )
 
 
+def test_report_dir_keeps_reports_of_ids_that_sanitise_alike(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(gw_models=MODELS)
+    pytester.makepyfile(
+        test_ids="""
+        import pytest
+        from gw_models import Net, train, sgd
+
+        @pytest.mark.parametrize("ghost", [True, False], ids=["a/b", "a_b"])
+        def test_p(gradwatch, ghost):
+            model = Net(ghost=ghost)
+            opt = sgd(model)
+            gradwatch(model, opt)
+            train(model, opt)
+        """
+    )
+    out = pytester.path / "reports"
+    run(pytester, "--gradwatch-report-dir", str(out)).assert_outcomes(passed=1, failed=1)
+    failing = gradwatch.Report.read(out / report_filename("test_ids.py::test_p[a/b]"))
+    passing = gradwatch.Report.read(out / report_filename("test_ids.py::test_p[a_b]"))
+    assert failing.failed and not passing.failed
+    assert len(list(out.iterdir())) == 2
+
+
 def test_report_filenames_of_ids_that_sanitise_alike_differ() -> None:
     ids = ["t.py::test_p[a/b]", "t.py::test_p[a_b]", "t.py::test_p_a_b_", "a/b.py::t", "a_b.py::t"]
     assert len({report_filename(i) for i in ids}) == len(ids)
