@@ -72,10 +72,12 @@ else:
     ChecksConfig = create_model(
         "ChecksConfig",
         __base__=_ChecksBase,
-        __doc__=_ChecksBase.__doc__,
         __module__=__name__,
         **{cls.id: (cls.Config, Field(default_factory=cls.Config)) for cls in ALL_CHECKS},
     )
+    # Not ``create_model(__doc__=...)``: pydantic before 2.7 (the floor is 2.4.2) takes it for
+    # a field, warns and drops it.
+    ChecksConfig.__doc__ = _ChecksBase.__doc__
 
 
 class GradWatchConfig(BaseModel):
