@@ -14,7 +14,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-__all__ = ["FAULT", "FOREIGN_TENSORS", "SKIPPED_STEPS", "UNOBSERVABLE", "Fact", "Report"]
+__all__ = [
+    "FAULT",
+    "FOREIGN_TENSORS",
+    "RESUMED",
+    "SKIPPED_STEPS",
+    "UNOBSERVABLE",
+    "Fact",
+    "Report",
+]
 
 UNOBSERVABLE = "unobservable"
 """gradwatch could not see something it promises (``details.reason`` says what)."""
@@ -25,6 +33,10 @@ FOREIGN_TENSORS = "foreign_tensors"
 SKIPPED_STEPS = "skipped_steps"
 """A GradScaler skipped optimizer steps for inf/NaN gradients (``details``: ``skipped``,
 ``total``, and the NaN probe's ``trace`` when it had one)."""
+
+RESUMED = "resumed"
+"""A resumed run does not continue what its checkpoint saved (``details.aspect``: params,
+optimizer, lr, scheduler, step)."""
 
 
 @dataclass

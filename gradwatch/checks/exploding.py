@@ -125,7 +125,8 @@ class ExplodingGrad(Check):
         ]
         if not first:
             return {}
-        return {"first_layers": first, "rise_began": min(r["rise_began"] for r in first)}
+        began = min(self._rise_began.get(layer, step) for layer, _ in ranked)
+        return {"first_layers": first, "rise_began": began}
 
     def _emit(
         self,

@@ -26,6 +26,7 @@ from gradwatch.checks.nonfinite import NonfiniteGrad
 from gradwatch.checks.nonfinite_param import NonfiniteParam
 from gradwatch.checks.not_observed import NotObserved
 from gradwatch.checks.outside_model import ParamOutsideModel
+from gradwatch.checks.resume_mismatch import ResumeMismatch
 from gradwatch.checks.scheduler_misstepped import SchedulerMisstepped
 from gradwatch.checks.stale import StaleParam
 from gradwatch.checks.step_without_grad import StepWithoutGrad
@@ -59,6 +60,7 @@ ALL_CHECKS: list[type[Check]] = [
     EvalModeTraining,
     FrozenStatsUpdated,
     FreezeNotApplied,
+    ResumeMismatch,
 ]
 
 # gradwatch's own: always on, in no config (a fault or a synthesized name must be said).

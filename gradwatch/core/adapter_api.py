@@ -16,10 +16,13 @@ Example:
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Optional, Protocol
 
+from gradwatch.capture.hooks import HookSet
+from gradwatch.capture.resume import compare, snapshot
 from gradwatch.core.faults import Faults
 from gradwatch.core.findings import FindingLog
 from gradwatch.core.steps import StepPipeline
@@ -46,21 +49,34 @@ class _Parts(Protocol):
     _attached: bool
     _closed: bool
     _saved_state: Optional[SavedState]
+    _hooks: HookSet
+    _resume: Optional[tuple[dict[str, Any], Optional[int]]]
 
     def report(self) -> Report: ...
+
+    def _arm_resume(self) -> None: ...
 
 
 class AdapterAPI:
     """Checkpoint state, fault reporting and findings: what an integration may use."""
 
     _saved_state: Optional[SavedState] = None  # loaded before attach, restored at attach
+    _resume: Optional[tuple[dict[str, Any], Optional[int]]] = None  # to compare, and step
 
-    def state_dict(self: _Parts) -> dict[str, Any]:
-        """The watcher's state for a checkpoint: findings so far and step counters.
+    def state_dict(self: _Parts, step: Optional[int] = None) -> dict[str, Any]:
+        """The watcher's state for a checkpoint: findings so far, step counters, and what a
+        faithful resume must restore (``resume_mismatch``: parameter checksums, optimizer
+        step counts and moments, learning rates, LR schedulers' epochs).
 
         Only plain ``dict``/``list``/``str``/``int``/``float`` values, so the checkpoint
         loads with ``torch.load(..., weights_only=True)``. Callable during the run and
-        after exit (then it holds the final report's findings).
+        after exit (then it holds the final report's findings, and nothing to compare a
+        resume with). Reading the checksums costs one pass over the parameters and the
+        optimizers' state, with one host transfer per device.
+
+        Args:
+            step: the training loop's own step counter (``global_step``), compared with the
+                ``step`` given to :meth:`load_state_dict` when the run resumes.
 
         Returns:
             A dict for :meth:`load_state_dict` of the watcher of the resumed run.
@@ -69,17 +85,32 @@ class AdapterAPI:
             >>> torch.save({"model": model.state_dict(), "gradwatch": watcher.state_dict()},
             ...            "last.ckpt")  # doctest: +SKIP
         """
-        return pipeline_state(self._pipe, self.report())
+        state = pipeline_state(self._pipe, self.report())
+        pipe = self._pipe
+        if self._attached and not self._closed and "resume_state" in pipe.extra.wanted:
+            state["resume"] = snapshot(
+                ((info.name, p) for info, p in pipe.structure.index.live()),
+                pipe.structure.optimizers,
+                pipe.steps,
+                pipe.dist.world_size if pipe.dist is not None else 1,
+                step,
+            )
+        return state
 
-    def load_state_dict(self: _Parts, state: dict[str, Any]) -> None:
+    def load_state_dict(self: _Parts, state: dict[str, Any], step: Optional[int] = None) -> None:
         """Continue the findings and counters of a checkpointed run.
 
         A finding seen again after the resume merges into its restored one (``count``
         keeps growing) and is not warned about twice; step counters continue. Before
         :meth:`attach` the state is checked now and restored when the watcher attaches.
 
+        The first optimizer step after it (before that step changes anything) compares
+        the parameters, the optimizers' state, the learning rates and ``step`` with what
+        :meth:`state_dict` recorded (``resume_mismatch``).
+
         Args:
             state: what :meth:`state_dict` returned in the checkpointed run.
+            step: the training loop's step counter where it resumes (``global_step``).
 
         Raises:
             ValueError: ``state`` is not a gradwatch state of a known version.
@@ -92,8 +123,11 @@ class AdapterAPI:
         if self._closed:
             raise GradWatchError("this watcher is closed: load its state before or during the run")
         saved = read_state(state)
+        resume = state.get("resume")
+        self._resume = (dict(resume), step) if isinstance(resume, Mapping) else None
         if self._attached:
             restore_pipeline(self._pipe, saved)
+            self._arm_resume()
         else:
             self._saved_state = saved
 
@@ -102,6 +136,29 @@ class AdapterAPI:
         saved, self._saved_state = self._saved_state, None
         if saved is not None:
             restore_pipeline(self._pipe, saved)
+            self._arm_resume()
+
+    def _arm_resume(self: _Parts) -> None:
+        """One pre-step hook per optimizer: the first step after a resume compares what the
+        checkpoint recorded with what was restored; after it they only return (torch cannot
+        remove a hook while it runs them), and they go at exit with the others."""
+        resume, self._resume = self._resume, None
+        pipe = self._pipe
+        if resume is None or "resume_state" not in pipe.extra.wanted:
+            return
+        wself = weakref.ref(self)
+        done: list[bool] = []
+
+        def first_step(*_: Any) -> None:
+            if done:
+                return
+            done.append(True)
+            me = wself()
+            if me is not None and not me._closed:
+                me._faults.guard("resume check", _compare_resume, me._pipe, *resume)
+
+        for opt in pipe.structure.optimizers:
+            self._hooks.add(opt.register_step_pre_hook(first_step))
 
     def note_backward_requested(self: _Parts) -> None:
         """An integration saw ``backward()`` requested for this step.
@@ -147,6 +204,19 @@ class AdapterAPI:
 
 
 STATE_VERSION = 1
+
+
+def _compare_resume(pipe: StepPipeline, saved: dict[str, Any], step: Optional[int]) -> None:
+    """At the first resumed step: record a ``resumed`` fact per aspect not restored."""
+    now = snapshot(
+        ((info.name, p) for info, p in pipe.structure.index.live()),
+        pipe.structure.optimizers,
+        pipe.steps,
+        pipe.dist.world_size if pipe.dist is not None else 1,
+        step,
+    )
+    for fact in compare(saved, now, pipe.steps):
+        pipe.record(fact)
 
 
 def pipeline_state(pipe: StepPipeline, report: Report) -> dict[str, Any]:

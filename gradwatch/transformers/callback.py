@@ -6,7 +6,10 @@ optimizer inside it, whose ``step`` runs once per real update, so gradient accum
 counts optimizer steps, like ``state.global_step``). The ``GradScaler`` of fp16 training is
 the one accelerate keeps on that optimizer. When training ends it closes the watcher (hooks
 removed), writes the report to ``args.output_dir`` and prints the summary on the main
-process.
+process. At each checkpoint it saves the watcher's state (:data:`STATE_NAME`) into the
+Trainer's checkpoint folder; ``train(resume_from_checkpoint=...)`` of a checkpoint under
+``args.output_dir`` loads it back, so findings continue and ``resume_mismatch`` compares
+what was restored with what was saved.
 
 Example:
     >>> from transformers import Trainer, TrainingArguments  # doctest: +SKIP
@@ -19,6 +22,7 @@ Example:
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 from typing import Any, Optional, Union
 
@@ -32,9 +36,10 @@ except ImportError:
         "gradwatch.transformers needs Hugging Face transformers: pip install gradwatch[hf]"
     ) from None
 
-__all__ = ["REPORT_NAME", "GradWatchCallback"]
+__all__ = ["REPORT_NAME", "STATE_NAME", "GradWatchCallback"]
 
 REPORT_NAME = "gradwatch-report.json"
+STATE_NAME = "gradwatch_state.pt"  # in each checkpoint-N folder: the watcher's state
 
 
 def _scaler_of(optimizer: Any) -> Any:
@@ -46,6 +51,25 @@ def _scaler_of(optimizer: Any) -> Any:
             return scaler
         optimizer, seen = getattr(optimizer, "optimizer", None), seen + 1
     return None
+
+
+def _checkpoint_dir(args: Any, step: int) -> Path:
+    """The folder the Trainer writes the checkpoint of ``step`` to (``checkpoint-N``)."""
+    return Path(args.output_dir or ".") / f"checkpoint-{step}"
+
+
+def _save_state(watcher: Any, folder: Path, state: Any) -> None:
+    import torch
+
+    tmp = folder / (STATE_NAME + ".tmp")
+    torch.save(watcher.state_dict(step=int(state.global_step)), tmp)
+    os.replace(tmp, folder / STATE_NAME)
+
+
+def _load_state(watcher: Any, path: Path, step: int) -> None:
+    import torch
+
+    watcher.load_state_dict(torch.load(path, weights_only=True), step=step)
 
 
 class GradWatchCallback(WatchAdapter, TrainerCallback):  # type: ignore[misc]
@@ -103,7 +127,20 @@ class GradWatchCallback(WatchAdapter, TrainerCallback):  # type: ignore[misc]
         self.report = None
         self.report_path = None
         optimizer = kwargs.get("optimizer")
-        self._start(kwargs["model"], optimizer, _scaler_of(optimizer))
+        watcher = self._start(kwargs["model"], optimizer, _scaler_of(optimizer))
+        step = int(getattr(state, "global_step", 0) or 0)
+        path = _checkpoint_dir(args, step) / STATE_NAME
+        if step and path.is_file():  # resumed: the Trainer restored its state of step N
+            self._guarded(watcher, "checkpoint restore", _load_state, watcher, path, step)
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """Save the watcher's state into the checkpoint folder the Trainer just wrote."""
+        watcher = self.watcher
+        if watcher is None or not bool(getattr(state, "is_world_process_zero", True)):
+            return
+        folder = _checkpoint_dir(args, int(state.global_step))
+        if folder.is_dir():
+            self._guarded(watcher, "checkpoint state", _save_state, watcher, folder, state)
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """With a bound Trainer, log this optimizer step's metrics through ``trainer.log``."""

@@ -54,6 +54,7 @@ SPEC_SEVERITY = {
     "freeze_not_applied": "error",
     "clip_after_step": "error",
     "scheduler_misstepped": "warning",
+    "resume_mismatch": "error",
 }
 # Every observed step, and gradwatch's own faults raised, so a broken check cannot hide.
 CFG: dict[str, Any] = {"every_n_steps": 1, "on_internal_error": "raise"}
