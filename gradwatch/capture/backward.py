@@ -90,6 +90,7 @@ class BackwardEnds:
             return
         # The outermost backward ended: tasks still marked are ones that raised (never end).
         self._ended_task = gid
+        self.tracker.ended_at = self.tracker.now()
         self._queued.clear()
         self.tracker.task = -2
         handles, self._handles = self._handles, []

@@ -116,6 +116,7 @@ class Tracker:
             for i in ids:
                 self.dropped[i] = 0
             self.dropping.difference_update(ids)
+        self.stepped_at = self.now()  # (without an optimizer no drop is judged)
 
 
 def make_param_hooks(
@@ -204,13 +205,10 @@ def make_param_hooks(
                     t.pending.discard(i)
             if t.fresh[i]:
                 t.pver[i] = p._version
-            elif (
-                t.acc_ref[i]() is not g
-                and t.stepped_at < t.last_seq[i] < t.ended_at  # not a backward that raised
-                and p._version == t.pver[i]
-            ):
-                t.dropped[i] += 1  # the window's earlier gradient was dropped, unused
-                t.dropping.add(i)
+            elif t.acc_ref[i]() is not g and t.stepped_at < t.last_seq[i] < t.ended_at:
+                if p._version == t.pver[i]:  # dropped unused (no SAM, no failed backward)
+                    t.dropped[i] += 1
+                    t.dropping.add(i)
             t.last_seq[i] = next(t.counter)
             t.acc_ref[i], t.acc_ver[i] = weakref.ref(g), ver
             t.fresh[i] = False

@@ -39,6 +39,7 @@ import torch
 
 from gradwatch.capture.evidence import Tracker
 from gradwatch.capture.hooks import HookSet
+from gradwatch.capture.in_backward import read_in_backward
 from gradwatch.capture.window import Gathered, Track
 
 __all__ = ["MIN_READ", "StepReading", "shared_ids"]
@@ -82,8 +83,10 @@ class StepReading:
         """Read this step's arrivals where no hook records them; whether the loop allows it.
 
         ``pipe`` is the :class:`~gradwatch.core.steps.StepPipeline` (typed loosely: that
-        module imports this one).
+        module imports this one). A step inside a backward pass reads its new gradients
+        first (``capture/in_backward.py``).
         """
+        read_in_backward(self.tracker, track, pipe.hooks.note_arrival)
         readable = (
             track.index is not None
             and pipe.dist is None

@@ -47,6 +47,11 @@ def edited_since_step(tracker: Tracker, track: Track) -> list[int]:
     return out
 
 
+def _arrived_since(t: Tracker, start: int) -> bool:
+    """A gradient arrived at the first-arriving parameter since ``start`` (it keeps its hook)."""
+    return 0 <= t.leader < len(t.last_seq) and t.last_seq[t.leader] > start
+
+
 def _edited(ref: Callable[[], Any], ver: int, p: Any) -> bool:
     g = p.grad
     return g is not None and ver >= 0 and (ref() is not g or g._version != ver)
@@ -105,6 +110,7 @@ class AfterStepEdits:
             or k in self._edits
             or self._backward_passes() != track.backward_at_start  # accumulated since: not ours
             or task_id() >= 0  # inside a backward (optimizer in backward, LBFGS's closure)
+            or _arrived_since(self.tracker, track.start)  # a backward that raised
         ):
             return
         edited = edited_since_step(self.tracker, track)

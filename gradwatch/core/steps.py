@@ -16,7 +16,7 @@ from gradwatch.capture.evidence import Tracker, make_cause
 from gradwatch.capture.facts import FOREIGN_TENSORS, SKIPPED_STEPS, Fact
 from gradwatch.capture.hooks import HookSet
 from gradwatch.capture.idle import idle_optimizers
-from gradwatch.capture.in_backward import read_in_backward, written_arrive
+from gradwatch.capture.in_backward import written_arrive
 from gradwatch.capture.scaler import ScalerWatch
 from gradwatch.capture.step_reading import StepReading
 from gradwatch.capture.unwatched import StepNesting, UnwatchedUpdates
@@ -168,7 +168,6 @@ class StepPipeline:
     def backward_end(self) -> None:
         """A backward pass finished (queued by the first gradient that arrived in it)."""
         self.tracker.backward_queued = False
-        self.tracker.ended_at = self.tracker.now()
         self.backward_passes += 1
         if self.structure.lazy_materialised():
             self.sync(step=self.steps)
@@ -227,7 +226,6 @@ class StepPipeline:
         ):
             self.sync(step=track.steps)
             track = structure.track_of(track.index) or track
-        read_in_backward(self.tracker, track, self.hooks.note_arrival)
         readable = self.reading.before_gather(self, track)
         with torch.profiler.record_function("gradwatch::step"), torch.no_grad():
             g = gather(
@@ -256,8 +254,6 @@ class StepPipeline:
                 guard=self.faults.guard,
             )
         self.tracker.snapshot(g.ids, g.grads)
-        if track.index is not None:
-            self.tracker.stepped_at = self.tracker.now()
         if self.tracker.want_pre and self.hooks.trimmed:
             self.hooks.restore_pre_hooks(structure.index)
         track.fingerprint = track.frozen_fp = None
@@ -268,20 +264,8 @@ class StepPipeline:
         self.steps += 1
         self.scout.after_step(self.steps)
         self.faults.step = self.steps
-        self._adjust_hooks()
+        _adjust_hooks(self)
         self.findings.raise_fail_fast()
-
-    def _adjust_hooks(self) -> None:
-        self.hooks.restore_wanted()
-        limit = self.config.trim_hooks_after
-        if (
-            not self.hooks.trimmed
-            and not self.hooks.keep_all
-            and limit is not None
-            and not self.config.fail_fast
-            and self.steps >= limit
-        ):
-            self.hooks.trim(self.judges.hooked_modules(self.findings.findings()))
 
     def _view(self, track: Track, g: Gathered, observed: bool, window: WindowEvidence) -> StepView:
         """The step's view, built once: the gathered reads, the ranks' exchange, the window."""
@@ -347,6 +331,20 @@ class StepPipeline:
         self.model = None
         self.nesting.clear()
         self.structure.release()
+
+
+def _adjust_hooks(pipe: StepPipeline) -> None:
+    """Forward hooks back where a step asked for them; trim after ``trim_hooks_after``."""
+    pipe.hooks.restore_wanted()
+    limit = pipe.config.trim_hooks_after
+    if (
+        not pipe.hooks.trimmed
+        and not pipe.hooks.keep_all
+        and limit is not None
+        and not pipe.config.fail_fast
+        and pipe.steps >= limit
+    ):
+        pipe.hooks.trim(pipe.judges.hooked_modules(pipe.findings.findings()))
 
 
 def _note_skips(pipe: StepPipeline, skipped: int, step: int, trace: Optional[dict] = None) -> None:
