@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from gradwatch.checks.autocast_bypassed import AutocastBypassed
 from gradwatch.checks.base import Check
 from gradwatch.checks.clip_after_step import ClipAfterStep
 from gradwatch.checks.clipped_while_scaled import ClippedWhileScaled
@@ -60,6 +61,7 @@ ALL_CHECKS: list[type[Check]] = [
     EvalModeTraining,
     FrozenStatsUpdated,
     FreezeNotApplied,
+    AutocastBypassed,
     ResumeMismatch,
 ]
 

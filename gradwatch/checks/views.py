@@ -47,6 +47,9 @@ class WindowEvidence:
     """The modules' modes at the window's latest training forwards (``module_modes``)."""
     freeze_flags: list[tuple[str, str]] = field(default_factory=list)
     """(module, attribute): freezing flags PyTorch ignores on trainable modules."""
+    autocast: dict[str, Any] = field(default_factory=dict)
+    """Layer -> its output inside an autocast region (``capture.autocast_probe.LayerDtype``),
+    during the first steps (``autocast_dtypes``)."""
     acc_state: Optional[Callable[[int], tuple[int, Any]]] = None
     """Parameter ``i`` -> (its last accumulation's event number, the gradient it left)."""
     grads_assigned: bool = False

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from gradwatch.capture.autocast_probe import AutocastProbe
 from gradwatch.capture.discarded import discarded_passes
 from gradwatch.capture.facts import UNOBSERVABLE, Fact
 from gradwatch.capture.forward_scout import ForwardScout
@@ -49,6 +50,9 @@ class ExtraEvidence:
         self.modes: Optional[ModeWatch] = None
         if "module_modes" in self.wanted or "module_flags" in self.wanted:
             self.modes = ModeWatch(self.tracker)
+        self.autocast: Optional[AutocastProbe] = None
+        if "autocast_dtypes" in self.wanted:
+            self.autocast = AutocastProbe()
 
     def install(self) -> None:
         """Hook the model's entry points and the scaler (once, at the first layout sync)."""
@@ -77,6 +81,9 @@ class ExtraEvidence:
             pipe.hooks.removers.append(self.scout.remove_all)
             if modes and self.modes is not None:
                 self.scout.on_outer = self.modes.seen
+        if self.autocast is not None and not pipe.hooks.keep_all:
+            self.autocast.install(pipe.model)
+            pipe.hooks.removers.append(self.autocast.remove)
             if nan_probe and self.wanted["nan_probe"] > 0:
                 # On for the first steps (a NaN from the first batches is traced at once,
                 # before the update spreads it into the weights); a flag per module call is
@@ -200,6 +207,7 @@ class ExtraEvidence:
             nan_trace=nan_trace,
             modes=self.modes.take(start) if self.modes is not None else None,
             freeze_flags=self.modes.flags if self.modes is not None else [],
+            autocast=self._autocast_dtypes(),
             scheduler_steps=self._scheduler_steps(track),
             # A step the GradScaler skipped still steps the schedule; accelerate steps it once
             # per process.
@@ -219,6 +227,14 @@ class ExtraEvidence:
             return []
         opt = self.pipe.structure.optimizers[track.index]
         return self.schedulers.read(track.index, opt, track.steps == 0)
+
+    def _autocast_dtypes(self) -> dict[str, Any]:
+        """The output dtypes the autocast probe saw in this window (it stops after its steps)."""
+        if self.autocast is None:
+            return {}
+        seen = self.autocast.take()
+        self.autocast.after_step()
+        return seen
 
     def window_closed(self, k: Optional[int]) -> None:
         """Optimizer ``k``'s window closed: backward requests are counted from here."""

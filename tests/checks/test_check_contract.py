@@ -52,6 +52,7 @@ SPEC_SEVERITY = {
     "eval_mode_training": "error",
     "frozen_stats_updated": "warning",
     "freeze_not_applied": "error",
+    "autocast_bypassed": "warning",
     "clip_after_step": "error",
     "scheduler_misstepped": "warning",
     "resume_mismatch": "error",
