@@ -109,7 +109,8 @@ class Check:
     #: ``"module_scan"`` (modules run but not registered), ``"nan_probe"`` (where a NaN is
     #: born), ``"unscale_watch"`` (gradients edited while scaled), ``"discarded_passes"``
     #: (micro-batches reset before the step), ``"zero_grad_watch"`` (gradients edited after
-    #: the step, seen at ``zero_grad``), ``"scheduler_counts"`` (LR schedulers' steps).
+    #: the step, seen at ``zero_grad``), ``"scheduler_counts"`` (LR schedulers' steps),
+    #: ``"backward_probe"`` (a repeated backward of one loss).
     needs: ClassVar[frozenset[str]] = frozenset()
     #: Whether the layers of its findings keep their forward hooks once the others are
     #: trimmed (``trim_hooks_after``): a ghost's cause comes from them.

@@ -14,6 +14,7 @@ from gradwatch.checks.clip_after_step import ClipAfterStep
 from gradwatch.checks.clipped_while_scaled import ClippedWhileScaled
 from gradwatch.checks.coverage import FrozenInOptimizer, NotInOptimizer
 from gradwatch.checks.dead import DeadParam
+from gradwatch.checks.double_backward import DoubleBackward
 from gradwatch.checks.double_update import DoubleUpdate
 from gradwatch.checks.eval_mode import EvalModeTraining
 from gradwatch.checks.exploding import ExplodingGrad
@@ -57,6 +58,7 @@ ALL_CHECKS: list[type[Check]] = [
     ClippedWhileScaled,
     ClipAfterStep,
     SchedulerMisstepped,
+    DoubleBackward,
     NonfiniteParam,
     EvalModeTraining,
     FrozenStatsUpdated,

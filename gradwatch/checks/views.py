@@ -68,6 +68,8 @@ class WindowEvidence:
     """Per LR scheduler of the optimizer: (its steps since the optimizer's previous step,
     taken before its first step), and how many a healthy schedule may take then."""
     scheduler_allowed: int = 1
+    repeated_backward: int = 0
+    """Backward passes of the window that repeated an earlier one of the same loss."""
 
 
 @dataclass

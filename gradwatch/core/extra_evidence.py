@@ -13,6 +13,7 @@ from typing import Any, Optional
 
 from gradwatch.capture.autocast_probe import AutocastProbe
 from gradwatch.capture.discarded import discarded_passes
+from gradwatch.capture.double_backward import BackwardProbe
 from gradwatch.capture.facts import UNOBSERVABLE, Fact
 from gradwatch.capture.forward_scout import ForwardScout
 from gradwatch.capture.modes import ModeWatch
@@ -46,6 +47,11 @@ class ExtraEvidence:
         self._calls_at_start: dict[Optional[int], int] = {}
         self.after_step: Optional[AfterStepEdits] = None  # clip_after_step's evidence
         self.schedulers = SchedulerCounts() if "scheduler_counts" in self.wanted else None
+        self.probe: Optional[BackwardProbe] = None  # double_backward's evidence
+        if "backward_probe" in self.wanted:
+            self.probe = BackwardProbe(lambda: self.scout.ran_grad)
+            pipe.hooks.removers.append(self.probe.remove)
+        self.repeated = 0  # the step being decided: backward passes that repeated another
         # The model's modes at training forwards, and freezing flags PyTorch ignores.
         self.modes: Optional[ModeWatch] = None
         if "module_modes" in self.wanted or "module_flags" in self.wanted:
@@ -57,6 +63,9 @@ class ExtraEvidence:
     def install(self) -> None:
         """Hook the model's entry points and the scaler (once, at the first layout sync)."""
         pipe = self.pipe
+        if self.probe is not None and not pipe.hooks.keep_all:  # each optimizer, once
+            for track in pipe.structure.tracks:
+                self.probe.install(track)
         if self.modes is not None and pipe.model is not None:  # at every layout sync
             idx = pipe.structure.index
             pipe.faults.guard(
@@ -209,6 +218,7 @@ class ExtraEvidence:
             freeze_flags=self.modes.flags if self.modes is not None else [],
             autocast=self._autocast_dtypes(),
             scheduler_steps=self._scheduler_steps(track),
+            repeated_backward=self.repeated,
             # A step the GradScaler skipped still steps the schedule; accelerate steps it once
             # per process.
             scheduler_allowed=(1 + skipped) * (self.pipe.dist.world_size if self.pipe.dist else 1),
@@ -221,6 +231,16 @@ class ExtraEvidence:
                 else 0
             ),
         )
+
+    def probe_flags(self, track: Track) -> list[Any]:
+        """The probe's device flags for this step's transfer (see :meth:`took_probe`)."""
+        return self.probe.flags(track.index) if self.probe is not None else []
+
+    def took_probe(self, g: Gathered, flags: list[Any]) -> None:
+        """Take the probe's value off the end of the step's extra values."""
+        self.repeated = 0
+        if flags and g.extra:
+            self.repeated = int(g.extra.pop())
 
     def _scheduler_steps(self, track: Track) -> list[tuple[int, bool]]:
         if self.schedulers is None or track.index is None:

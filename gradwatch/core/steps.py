@@ -227,6 +227,7 @@ class StepPipeline:
             self.sync(step=track.steps)
             track = structure.track_of(track.index) or track
         readable = self.reading.before_gather(self, track)
+        probe = self.extra.probe_flags(track)
         with torch.profiler.record_function("gradwatch::step"), torch.no_grad():
             g = gather(
                 track,
@@ -236,8 +237,9 @@ class StepPipeline:
                 last_hooked=self.hooks.last_hooked,
                 scaler_scale=self.scaler.scale_tensor(),
                 arrival=forward_arrival(self.sharded, structure.index, self.tracker, track.start),
-                extra=self.scout.pending_flags(),
+                extra=[*self.scout.pending_flags(), *probe],
             )
+        self.extra.took_probe(g, probe)
         self.reading.after_gather(g, track, readable, structure.tracks)
         trace = self.scout.interpret(g.extra) if self.scout.armed else None
         skipped = self.scaler.note(g.scale)

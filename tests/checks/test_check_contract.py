@@ -55,6 +55,7 @@ SPEC_SEVERITY = {
     "autocast_bypassed": "warning",
     "clip_after_step": "error",
     "scheduler_misstepped": "warning",
+    "double_backward": "error",
     "resume_mismatch": "error",
 }
 # Every observed step, and gradwatch's own faults raised, so a broken check cannot hide.
