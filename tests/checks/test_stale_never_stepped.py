@@ -90,7 +90,7 @@ def test_a_lightning_gan_missing_a_step(tmp_path: Path) -> None:
 
     class NoGeneratorStep(GAN):
         def training_step(self, batch: Any, batch_idx: int) -> None:
-            opt_g, opt_d = self.optimizers()
+            opt_g, _ = self.optimizers()
             opt_g.step = lambda *a, **k: None  # type: ignore[method-assign]  # "forgotten"
             super().training_step(batch, batch_idx)
 
