@@ -6,7 +6,10 @@ the default without the second-round checks, and the default without the NaN pro
 
 Usage::
 
-    .venv/bin/python benchmarks/first_steps.py [REPEATS]
+    .venv/bin/python benchmarks/first_steps.py [REPEATS] [--no-warmup]
+
+``--no-warmup`` observes only the ``every_n_steps`` cadence in the first steps (as before
+issue 29, which observes each of the first ``FIRST_OBSERVED`` steps).
 """
 
 from __future__ import annotations
@@ -25,12 +28,22 @@ from _models import MODELS
 from _variants import gradwatch_config
 
 import gradwatch
+from gradwatch.checks.autocast_bypassed import AutocastBypassed
+from gradwatch.checks.eval_mode import EvalModeTraining
+from gradwatch.checks.freeze_flag import FreezeNotApplied
+from gradwatch.checks.frozen_stats import FrozenStatsUpdated
+from gradwatch.core import steps as _steps
+
+# Issue 29's evidence: the modes read at each training forward, the freezing flags read per
+# layout, and the autocast probe's output-dtype hooks during the first 3 steps.
+_REGIME = (EvalModeTraining, FrozenStatsUpdated, FreezeNotApplied, AutocastBypassed)
 
 CONFIGS: dict[str, Optional[dict[str, Any]]] = {
     "baseline": None,
     "gradwatch_default": {},
     "gradwatch_without_new": gradwatch_config("gradwatch_without_new"),
     "gradwatch_without_nan_probe": {"checks": {"nonfinite_grad": {"trace_steps": 0}}},
+    "gradwatch_without_regime": {"checks": {c.id: {"enabled": False} for c in _REGIME}},
 }
 
 
@@ -68,4 +81,7 @@ def main(repeats: int = 8, steps: int = 10) -> dict[str, float]:
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]) if len(sys.argv) > 1 else 8)
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    if "--no-warmup" in sys.argv:  # as before issue 29: only every_n_steps's steps observed
+        _steps.FIRST_OBSERVED = 0
+    main(int(args[0]) if args else 8)
