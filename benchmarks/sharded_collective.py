@@ -2,8 +2,10 @@
 
 Times :meth:`gradwatch.distributed.sync.DistSync.exchange` for ``N`` parameters: the DDP
 form (one byte per parameter) and the sharded form (the same ``all_gather`` carrying each
-rank's shard sums: 8 float32 values per parameter on an observed step). Prints one line per
-form: median and p90 microseconds per step over ``--reps`` calls.
+rank's shard sums: 8 float32 values per parameter on an observed step), and the DDP form on
+an observed step with ``replica_divergence`` on (codes and the pre-step checksums as int64:
+16 bytes per parameter). Prints one line per form: median and p90 microseconds per step
+over ``--reps`` calls, and the bytes each rank sends.
 
     python benchmarks/sharded_collective.py --params 400 --reps 300
 """
@@ -21,7 +23,11 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from gradwatch.capture.evidence import Tracker
+from gradwatch.capture.window import Track
+from gradwatch.distributed.replicas import ReplicaCheck
 from gradwatch.distributed.sync import DistSync
+from gradwatch.measure.fingerprint import fingerprint
+from gradwatch.model.index import ParamIndex
 
 
 def _worker(rank: int, port: int, n: int, reps: int) -> None:
@@ -38,19 +44,30 @@ def _worker(rank: int, port: int, n: int, reps: int) -> None:
     tracker.grow(n)
     ids, arrived = list(range(n)), [True] * n
     payload = [float(k % 7) for k in range(8 * n)]
-    for label, extra in (("ddp codes only", None), ("sharded codes + shard sums", payload)):
+    torch.manual_seed(0)
+    track = Track(index=0)
+    params = [torch.randn(16, 16) for _ in range(n)]
+    track.set_params(ids, params, ["layer"] * n)
+    track.fingerprint = fingerprint(params)  # what an observed step took before its update
+    forms = (
+        ("ddp codes only", None, None, n),
+        ("sharded codes + shard sums", payload, None, 4 * 9 * n),
+        ("ddp codes + replica checksums", None, track, 8 * 2 * n),
+    )
+    for label, extra, observed, sent in forms:
+        sync.replicas = ReplicaCheck(ParamIndex(), lambda fact: None) if observed else None
         times = []
         for k in range(reps + 20):
             dist.barrier()
             t0 = time.perf_counter()
-            sync.exchange(ids, arrived, lambda i: "not_called", tracker, None, extra)
+            sync.exchange(ids, arrived, lambda i: "not_called", tracker, None, extra, 0, observed)
             if k >= 20:  # warm-up excluded
                 times.append(time.perf_counter() - t0)
         if rank == 0:
             q = statistics.quantiles(times, n=10)
             print(
                 f"{label}: {n} params, 2 gloo ranks: median {statistics.median(times) * 1e6:.0f} us,"
-                f" p90 {q[-1] * 1e6:.0f} us per step"
+                f" p90 {q[-1] * 1e6:.0f} us per step, {sent} bytes sent per rank"
             )
     dist.destroy_process_group()
 

@@ -17,6 +17,7 @@ from typing import Any, Callable, Optional
 __all__ = [
     "FAULT",
     "FOREIGN_TENSORS",
+    "REPLICAS_DIFFER",
     "RESUMED",
     "SKIPPED_STEPS",
     "UNOBSERVABLE",
@@ -34,6 +35,9 @@ SKIPPED_STEPS = "skipped_steps"
 """A GradScaler skipped optimizer steps for inf/NaN gradients (``details``: ``skipped``,
 ``total``, and the NaN probe's ``trace`` when it had one)."""
 
+REPLICAS_DIFFER = "replicas_differ"
+"""Parameters that data-parallel replicas must hold identical differ across ranks
+(``details``: ``ranks``, ``first_step``)."""
 RESUMED = "resumed"
 """A resumed run does not continue what its checkpoint saved (``details.aspect``: params,
 optimizer, lr, scheduler, step)."""

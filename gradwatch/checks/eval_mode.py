@@ -75,6 +75,9 @@ class EvalModeTraining(Check):
         silence=(
             "Freeze on purpose: a norm layer kept in eval whose own parameters are frozen "
             "(`requires_grad_(False)`) is not reported.",
+            "To train without dropout on purpose (RLHF, some fine-tuning recipes), set the "
+            "dropout probabilities to 0 instead of calling `eval()`: batch norm and other "
+            "mode-dependent layers then still train as they should.",
         ),
     )
 

@@ -28,6 +28,7 @@ from gradwatch.checks.nonfinite import NonfiniteGrad
 from gradwatch.checks.nonfinite_param import NonfiniteParam
 from gradwatch.checks.not_observed import NotObserved
 from gradwatch.checks.outside_model import ParamOutsideModel
+from gradwatch.checks.replica_divergence import ReplicaDivergence
 from gradwatch.checks.resume_mismatch import ResumeMismatch
 from gradwatch.checks.scheduler_misstepped import SchedulerMisstepped
 from gradwatch.checks.stale import StaleParam
@@ -63,8 +64,9 @@ ALL_CHECKS: list[type[Check]] = [
     EvalModeTraining,
     FrozenStatsUpdated,
     FreezeNotApplied,
-    AutocastBypassed,
     ResumeMismatch,
+    ReplicaDivergence,
+    AutocastBypassed,
 ]
 
 # gradwatch's own: always on, in no config (a fault or a synthesized name must be said).

@@ -283,7 +283,9 @@ class StepPipeline:
         ex = None
         if self.dist is not None:  # one all_gather: which rank missed what, and why
             device = track.params[0].device if track.params else None
-            ex = self.dist.exchange(g.ids, g.arrived, cause, tracker, device, g.shard)
+            ex = self.dist.exchange(
+                g.ids, g.arrived, cause, tracker, device, g.shard, track.steps, track
+            )
             ranks, g.arrived = ex.ranks_missing, ex.arrived
             if ex.payload is not None:  # sharded: per-rank shard sums -> global values
                 merge_shards(g, ex.payload, observed, numel, tracker, index)

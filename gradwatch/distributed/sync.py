@@ -12,7 +12,9 @@ What the mechanisms give us under DDP (torch 2.x, gloo and nccl alike):
 So the one collective per step carries, per parameter, a byte: 0 when its gradient arrived
 on this rank, else 1 + the local cause code (why it did not: never called, ran under
 no_grad, disconnected). Every rank then knows who missed what and why, and the ghost check
-can name the ranks. Every rank must call ``watch()`` (DDP already demands identical
+can name the ranks. On observed steps, when ``replica_divergence`` is enabled, the same
+collective also carries each parameter's checksum (``replicas.py``; then int64 instead
+of one byte per parameter). Every rank must call ``watch()`` (DDP already demands identical
 models): a rank that does not step would leave the others waiting in the collective.
 """
 
@@ -26,6 +28,8 @@ import torch.distributed as dist
 
 if TYPE_CHECKING:
     from gradwatch.capture.evidence import Tracker
+    from gradwatch.capture.window import Track
+    from gradwatch.distributed.replicas import ReplicaCheck
 
 __all__ = ["CAUSES", "DistSync", "Exchanged"]
 
@@ -52,6 +56,7 @@ class DistSync:
     def __init__(self, rank: int, world_size: int) -> None:
         self.rank = rank
         self.world_size = world_size
+        self.replicas: Optional[ReplicaCheck] = None  # set when replica_divergence runs
 
     @classmethod
     def detect(cls) -> Optional[DistSync]:
@@ -82,6 +87,17 @@ class DistSync:
         dist.all_gather(gathered, local)
         return torch.stack(gathered).cpu().tolist()  # type: ignore[no-any-return]
 
+    def _gather_sums(
+        self, codes: list[int], sums: torch.Tensor, device: Optional[torch.device]
+    ) -> torch.Tensor:
+        """``codes`` and the parameters' checksums of every rank (int64, exact, on the CPU)."""
+        where = device if dist.get_backend() == "nccl" and device is not None else None
+        where = where or torch.device("cpu")
+        local = torch.cat([torch.tensor(codes, dtype=torch.int64, device=where), sums.to(where)])
+        gathered = [torch.empty_like(local) for _ in range(self.world_size)]
+        dist.all_gather(gathered, local)
+        return torch.stack(gathered).cpu()
+
     def exchange(
         self,
         ids: list[int],
@@ -90,20 +106,29 @@ class DistSync:
         tracker: Tracker,
         device: Optional[torch.device],
         payload: Optional[list[float]] = None,
+        step: int = 0,
+        track: Optional[Track] = None,
     ) -> Exchanged:
         """Share this step's arrivals and causes with every rank (one ``all_gather``).
 
         Also makes ``tracker``'s seen/missing step counters global: a step where any rank
         missed a parameter counts as missing for it, so every rank reports the same
         ``steps_missing``/``steps_seen`` (rank 0, which reports, may itself have had it).
-        Under sharding, ``payload`` (this rank's shard sums) rides on the same ``all_gather``.
+        Under sharding, ``payload`` (this rank's shard sums) rides on the same ``all_gather``;
+        otherwise, on observed steps, ``track``'s pre-step checksums for :attr:`replicas`.
         """
         n = len(ids)
         if n == 0:  # same parameters on every rank, so every rank skips the collective
             return Exchanged([], [], cause)
         codes = [0 if a else 1 + _code(cause(i)) for i, a in zip(ids, arrived)]
         rows: Optional[list[list[float]]] = None
-        if payload is None:
+        check = self.replicas if track is not None and payload is None else None
+        local = check.local(track) if check is not None and track is not None else None
+        if check is not None and local is not None:
+            exact = self._gather_sums(codes, local[0], device)
+            matrix = exact[:, :n].tolist()
+            check.judge(local[1], exact[:, n:], step)
+        elif payload is None:
             matrix = self._gather(codes, device)
         else:
             full = self._gather_float([float(c) for c in codes] + payload, device)

@@ -57,6 +57,7 @@ SPEC_SEVERITY = {
     "scheduler_misstepped": "warning",
     "double_backward": "error",
     "resume_mismatch": "error",
+    "replica_divergence": "error",
 }
 # Every observed step, and gradwatch's own faults raised, so a broken check cannot hide.
 CFG: dict[str, Any] = {"every_n_steps": 1, "on_internal_error": "raise"}

@@ -14,6 +14,8 @@ import pytest
 import torch.multiprocessing as mp
 from _dist_helpers import RAW_SCENARIOS, WORLD, free_port, raw_worker, run_lightning_scenarios
 
+from gradwatch.checks.replica_divergence import ReplicaDivergence
+
 pytestmark = pytest.mark.slow
 
 HELPERS = Path(__file__).parents[1] / "_helpers"
@@ -177,3 +179,12 @@ def test_lightning_ddp_report_written_before_ddp_crash(lightning_ddp: dict[str, 
         assert set(_ghosts(rec["report"])) == {"branch", "dead"}
     written = json.loads((out / "csv" / "version_0" / "gradwatch-report.json").read_text())
     assert written["failed"] and set(_ghosts(written)) == {"branch", "dead"}
+
+
+def test_no_replica_divergence_in_any_ddp_variant(raw: Raw, lightning_ddp: dict[str, Path]) -> None:
+    """DDP keeps its replicas bit-identical in every variant above (replica_divergence)."""
+    records = [rec for recs in raw.values() for rec in recs]
+    records += [rec for out in lightning_ddp.values() for rec in _ranks(out)]
+    for rec in records:
+        checks = {f["check"] for f in rec["report"]["findings"]}
+        assert ReplicaDivergence.id not in checks, rec["report"]["findings"]

@@ -1,0 +1,56 @@
+"""``replica_divergence``: parameters that data-parallel replicas must hold identical differ.
+
+Under DDP every rank applies the same averaged gradient to the same values, so the
+replicas stay bit-identical. On observed steps each rank's per-parameter exact bit
+checksums ride on the one ``all_gather`` gradwatch makes anyway
+(``gradwatch/distributed/replicas.py``); a ``replicas_differ`` fact names the parameters,
+the ranks and the first step they differed. Mixed precision, gradient accumulation
+(``no_sync`` with a final synchronising backward), ``static_graph``, ZeRO and fp16/bf16
+communication hooks keep the replicas bit-identical and are silent; sharded engines
+(FSDP) are not compared.
+"""
+
+from __future__ import annotations
+
+from gradwatch._severity import Severity
+from gradwatch.capture.facts import REPLICAS_DIFFER
+from gradwatch.checks.base import Check, CheckConfig, severity_field
+from gradwatch.checks.docs import CheckDoc
+
+__all__ = ["ReplicaDivergence", "ReplicaDivergenceConfig"]
+
+
+class ReplicaDivergenceConfig(CheckConfig):
+    """``replica_divergence``: no thresholds (``enabled`` and ``severity`` only)."""
+
+    severity: Severity = severity_field("error")
+
+
+class ReplicaDivergence(Check):
+    """On observed steps under DDP: every rank's checksums, compared in the step's collective."""
+
+    id = "replica_divergence"
+    Config = ReplicaDivergenceConfig
+    needs = frozenset({"replica_checksums"})
+    facts = frozenset({REPLICAS_DIFFER})
+    doc = CheckDoc(
+        summary="Parameters that data-parallel replicas must hold identical (DDP) differ "
+        "across ranks: compared by exact bit checksums on observed steps, inside the one "
+        "collective gradwatch makes per step.",
+        why="Diverged replicas train different models: each rank's gradient is computed on "
+        "weights the others do not have, the averaged update fits none of them, and the "
+        "checkpoint (saved by rank 0) is not what the other ranks evaluated. Losses look "
+        "normal for a long time (BLOOM-176B's replicas drifted for weeks).",
+        causes=(
+            "A rank-conditional in-place update (`if rank == 0: p.mul_(...)`, a weight "
+            "edit or EMA written on one rank only).",
+            "A rank-local random number in an in-place op on parameters (noise, "
+            "dropout-style masks on weights) with per-rank seeds.",
+            "`no_sync()` around every backward of an accumulation, without the final "
+            "backward outside it that all-reduces the gradients.",
+            "Optimizer state that differs per rank after a bad load.",
+        ),
+        fix="Apply the same update on every rank: keep parameter edits outside rank "
+        "conditions, seed shared randomness identically, run the last micro-batch's "
+        "backward outside `no_sync()`, load the optimizer state on every rank.",
+    )

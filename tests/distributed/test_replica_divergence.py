@@ -1,0 +1,58 @@
+"""replica_divergence under DDP: 2 CPU processes on gloo. Replicas that drift apart are named
+with their parameters, ranks and first step; DDP variants that keep them identical are silent."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+import torch.multiprocessing as mp
+from _dist_helpers import WORLD, free_port
+from _replica_helpers import SCENARIOS, replica_worker
+
+from gradwatch.checks.replica_divergence import ReplicaDivergence
+
+pytestmark = pytest.mark.slow
+
+Runs = dict[str, list[dict[str, Any]]]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
+    out = tmp_path_factory.mktemp("replicas")
+    mp.spawn(replica_worker, args=(free_port(), str(out)), nprocs=WORLD, join=True)
+    return {
+        name: [json.loads((out / f"{name}.rank{r}.json").read_text()) for r in range(WORLD)]
+        for name in SCENARIOS
+    }
+
+
+def _found(rec: dict[str, Any]) -> list[dict[str, Any]]:
+    assert rec["error"] is None, rec.get("traceback")
+    return [f for f in rec["report"]["findings"] if f["check"] == ReplicaDivergence.id]
+
+
+@pytest.mark.parametrize(
+    ("scenario", "params", "first"),
+    [
+        ("rank_conditional", {"b.weight"}, 1),
+        ("rank_rng", {"a.weight"}, 2),
+        ("no_sync_never_synced", {"a.weight", "a.bias", "b.weight", "b.bias"}, 1),
+    ],
+)
+def test_diverged_replicas_are_named(
+    runs: Runs, scenario: str, params: set[str], first: int
+) -> None:
+    for rec in runs[scenario]:  # every rank says the same
+        (f,) = _found(rec)
+        assert f["severity"] == "error"
+        assert set(f["params"]) == params
+        assert f["details"]["ranks"] == [0, 1]
+        assert f["details"]["first_step"] == first == f["first_step"]
+
+
+@pytest.mark.parametrize("scenario", [s for s in SCENARIOS if s.startswith("clean_")])
+def test_identical_replicas_are_silent(runs: Runs, scenario: str) -> None:
+    for rec in runs[scenario]:
+        assert not _found(rec), rec["report"]["findings"]
