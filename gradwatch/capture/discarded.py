@@ -16,10 +16,14 @@ from gradwatch.capture.window import Track
 __all__ = ["discarded_passes"]
 
 
-def discarded_passes(tracker: Tracker, track: Track, tracks: Sequence[Track]) -> int:
+def discarded_passes(
+    tracker: Tracker, track: Track, tracks: Sequence[Track], exact: bool = True
+) -> int:
     """Backward passes of this window whose gradients were reset before the step used them
     (``Tracker.dropped``), where the step's ``.grad`` is still what the last one left: a
-    gradient rewritten since (PCGrad's merge) was made from all of them. Not judged while
+    gradient rewritten since (PCGrad's merge) was made from all of them. Under DDP
+    (``exact=False``) the reducer writes the averaged gradient in place after the last
+    accumulation: the tensor's identity is compared, not its version. Not judged while
     another optimizer whose parameters get gradients has never stepped: the dropped
     gradient was its loss's (a GAN's generator step forgotten: ``stale_param``)."""
     t = tracker
@@ -32,7 +36,7 @@ def discarded_passes(tracker: Tracker, track: Track, tracks: Sequence[Track]) ->
         if i in t.dropping:
             g = p.grad
             if g is not None and g._base is None and t.acc_ref[i]() is g:
-                if g._version == t.acc_ver[i]:
+                if not exact or g._version == t.acc_ver[i]:
                     worst = max(worst, t.dropped[i])
     return worst
 

@@ -226,7 +226,9 @@ class ExtraEvidence:
                 self.after_step.take(track.index) if self.after_step is not None else None
             ),
             discarded_passes=(  # a step the GradScaler skipped drops its gradient rightly
-                discarded_passes(tracker, track, self.pipe.structure.tracks)
+                discarded_passes(
+                    tracker, track, self.pipe.structure.tracks, exact=self.pipe.dist is None
+                )
                 if "discarded_passes" in self.wanted and not skipped
                 else 0
             ),
