@@ -75,7 +75,10 @@ class LossDisconnected(Check):
         # Nothing may have arrived anywhere (another optimizer training in this window is a
         # phase switch, not a cut-off loss), and an integration that saw no backward() requested
         # (Lightning skipping a batch) rules it out.
-        if view.backward_in_window or any(view.arrived) or view.window.backward_called is False:
+        if any(view.arrived) or view.window.backward_called is False:
+            return
+        if view.backward_in_window:
+            _cut_off_part(self, view, log)  # another model's parameters trained: this one?
             return
         if view.window.grads_assigned:
             return  # gradients set by hand (torch.autograd.grad, gradient surgery): not cut off
@@ -93,3 +96,29 @@ class LossDisconnected(Check):
             key=f"optimizer[{view.optimizer}]",
             details={"cause": cause, "optimizer": view.optimizer},
         )
+
+
+def _cut_off_part(check: LossDisconnected, view: StepView, log: FindingLog) -> None:
+    """Several models in one container: a backward reached another optimizer's parameters,
+    none of this one's, although its layers ran with grad in the window (a GAN's generator
+    step through ``D(G(z).detach())``). Layers that did not run, or ran under ``no_grad``,
+    are a phase switch (the other model trains now): fine. A layer whose forward hook was
+    trimmed reads ``unknown`` and gets its hook back: judged at the next step."""
+    trainable = [i for i in view.ids if view.index.params[i].ref() is not None]
+    causes = {view.cause(i) for i in trainable}
+    if not trainable or causes != {"disconnected"}:
+        return
+    names = view.index.names(trainable)
+    log.emit(
+        check.id,
+        severity=check.severity,
+        step=view.step,
+        message=f"optimizer[{view.optimizer}].step() found no gradient on any of its "
+        f"{len(names)} parameter(s) although its layers ran with grad and a backward reached "
+        "other parameters: its loss does not reach them (cause: disconnected; a detached "
+        "output such as D(G(z).detach()) in the generator's loss?).",
+        hint=HINTS["disconnected"],
+        params=names,
+        key=f"optimizer[{view.optimizer}]",
+        details={"cause": "disconnected", "optimizer": view.optimizer},
+    )
