@@ -67,14 +67,20 @@ def snapshot(
     steps: int,
     world_size: int,
     loop_step: Optional[int] = None,
+    sharded: bool = False,
 ) -> dict[str, Any]:
-    """What a resume must restore, as plain data (loads with ``weights_only=True``)."""
+    """What a resume must restore, as plain data (loads with ``weights_only=True``).
+
+    ``sharded``: the parameters are this rank's shards (FSDP), which differ per rank and
+    reshard on load: their checksums and the moments' are not compared then.
+    """
     named = list(params)
     sums = checksums([p for _, p in named])
     return {
         "steps": steps,
         "loop_step": loop_step,
         "world_size": world_size,
+        "sharded": sharded or any(hasattr(p, "to_local") for _, p in named),
         "params": {name: c for (name, _), c in zip(named, sums)},
         "optimizers": {str(k): _opt_state(opt) for k, opt in enumerate(optimizers)},
     }
@@ -84,7 +90,9 @@ def compare(saved: dict[str, Any], now: dict[str, Any], step: int) -> list[Fact]
     """What the resumed run (``now``, read before its first step) lost of ``saved``."""
     facts: list[Fact] = []
     same_layout = saved.get("world_size") == now.get("world_size")
-    if same_layout:  # sharded parameters are local shards: another world size reshards them
+    # sharded parameters are this rank's shards, and rank 0's state is what was saved
+    same_layout = same_layout and not saved.get("sharded") and not now.get("sharded")
+    if same_layout:
         facts += _params(saved.get("params", {}), now["params"], step)
     for k, old in saved.get("optimizers", {}).items():
         new = now["optimizers"].get(k)

@@ -94,6 +94,7 @@ class AdapterAPI:
                 pipe.steps,
                 pipe.dist.world_size if pipe.dist is not None else 1,
                 step,
+                pipe.sharded is not None,
             )
         return state
 
@@ -214,6 +215,7 @@ def _compare_resume(pipe: StepPipeline, saved: dict[str, Any], step: Optional[in
         pipe.steps,
         pipe.dist.world_size if pipe.dist is not None else 1,
         step,
+        pipe.sharded is not None,
     )
     for fact in compare(saved, now, pipe.steps):
         pipe.record(fact)

@@ -162,3 +162,17 @@ def test_loaded_before_attach(tmp_path: Path, order: str) -> None:
     with watcher as w:
         _steps(model, opt, sched, 1)
     assert "optimizer" in _aspects(w.report())
+
+
+def test_sharded_parameters_are_not_compared_by_checksum() -> None:
+    """FSDP shards differ per rank and reshard on load: only counters and rates compare."""
+    from gradwatch.capture.resume import compare, snapshot
+
+    w = torch.ones(3)
+    saved = snapshot([("w", w)], [], steps=4, world_size=2, sharded=True)
+    now = snapshot([("w", w * 2)], [], steps=4, world_size=2, sharded=True)
+    assert compare(saved, now, step=4) == []
+    plain = snapshot([("w", w)], [], steps=4, world_size=2)
+    assert [f.details["aspect"] for f in compare(plain, snapshot([("w", w * 2)], [], 4, 2), 4)] == [
+        "params"
+    ]
