@@ -47,7 +47,10 @@ class CSVSink:
             raise ConfigError(f"CSVSink path '{self.path}' is a directory, not a file")
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._fh: Optional[IO[str]] = self.path.open("w", encoding="utf-8", newline="")
+            # A layer name with a lone surrogate (os.fsdecode) is written as its escape.
+            self._fh: Optional[IO[str]] = self.path.open(
+                "w", encoding="utf-8", errors="backslashreplace", newline=""
+            )
         except OSError as exc:
             raise ConfigError(f"CSVSink cannot write '{self.path}': {exc.strerror}") from None
         self._writer = csv.writer(self._fh)

@@ -156,15 +156,20 @@ def test_newline_in_an_output_path_keeps_the_one_line_reason(tmp_path: Path) -> 
 
 
 def test_broken_pipe_is_not_the_findings_exit_code(tmp_path: Path) -> None:
+    import fcntl
+
+    read_end, write_end = os.pipe()
+    fcntl.fcntl(write_end, fcntl.F_SETPIPE_SZ, 4096)  # the schema (40 KB) cannot fit in it
     with subprocess.Popen(
         [sys.executable, "-m", "gradwatch", "schema", "report"],
-        stdout=subprocess.PIPE,
+        stdout=write_end,
         stderr=subprocess.PIPE,
         cwd=tmp_path,
     ) as proc:
-        assert proc.stdout is not None and proc.stderr is not None
-        proc.stdout.read(10)
-        proc.stdout.close()  # the reader goes away, as `| head -c 10` does
+        os.close(write_end)
+        assert proc.stderr is not None
+        os.read(read_end, 10)
+        os.close(read_end)  # the reader goes away, as `| head -c 10` does
         assert proc.wait(timeout=60) == 141
         assert b"Traceback" not in proc.stderr.read()
 

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 import gradwatch
+from gradwatch.checks.internal_error import InternalError
 from gradwatch.checks.not_observed import NotObserved
 from gradwatch.render.html_plots import gradient_flow
 from gradwatch.render.sarif import write_sarif
@@ -152,3 +153,20 @@ def test_concurrent_writers_to_one_path(tmp_path: Path) -> None:
             t.join()
     assert not errors, errors[:3]
     assert target.read_text() == "{}" * 500 and link.is_symlink()
+
+
+def test_csv_sink_takes_a_surrogate_name(tmp_path: Path) -> None:
+    from gradwatch.sinks.csv import CSVSink
+
+    model = nn.ModuleDict({SURROGATE: nn.Linear(2, 1)})
+    model.forward = lambda x: model[SURROGATE](x)  # type: ignore[method-assign]
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    sink = CSVSink(tmp_path / "m.csv")
+    config = {"warn": False, "every_n_steps": 1}
+    with gradwatch.watch(model, opt, sinks=[sink], config=config) as w:
+        for _ in range(2):
+            opt.zero_grad()
+            model(torch.randn(4, 2)).sum().backward()
+            opt.step()
+    assert not w.report().by_check(InternalError.id)
+    assert "head_\\udcff" in (tmp_path / "m.csv").read_text(encoding="utf-8")
