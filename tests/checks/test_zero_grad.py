@@ -10,6 +10,7 @@ from _loops import batches, fired, mlp
 from torch import nn
 
 import gradwatch
+from gradwatch.checks.not_observed import NotObserved
 
 Reset = Callable[[nn.Module, torch.optim.Optimizer], None]
 
@@ -170,7 +171,10 @@ def test_step_without_any_backward_is_not_step_without_grad() -> None:
     with gradwatch.watch(model, opt) as w:
         opt.step()
         opt.step()
-    assert fired(w.report(), "info") == set()
+    # No step_without_grad; but the model never ran, so nothing was checked (issue 32).
+    report = w.report()
+    assert fired(report, "info") == {NotObserved.id}
+    assert [f.details["reason"] for f in report.by_check(NotObserved.id)] == ["never_ran"]
 
 
 def test_forgetting_zero_grad_after_the_hooks_are_trimmed_is_still_caught() -> None:
