@@ -22,6 +22,7 @@ from gradwatch.capture.unscale_watch import UnscaleWatch
 from gradwatch.capture.window import Gathered, Track
 from gradwatch.capture.zero_grad_watch import AfterStepEdits, ZeroGradWatch
 from gradwatch.checks.views import WindowEvidence
+from gradwatch.distributed.replicas import ReplicaCheck
 from gradwatch.measure.stats import to_host
 
 __all__ = ["FIRST_TRACE_STEPS", "ExtraEvidence"]
@@ -59,6 +60,8 @@ class ExtraEvidence:
         self.autocast: Optional[AutocastProbe] = None
         if "autocast_dtypes" in self.wanted:
             self.autocast = AutocastProbe()
+        if pipe.dist is not None and "replica_checksums" in self.wanted:  # replica_divergence
+            pipe.dist.replicas = ReplicaCheck(pipe.structure.index, pipe.record)
 
     def install(self) -> None:
         """Hook the model's entry points and the scaler (once, at the first layout sync)."""

@@ -43,7 +43,6 @@ from gradwatch.core.persist import ReportRefresher
 from gradwatch.core.steps import StepPipeline
 from gradwatch.core.structure import Structure
 from gradwatch.distributed.layout import hook_backward, report_layout
-from gradwatch.distributed.replicas import ReplicaCheck
 from gradwatch.distributed.sync import DistSync
 from gradwatch.errors import ConfigError, GradWatchError, GradWatchWarning
 from gradwatch.model.compiled import is_compiled
@@ -162,8 +161,6 @@ class Watcher(AdapterAPI):
             LayerRecorder(self.config.history, sinks),
             dist,
         )
-        if dist is not None and "replica_checksums" in judges.evidence():
-            dist.replicas = ReplicaCheck(self._pipe.structure.index, judges.fact)
         self._pipe.sharded = engine_of(model)
         self._flat = [weakref.ref(p) for p in flat_params(model)] if self._pipe.sharded else []
         self._refresher = ReportRefresher(
