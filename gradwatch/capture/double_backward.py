@@ -15,6 +15,7 @@ import weakref
 from typing import Callable, Optional
 
 import torch
+from torch.nn.parameter import is_lazy
 from torch.utils.hooks import RemovableHandle
 
 from gradwatch.capture.window import Track
@@ -39,7 +40,9 @@ class BackwardProbe:
         probe = self._probes.get(k)
         if k is None or (probe is not None and probe() is not None):
             return
-        params = [p for p in track.params if p.requires_grad and p.numel() > 0]
+        params = [  # a lazy parameter has no size yet: probed once materialised (a re-sync)
+            p for p in track.params if p.requires_grad and not is_lazy(p) and p.numel() > 0
+        ]
         if not params:
             return
         p = min(params, key=lambda t: t.numel())
