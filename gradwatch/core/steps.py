@@ -380,7 +380,11 @@ def _note_hand_written(pipe: StepPipeline, track: Track, g: Gathered) -> None:
         g.written = written
         if pipe.backward_passes == track.backward_at_start:
             pipe.hand_written += 1
-        written_arrive(pipe.tracker, g)
+        if pipe.dist is None:
+            # Under DDP the reducer writes the average into a parameter this rank's backward
+            # did not reach (find_unused_parameters): that is no arrival here, the rank
+            # exchange says where it arrived (a ghost on one rank is named by its rank).
+            written_arrive(pipe.tracker, g)
 
 
 def run_view(pipe: StepPipeline, faults: list[str]) -> RunView:
