@@ -8,12 +8,10 @@ from typing import Any
 
 import pytest
 import torch
-from _lightning_helpers import Regressor, loader, trainer
+from _lightning_helpers import Regressor, loader, pl, trainer
 
 from gradwatch.checks.resume_mismatch import ResumeMismatch
 from gradwatch.lightning import GradWatchCallback
-
-pl = pytest.importorskip("lightning.pytorch")
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:.*LeafSpec.*:FutureWarning"),
