@@ -11,8 +11,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch.multiprocessing as mp
-from _dist_helpers import RAW_SCENARIOS, WORLD, free_port, raw_worker, run_lightning_scenarios
+from _dist_helpers import (
+    RAW_SCENARIOS,
+    WORLD,
+    raw_worker,
+    run_lightning_scenarios,
+    spawn_gloo,
+)
 
 from gradwatch.checks.replica_divergence import ReplicaDivergence
 
@@ -34,7 +39,7 @@ def _ghosts(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
 def raw(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[str, Any]]]:
     """All raw-loop scenarios in one ``mp.spawn`` (process start-up dominates the cost)."""
     out = tmp_path_factory.mktemp("ddp_raw")
-    mp.spawn(raw_worker, args=(free_port(), str(out)), nprocs=WORLD, join=True)
+    spawn_gloo(raw_worker, str(out), nprocs=WORLD)
     return {
         name: [json.loads((out / f"{name}.rank{r}.json").read_text()) for r in range(WORLD)]
         for name in RAW_SCENARIOS

@@ -12,8 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch.multiprocessing as mp
-from _dist_helpers import STEPS, WORLD, free_port
+from _dist_helpers import STEPS, WORLD, spawn_gloo
 from _sharded_helpers import FROZEN_ENGINES, SCENARIOS, frozen_worker, late_worker, sharded_worker
 
 pytestmark = pytest.mark.slow
@@ -25,7 +24,7 @@ Runs = dict[str, list[dict[str, Any]]]  # scenario -> one record per rank
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
     """Every engine's scenarios in one ``mp.spawn`` (process start-up dominates the cost)."""
     out = tmp_path_factory.mktemp("sharded")
-    mp.spawn(sharded_worker, args=(free_port(), str(out), {}), nprocs=WORLD, join=True)
+    spawn_gloo(sharded_worker, str(out), {}, nprocs=WORLD)
     found: Runs = {
         name: [json.loads((out / f"{name}.rank{r}.json").read_text()) for r in range(WORLD)]
         for name in SCENARIOS
@@ -103,7 +102,7 @@ def test_fsdp1_says_disconnected_ghosts_are_out_of_reach(runs: Runs, engine: str
 def test_sharding_after_watch_fails_the_report_with_one_line(tmp_path: Path) -> None:
     """fully_shard after watch(): the hooks hold the old tensors; the report must not pass."""
 
-    mp.spawn(late_worker, args=(free_port(), str(tmp_path)), nprocs=1, join=True)
+    spawn_gloo(late_worker, str(tmp_path), nprocs=1)
     report = json.loads((tmp_path / "late.json").read_text())
     assert report["failed"] is True
     (finding,) = [f for f in report["findings"] if f["check"] == "not_observed"]
@@ -118,7 +117,7 @@ def test_frozen_shards_moved_by_the_optimizer_are_named(tmp_path: Path) -> None:
     FSDP1 (use_orig_params) gives it no gradient, so AdamW leaves it: no finding there.
     FSDP1 flattened freezes the encoder's unit whole; its original layers are named.
     """
-    mp.spawn(frozen_worker, args=(free_port(), str(tmp_path)), nprocs=WORLD, join=True)
+    spawn_gloo(frozen_worker, str(tmp_path), nprocs=WORLD)
     for engine in FROZEN_ENGINES:
         moved = json.loads((tmp_path / f"frozen_{engine}.moved.json").read_text())
         if engine == "fsdp1_flat":  # one flat parameter: the unit's layers move together

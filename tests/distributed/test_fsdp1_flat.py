@@ -12,8 +12,7 @@ import math
 from typing import Any
 
 import pytest
-import torch.multiprocessing as mp
-from _dist_helpers import STEPS, WORLD, free_port
+from _dist_helpers import STEPS, WORLD, spawn_gloo
 from _flat_helpers import EXPLODE_MAX_NORM, SCENARIOS, flat_worker
 
 pytestmark = pytest.mark.slow
@@ -24,7 +23,7 @@ Runs = dict[str, list[dict[str, Any]]]  # scenario -> one record per rank (+ ".t
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
     out = tmp_path_factory.mktemp("flat")
-    mp.spawn(flat_worker, args=(free_port(), str(out)), nprocs=WORLD, join=True)
+    spawn_gloo(flat_worker, str(out), nprocs=WORLD)
     found: Runs = {}
     for name in SCENARIOS:
         found[name] = [json.loads((out / f"{name}.rank{r}.json").read_text()) for r in range(WORLD)]

@@ -13,8 +13,7 @@ import json
 from typing import Any
 
 import pytest
-import torch.multiprocessing as mp
-from _dist_helpers import WORLD, free_port
+from _dist_helpers import WORLD, spawn_gloo
 from _gpt2_sharded import SCENARIOS, STEPS, gpt2_worker
 
 pytestmark = pytest.mark.slow
@@ -26,7 +25,7 @@ Runs = dict[str, list[dict[str, Any]]]  # scenario -> one record per rank
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
     pytest.importorskip("transformers")
     out = tmp_path_factory.mktemp("gpt2")
-    mp.spawn(gpt2_worker, args=(free_port(), str(out)), nprocs=WORLD, join=True)
+    spawn_gloo(gpt2_worker, str(out), nprocs=WORLD)
     found: Runs = {}
     for name in SCENARIOS:
         found[name] = []

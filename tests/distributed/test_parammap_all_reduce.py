@@ -10,8 +10,7 @@ import sys
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
-from _dist_helpers import join_gloo
+from _dist_helpers import join_gloo, spawn_gloo
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
@@ -86,4 +85,4 @@ def test_all_reduce_grads_matches_ddp(monkeypatch: pytest.MonkeyPatch) -> None:
     if sys.platform == "linux" and "GLOO_SOCKET_IFNAME" not in os.environ:
         # Gloo otherwise picks an interface from the hostname, which fails without a network.
         monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo")
-    mp.spawn(_worker, args=(_free_port(),), nprocs=WORLD, join=True)
+    spawn_gloo(_worker, nprocs=WORLD)

@@ -7,8 +7,7 @@ import json
 from typing import Any
 
 import pytest
-import torch.multiprocessing as mp
-from _dist_helpers import WORLD, free_port
+from _dist_helpers import WORLD, spawn_gloo
 from _replica_helpers import SCENARIOS, replica_worker
 
 from gradwatch.checks.replica_divergence import ReplicaDivergence
@@ -21,7 +20,7 @@ Runs = dict[str, list[dict[str, Any]]]
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
     out = tmp_path_factory.mktemp("replicas")
-    mp.spawn(replica_worker, args=(free_port(), str(out)), nprocs=WORLD, join=True)
+    spawn_gloo(replica_worker, str(out), nprocs=WORLD)
     return {
         name: [json.loads((out / f"{name}.rank{r}.json").read_text()) for r in range(WORLD)]
         for name in SCENARIOS

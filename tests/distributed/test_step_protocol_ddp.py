@@ -12,8 +12,7 @@ from typing import Any, Callable
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
-from _dist_helpers import WORLD, Plain, _data, _run, free_port, join_gloo
+from _dist_helpers import WORLD, Plain, _data, _run, join_gloo, spawn_gloo
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
@@ -87,7 +86,7 @@ def _worker(rank: int, port: int, out: str) -> None:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[str, Any]]]:
     out = tmp_path_factory.mktemp("protocol")
-    mp.spawn(_worker, args=(free_port(), str(out)), nprocs=WORLD, join=True)
+    spawn_gloo(_worker, str(out), nprocs=WORLD)
     return {
         n: [json.loads((out / f"{n}.rank{r}.json").read_text()) for r in range(WORLD)] for n in BUGS
     }
