@@ -17,7 +17,7 @@ an observed optimizer step each tensor gets a :class:`Fingerprint` of a few numb
   ``sqrt(2 / m) / 2`` on the norm for Gaussian-like updates (m = 64: ~9 %; m = 1000:
   ~2 %), more for sparse updates (rows of an embedding). When the checksum says "changed"
   but no sampled value moved, the estimate is floored at ``TINY`` (changed, too little to
-  measure). ``tests/test_core_sketch.py`` checks the error against the exact value.
+  measure). ``tests/measure/test_fingerprint.py`` checks the error against the exact value.
 
 Memory: 4 bytes per sample plus 8 per tensor: about 0.8 % of the parameter bytes for
 large tensors (one in 509), at most ``MIN_SAMPLES`` values per small tensor; temporaries
