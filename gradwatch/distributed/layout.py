@@ -105,9 +105,9 @@ def report_layout(
     """Record what ``engine`` hides from gradwatch (if any), for ``not_observed`` to judge.
 
     FSDP1 (``use_orig_params`` or flattened): a ghost whose module ran without giving it a
-    gradient looks like a zero gradient (``info``: the other checks run, only that cause is
-    out of reach). FSDP1 flattened whose layout cannot be read: the report fails (the
-    configured severity).
+    gradient looks like a zero gradient, and its replicas (``NO_SHARD``, ``HYBRID_SHARD``)
+    are not compared (``info``: the other checks run, only those are out of reach). FSDP1
+    flattened whose layout cannot be read: the report fails (the configured severity).
     """
     if engine == FSDP1_FLAT:
         if lay.unreadable or not lay.originals:
@@ -122,10 +122,12 @@ def report_layout(
                 key="fsdp1_disconnected",
                 message="FSDP1 assigns gradients after its reduce-scatter and gives an unused "
                 "parameter a zero gradient: a ghost whose layer never ran (or ran under no_grad) "
-                "is named, one whose layer ran without giving it a gradient (disconnected) is not.",
+                "is named, one whose layer ran without giving it a gradient (disconnected) is not; "
+                "replicas (NO_SHARD, HYBRID_SHARD) are not compared by replica_divergence.",
                 hint="FSDP2 (torch.distributed.fsdp.fully_shard) keeps an unused parameter's "
-                "gradient None, so gradwatch sees every ghost there.",
-                details={"reason": "fsdp1_disconnected", "engine": engine},
+                "gradient None, so gradwatch sees every ghost there, and compares the replicas "
+                "of an HSDP mesh (replicate, shard).",
+                details={"reason": "fsdp1_disconnected", "engine": engine, "replicas": False},
             )
         )
 

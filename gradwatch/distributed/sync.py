@@ -14,7 +14,8 @@ on this rank, else 1 + the local cause code (why it did not: never called, ran u
 no_grad, disconnected). Every rank then knows who missed what and why, and the ghost check
 can name the ranks. On observed steps, when ``replica_divergence`` is enabled, the same
 collective also carries each parameter's checksum (``replicas.py``; then int64 instead
-of one byte per parameter). Every rank must call ``watch()`` (DDP already demands identical
+of one byte per parameter; under HSDP 8 more bytes per parameter next to the shard sums).
+Every rank must call ``watch()`` (DDP already demands identical
 models): a rank that does not step would leave the others waiting in the collective.
 """
 
@@ -98,6 +99,23 @@ class DistSync:
         dist.all_gather(gathered, local)
         return torch.stack(gathered).cpu()
 
+    def _gather_mixed(
+        self, values: list[float], sums: torch.Tensor, device: Optional[torch.device]
+    ) -> tuple[list[list[float]], torch.Tensor]:
+        """``values`` (float32) and ``sums`` (int64, exact) of every rank, as one byte
+        vector per rank: still the step's one ``all_gather``."""
+        where = device if dist.get_backend() == "nccl" and device is not None else None
+        where = where or torch.device("cpu")
+        exact = sums.to(where).view(torch.uint8)  # first: the int64 part stays 8-aligned
+        floats = torch.tensor(values, dtype=torch.float32, device=where).view(torch.uint8)
+        local = torch.cat([exact, floats])
+        gathered = [torch.empty_like(local) for _ in range(self.world_size)]
+        dist.all_gather(gathered, local)
+        both = torch.stack(gathered).cpu()
+        cut = exact.numel()
+        full = both[:, cut:].contiguous().view(torch.float32).tolist()
+        return full, both[:, :cut].contiguous().view(torch.int64)
+
     def exchange(
         self,
         ids: list[int],
@@ -115,25 +133,33 @@ class DistSync:
         missed a parameter counts as missing for it, so every rank reports the same
         ``steps_missing``/``steps_seen`` (rank 0, which reports, may itself have had it).
         Under sharding, ``payload`` (this rank's shard sums) rides on the same ``all_gather``;
-        otherwise, on observed steps, ``track``'s pre-step checksums for :attr:`replicas`.
+        on observed steps, ``track``'s pre-step checksums for :attr:`replicas` too (under
+        sharding only where ranks hold the same shard: the replicate dimension of HSDP).
         """
         n = len(ids)
         if n == 0:  # same parameters on every rank, so every rank skips the collective
             return Exchanged([], [], cause)
         codes = [0 if a else 1 + _code(cause(i)) for i, a in zip(ids, arrived)]
         rows: Optional[list[list[float]]] = None
-        check = self.replicas if track is not None and payload is None else None
-        local = check.local(track) if check is not None and track is not None else None
-        if check is not None and local is not None:
-            exact = self._gather_sums(codes, local[0], device)
-            matrix = exact[:, :n].tolist()
-            check.judge(local[1], exact[:, n:], step)
-        elif payload is None:
-            matrix = self._gather(codes, device)
-        else:
-            full = self._gather_float([float(c) for c in codes] + payload, device)
+        check = self.replicas if track is not None else None
+        local = (
+            check.local(track, self.world_size) if check is not None and track is not None else None
+        )
+        if payload is not None:  # sharded: the shard sums, and HSDP replicas' checksums
+            values = [float(c) for c in codes] + payload
+            if check is not None and local is not None:
+                full, exact = self._gather_mixed(values, local.sums, device)
+                check.judge(local, exact, step)
+            else:
+                full = self._gather_float(values, device)
             matrix = [[int(v) for v in row[:n]] for row in full]
             rows = [row[n:] for row in full]
+        elif check is not None and local is not None:
+            both = self._gather_sums(codes, local.sums, device)
+            matrix = both[:, :n].tolist()
+            check.judge(local, both[:, n:], step)
+        else:
+            matrix = self._gather(codes, device)
         world = range(self.world_size)
         ranks = [[r for r in world if matrix[r][k]] for k in range(n)]
         remote: dict[int, str] = {}

@@ -2,7 +2,8 @@
 
 Each scenario runs a plain DDP loop under ``watch()`` through ``_dist_helpers._run`` (each
 rank writes ``<scenario>.rank<r>.json``): three ways replicas drift apart, and DDP variants
-that keep them bit-identical.
+that keep them bit-identical, and
+an optimizer state loaded on one rank only.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ def _build(**kw: Any) -> Callable[[], tuple[nn.Module, nn.Module, torch.optim.Op
         model = Plain()
         hook = kw.pop("hook", None)
         zero = kw.pop("zero", False)
+        adam = kw.pop("adam", False)
         ddp = DistributedDataParallel(model, **kw)
         if hook is not None:
             ddp.register_comm_hook(None, hook)
@@ -39,6 +41,8 @@ def _build(**kw: Any) -> Callable[[], tuple[nn.Module, nn.Module, torch.optim.Op
             opt: torch.optim.Optimizer = ZeroRedundancyOptimizer(
                 ddp.parameters(), optimizer_class=torch.optim.SGD, lr=0.05, momentum=0.9
             )
+        elif adam:
+            opt = torch.optim.Adam(ddp.parameters(), lr=1e-2)
         else:
             opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
         return model, ddp, opt
@@ -88,10 +92,27 @@ def _rank_rng(model: nn.Module, rank: int, step: int) -> None:
             w.add_(1e-4 * torch.randn(w.shape, generator=g))  # type: ignore[union-attr]
 
 
+def _half_loaded(rank: int) -> Any:
+    """A resume whose optimizer state only rank 0 loads: rank 1's Adam starts fresh."""
+
+    def body(ddp: nn.Module, opt: torch.optim.Optimizer) -> None:
+        if rank == 0:  # the checkpoint of an earlier run of two steps, loaded on rank 0 only
+            earlier = torch.optim.Adam([torch.zeros_like(p) for p in ddp.parameters()], lr=1e-2)
+            for p in earlier.param_groups[0]["params"]:
+                p.grad = torch.ones_like(p)
+            earlier.step()
+            earlier.step()
+            opt.load_state_dict(earlier.state_dict())
+        _loop(rank)(ddp, opt)
+
+    return body
+
+
 SCENARIOS: dict[str, tuple[dict[str, Any], Callable[[int], Any]]] = {
     "rank_conditional": ({}, lambda r: _loop(r, _rank_conditional)),
     "rank_rng": ({}, lambda r: _loop(r, _rank_rng)),
     "no_sync_never_synced": ({}, lambda r: _loop(r, sync="never")),
+    "optimizer_half_loaded": ({"adam": True}, _half_loaded),
     "clean_no_sync_last": ({}, lambda r: _loop(r, sync="last")),
     "clean_static_graph": ({"static_graph": True}, lambda r: _loop(r)),
     "clean_fp16_hook": ({"hook": default_hooks.fp16_compress_hook}, lambda r: _loop(r)),

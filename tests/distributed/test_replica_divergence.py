@@ -38,6 +38,7 @@ def _found(rec: dict[str, Any]) -> list[dict[str, Any]]:
         ("rank_conditional", {"b.weight"}, 1),
         ("rank_rng", {"a.weight"}, 2),
         ("no_sync_never_synced", {"a.weight", "a.bias", "b.weight", "b.bias"}, 1),
+        ("optimizer_half_loaded", {"a.weight", "a.bias", "b.weight", "b.bias"}, 1),
     ],
 )
 def test_diverged_replicas_are_named(
@@ -55,3 +56,15 @@ def test_diverged_replicas_are_named(
 def test_identical_replicas_are_silent(runs: Runs, scenario: str) -> None:
     for rec in runs[scenario]:
         assert not _found(rec), rec["report"]["findings"]
+
+
+def test_optimizer_state_loaded_on_one_rank_is_named_as_the_cause(runs: Runs) -> None:
+    """Rank 0 resumed Adam at step 2, rank 1 from scratch: the step counts say why."""
+    for rec in runs["optimizer_half_loaded"]:
+        (f,) = _found(rec)
+        steps = f["details"]["optimizer_steps"]  # at the last step the finding saw
+        assert steps[0] - steps[1] == 2 and steps[1] > 0  # the two steps only rank 0 loaded
+        assert "optimizer.state_dict() on every rank" in f["hint"]
+    for name in ("rank_conditional", "rank_rng"):  # same optimizer state: not blamed
+        for rec in runs[name]:
+            assert "optimizer_steps" not in _found(rec)[0]["details"]
