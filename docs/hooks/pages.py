@@ -160,7 +160,8 @@ def readme_section(title: str, text: Optional[str] = None) -> Optional[str]:
 
 
 def _with_fences(lines: list[str]) -> list[tuple[str, bool, Optional[re.Match[str]]]]:
-    out = []
+    """Each line, whether it is inside (or opens/closes) a code fence, and its heading match."""
+    out: list[tuple[str, bool, Optional[re.Match[str]]]] = []
     fence = False
     for line in lines:
         if line.startswith("```"):
@@ -392,6 +393,7 @@ def problems() -> list[str]:
     if not rows:
         out.append("README.md has no checks table (section 'Checks')")
     out += [f"README's checks table lists {i!r}, which no check has" for i in rows if i not in ids]
+    out += [f"README's checks table has no row for {i!r}" for i in _configurable() if i not in rows]
     return out
 
 
