@@ -7,6 +7,11 @@ and the step counter. At the first optimizer step after ``load_state_dict()`` (b
 step changes anything) :func:`compare` reads the same again and says what differs. Both
 read every tensor once with one host transfer per device: a cost at save and at resume
 only, never on a training step.
+
+Across world sizes: whole parameters (DDP, one process) compare at any world size; shards
+(FSDP) compare only at the same world size on the rank that saved them, and a resume at
+another layout (``torch.distributed.checkpoint`` resharding) says, as ``not_observed``
+info, that it compares the counters, rates and schedulers only.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from typing import Any, Optional
 
 import torch
 
-from gradwatch.capture.facts import RESUMED, Fact
+from gradwatch.capture.facts import RESUMED, UNOBSERVABLE, Fact
 from gradwatch.capture.schedulers import _scheduler_states
 from gradwatch.measure.checksums import checksums
 
@@ -72,7 +77,8 @@ def snapshot(
     """What a resume must restore, as plain data (loads with ``weights_only=True``).
 
     ``sharded``: the parameters are this rank's shards (FSDP), which differ per rank and
-    reshard on load: their checksums and the moments' are not compared then.
+    reshard on load: their checksums (and the moments') compare only on a resume at the same
+    world size, on the rank that saved them, for shards of the same size.
     """
     named = list(params)
     sums = checksums([p for _, p in named])
@@ -80,24 +86,49 @@ def snapshot(
         "steps": steps,
         "loop_step": loop_step,
         "world_size": world_size,
+        "rank": _rank(),
         "sharded": sharded or any(hasattr(p, "to_local") for _, p in named),
         "params": {name: c for (name, _), c in zip(named, sums)},
+        "numel": {name: _local_numel(p) for name, p in named},
         "optimizers": {str(k): _opt_state(opt) for k, opt in enumerate(optimizers)},
     }
+
+
+def _rank() -> int:
+    dist = torch.distributed
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def _local_numel(p: torch.Tensor) -> int:
+    local = p.to_local() if hasattr(p, "to_local") else p  # a DTensor: this rank's shard
+    return int(local.numel())
+
+
+def _layout(saved: dict[str, Any], now: dict[str, Any]) -> str:
+    """``same``: the checksums compare; ``resharded``: the layout changed, they cannot;
+    ``other_rank``: sharded at the same layout, but this rank did not save the state."""
+    saved_sh, now_sh = bool(saved.get("sharded")), bool(now.get("sharded"))
+    if not saved_sh and not now_sh:  # whole parameters on every rank: any world size
+        return "same"
+    if saved_sh != now_sh or saved.get("world_size") != now.get("world_size"):
+        return "resharded"
+    return "same" if saved.get("rank", 0) == now.get("rank", 0) else "other_rank"
 
 
 def compare(saved: dict[str, Any], now: dict[str, Any], step: int) -> list[Fact]:
     """What the resumed run (``now``, read before its first step) lost of ``saved``."""
     facts: list[Fact] = []
-    same_layout = saved.get("world_size") == now.get("world_size")
-    # sharded parameters are this rank's shards, and rank 0's state is what was saved
-    same_layout = same_layout and not saved.get("sharded") and not now.get("sharded")
-    if same_layout:
-        facts += _params(saved.get("params", {}), now["params"], step)
+    layout = _layout(saved, now)
+    same_world = saved.get("world_size") == now.get("world_size")
+    if layout == "same":
+        facts += _params(_same_size(saved, now), now["params"], step)
+    elif layout == "resharded":
+        facts.append(_resharded(saved, now, step))
     for k, old in saved.get("optimizers", {}).items():
         new = now["optimizers"].get(k)
-        if new is not None:
-            facts += _optimizer(k, old, new, step, same_layout)
+        if new is not None:  # moments: the same state tensors (ZeRO partitions them per rank)
+            moments = layout == "same" and (same_world or old["held"] == new["held"])
+            facts += _optimizer(k, old, new, step, moments)
     loop_saved, loop_now = saved.get("loop_step"), now.get("loop_step")
     if loop_saved and loop_now is not None and loop_now != loop_saved:
         facts.append(
@@ -112,6 +143,38 @@ def compare(saved: dict[str, Any], now: dict[str, Any], step: int) -> list[Fact]
             )
         )
     return facts
+
+
+def _same_size(saved: dict[str, Any], now: dict[str, Any]) -> dict[str, int]:
+    """The saved checksums of the parameters whose local size is the same now (a state of
+    an earlier version has no sizes: all of them)."""
+    sums: dict[str, int] = saved.get("params", {})
+    before, after = saved.get("numel"), now.get("numel", {})
+    if before is None:
+        return sums
+    return {n: c for n, c in sums.items() if before.get(n) == after.get(n)}
+
+
+def _resharded(saved: dict[str, Any], now: dict[str, Any], step: int) -> Fact:
+    """Resumed at another world size or sharding: the checksums of shards cannot compare."""
+    was = f"{saved.get('world_size')} rank(s){' sharded' if saved.get('sharded') else ''}"
+    is_ = f"{now.get('world_size')}{' sharded' if now.get('sharded') else ''}"
+    return Fact(
+        UNOBSERVABLE,
+        step=step,
+        key="resume_resharded",
+        message=f"Resumed at another layout (saved at {was}, resumed at {is_}): the "
+        "parameters' and the optimizer moments' checksums were taken on shards and cannot be "
+        "compared; the optimizer's step counts, the learning rates, the schedulers and the "
+        "step counter still are (resume_mismatch).",
+        hint="Nothing to fix: a resharded resume (torch.distributed.checkpoint) is "
+        "checked on its counters only.",
+        details={
+            "reason": "resume_resharded",
+            "saved": {"world_size": saved.get("world_size"), "sharded": saved.get("sharded")},
+            "resumed": {"world_size": now.get("world_size"), "sharded": now.get("sharded")},
+        },
+    )
 
 
 def _params(saved: dict[str, int], now: dict[str, int], step: int) -> list[Fact]:
@@ -135,7 +198,7 @@ def _params(saved: dict[str, int], now: dict[str, int], step: int) -> list[Fact]
 
 
 def _optimizer(
-    k: str, old: dict[str, Any], new: dict[str, Any], step: int, same_layout: bool
+    k: str, old: dict[str, Any], new: dict[str, Any], step: int, moments: bool
 ) -> list[Fact]:
     facts: list[Fact] = []
 
@@ -157,7 +220,7 @@ def _optimizer(
             old["steps"],
             new["steps"],
         )
-    elif same_layout and old["held"] and new["moments"] != old["moments"]:
+    elif moments and old["held"] and new["moments"] != old["moments"]:
         fact(
             "optimizer",
             f"optimizer {k}'s moments differ from the ones saved: its state comes from "

@@ -164,15 +164,23 @@ def test_loaded_before_attach(tmp_path: Path, order: str) -> None:
     assert "optimizer" in _aspects(w.report())
 
 
-def test_sharded_parameters_are_not_compared_by_checksum() -> None:
-    """FSDP shards differ per rank and reshard on load: only counters and rates compare."""
+def test_sharded_parameters_compare_only_on_the_layout_and_rank_that_saved_them() -> None:
+    """FSDP shards differ per rank and reshard on load: the saving rank at the same world
+    size compares them; another rank does not; another layout says so (info) and compares
+    the counters and rates only."""
+    from gradwatch.capture.facts import UNOBSERVABLE
     from gradwatch.capture.resume import compare, snapshot
 
     w = torch.ones(3)
     saved = snapshot([("w", w)], [], steps=4, world_size=2, sharded=True)
-    now = snapshot([("w", w * 2)], [], steps=4, world_size=2, sharded=True)
-    assert compare(saved, now, step=4) == []
+    other = snapshot([("w", w * 2)], [], steps=4, world_size=2, sharded=True)
+    assert [f.details["aspect"] for f in compare(saved, other, step=4)] == ["params"]
+    assert compare(saved, {**other, "rank": 1}, step=4) == []  # rank 1 holds another shard
+    smaller = snapshot([("w", torch.ones(2))], [], steps=4, world_size=2, sharded=True)
+    assert compare(saved, smaller, step=4) == []  # another mesh: shards of another size
+    (note,) = compare(saved, snapshot([("w", w * 2)], [], 4, 1), step=4)  # resharded at 1
+    assert note.kind == UNOBSERVABLE and note.details["reason"] == "resume_resharded"
     plain = snapshot([("w", w)], [], steps=4, world_size=2)
-    assert [f.details["aspect"] for f in compare(plain, snapshot([("w", w * 2)], [], 4, 2), 4)] == [
-        "params"
-    ]
+    for world in (2, 1):  # whole parameters compare at any world size
+        found = compare(plain, snapshot([("w", w * 2)], [], 4, world), 4)
+        assert [f.details["aspect"] for f in found] == ["params"]
