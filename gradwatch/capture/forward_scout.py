@@ -93,6 +93,7 @@ class ForwardScout(NanProbe):
         self._waiting: dict[int, tuple[weakref.ref[torch.Tensor], weakref.ref[nn.Module], str]] = {}
         self._grad_hooks: dict[int, RemovableHandle] = {}
         self._got: set[int] = set()
+        self._reported: set[int] = set()  # unregistered parameters already returned
         # Called at each outermost forward in grad mode with the module it entered
         # (``capture/modes.py``'s ModeWatch.seen), where a check needs the model's modes.
         self.on_outer: Optional[Callable[[nn.Module], None]] = None
@@ -222,6 +223,7 @@ class ForwardScout(NanProbe):
         paths = container_paths(model) if model is not None else {}
         out: list[tuple[str, str]] = []
         for pid in [k for k in self._waiting if k in got]:
+            self._reported.add(pid)
             entry = self._waiting.pop(pid, None)
             handle = self._grad_hooks.pop(pid, None)
             if handle is not None:
@@ -234,6 +236,11 @@ class ForwardScout(NanProbe):
             where = paths.get(id(mod)) if mod is not None else None
             out.append((f"{where}.{pname}" if where else f"<{cls} outside the model>.{pname}", cls))
         return out
+
+    def follows(self, p: torch.Tensor) -> bool:
+        """Whether ``p`` is an unregistered module's parameter this scout judges (waiting for
+        its gradient, or reported): named by its container path, not as a loose leaf."""
+        return id(p) in self._waiting or id(p) in self._reported
 
     def after_step(self, steps: int) -> None:
         """Stop scanning for unregistered modules after ``scan_steps`` optimizer steps."""

@@ -33,6 +33,7 @@ import torch
 from torch import nn
 
 from gradwatch.capture.evidence import Tracker
+from gradwatch.capture.mode_calls import ModeCalls
 
 __all__ = ["FLAG_ATTRS", "ModeSnapshot", "ModeWatch", "ignored_freeze_flags"]
 
@@ -62,6 +63,9 @@ class ModeSnapshot:
     """Normalisation layers with all affine parameters frozen, in train mode (stats move)."""
     eval_at_start: bool = False
     """The root was already in eval mode when watching began."""
+    eval_sites: tuple[tuple[str, str], ...] = ()
+    """(module in ``eval_modules``, or ``(root)``; the ``file:line`` that put it in eval
+    mode), where gradwatch saw the ``eval()`` call (``capture/mode_calls.py``)."""
 
     @property
     def clean(self) -> bool:
@@ -126,12 +130,14 @@ class ModeWatch:
         self._pending: Optional[ModeSnapshot] = None
         self._pending_seq = 0
         self.flags: list[tuple[str, str]] = []
+        self.calls = ModeCalls()  # where eval() was called on the watched modules
 
     def collect(self, model: nn.Module, trainable: Callable[[torch.Tensor], bool]) -> None:
         """Pick the mode-dependent modules that matter (once per layout)."""
         if self._eval_at_start is None:
             self._eval_at_start = not model.training
         self._root = weakref.ref(model)
+        self.calls.watch(model)
         holds: dict[int, bool] = {}  # id(module) -> its subtree holds trainable params
         mods = dict(model.named_modules())
         for mod in mods.values():
@@ -208,13 +214,37 @@ class ModeWatch:
             tops[top] = None
         if root_eval and (evals or self._root_relevant):
             named = tuple(evals[:_MAX_NAMED]) or ("(root)",)
-            return ModeSnapshot(True, named, (), bool(self._eval_at_start))
+            root = self._root() if self._root is not None else None
+            site = self.calls.eval_site(root)
+            sites = (("(root)", site),) if site else ()
+            return ModeSnapshot(True, named, (), bool(self._eval_at_start), sites)
+        named = tuple(list(tops)[:_MAX_NAMED])
         return ModeSnapshot(
             False,
-            tuple(list(tops)[:_MAX_NAMED]),
+            named,
             tuple(frozen_training[:_MAX_NAMED]),
             bool(self._eval_at_start),
+            self._sites(named),
         )
+
+    def _sites(self, names: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
+        """Where each of ``names`` (modules in eval under a training root) was put in eval."""
+        if not names:
+            return ()
+        by_name = {c.name: c.ref for c in self._candidates}
+        for c in self._candidates:
+            by_name.update(c.chain)
+        out = []
+        for name in names:
+            ref = by_name.get(name)
+            site = self.calls.eval_site(ref() if ref is not None else None)
+            if site:
+                out.append((name, site))
+        return tuple(out)
+
+    def remove(self) -> None:
+        """Stop following ``train()`` calls (the watcher closes)."""
+        self.calls.remove()
 
     def take(self, start: int) -> Optional[ModeSnapshot]:
         """The state of the latest training forwards, if one ran since event ``start``."""

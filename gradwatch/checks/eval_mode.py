@@ -84,6 +84,7 @@ class EvalModeTraining(Check):
     def __init__(self, config, watch_config) -> None:  # type: ignore[no-untyped-def]
         super().__init__(config, watch_config)
         self._last_clean: Optional[int] = None
+        self._sites: dict[str, str] = {}
 
     def on_step(self, view: StepView, log: FindingLog) -> None:
         snap = view.window.modes
@@ -92,12 +93,21 @@ class EvalModeTraining(Check):
         if not snap.root_eval and not snap.eval_modules:
             self._last_clean = view.step
             return
+        self._sites = dict(snap.eval_sites)  # module -> the line that called its eval()
         if snap.root_eval:
             self._root(view, log, snap.eval_modules, snap.eval_at_start)
         else:
             self._submodules(view, log, snap.eval_modules)
 
-    def _since(self, eval_at_start: bool) -> tuple[str, dict[str, Any]]:
+    def _since(self, eval_at_start: bool, module: str = ROOT) -> tuple[str, dict[str, Any]]:
+        site = self._sites.get(module)
+        if site is not None:
+            what = "`eval()`" if module == ROOT else f"`{module}.eval()`"
+            after = f", after step {self._last_clean}," if self._last_clean is not None else ""
+            return (
+                f" {what} was called at {site}{after} and `train()` never after.",
+                {"eval_called_at": site, "last_train_step": self._last_clean},
+            )
         if self._last_clean is not None:
             return (
                 f" Steps up to {self._last_clean} trained in train mode: `eval()` was called "
@@ -138,9 +148,9 @@ class EvalModeTraining(Check):
         )
 
     def _submodules(self, view: StepView, log: FindingLog, modules: tuple[str, ...]) -> None:
-        said, details = self._since(False)
         severity = "warning" if self.severity == "error" else self.severity
         for module in modules:
+            said, details = self._since(False, module)
             log.emit(
                 self.id,
                 severity=severity,

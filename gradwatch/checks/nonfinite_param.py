@@ -8,6 +8,14 @@ device, read with the step's one transfer, ``gradwatch/measure/fingerprint.py``)
 norm is a NaN/Inf weight. The first steps of a run are all observed
 (``core/steps.py``), so weights broken by the first updates are seen at once.
 
+The loss (``loss_value``, ``gradwatch/capture/loose.py``): a device flag per
+``loss.backward()`` root, and per loss a framework callback reports (Lightning's
+``on_before_backward``, the HF Trainer's logged loss, ``Watcher.note_loss``), read with the
+step's transfer. A NaN/Inf loss whose gradients are all finite (a non-finite term added
+through ``.detach()`` or a constant) is this check's; with non-finite gradients it is
+``nonfinite_grad``'s. A loss gradwatch never sees (``torch.autograd.backward(...)`` called
+directly, a custom loop that gives no loss to ``note_loss``) is not judged: NaN weights are.
+
 Weights made non-finite by a non-finite gradient (in this step, or applied by an earlier
 one) are ``nonfinite_grad``'s (one root cause, one finding): this check speaks for weights
 whose gradients were finite.
@@ -56,13 +64,17 @@ class NonfiniteParam(Check):
 
     id = "nonfinite_param"
     Config = NonfiniteParamConfig
+    needs = frozenset({"loss_value"})
     doc = CheckDoc(
-        summary="A parameter holds NaN/Inf after an optimizer step, even though its gradients "
-        "were finite.",
+        summary="A parameter holds NaN/Inf after an optimizer step, or the loss is NaN/Inf, even "
+        "though the gradients were finite.",
         why="NaN weights poison every output that reads them; while they sit in rows the "
         "batch does not use (embeddings, masked classes), the gradients stay finite and the "
         "loss may look normal, until the first batch that reads them.",
         causes=(
+            "A loss term that is NaN/Inf but carries no gradient (`loss = ce + aux.detach()`, "
+            "a logged statistic or a constant added to the loss): the weights train on, the "
+            "loss curve and every metric computed from it are garbage.",
             "Adam/AdamW with `eps=0` (or fp16 weights, where `eps=1e-8` rounds to 0): a "
             "parameter whose gradient is exactly 0 (an embedding row not in the batch) gets "
             "0/0 = NaN.",
@@ -85,6 +97,8 @@ class NonfiniteParam(Check):
     def on_step(self, view: StepView, log: FindingLog) -> None:
         if any(view.nonfinite) and not view.scaler:  # a GradScaler skips such steps
             self._grad_spread.add(view.optimizer)
+        if view.window.loss_finite is False and not any(view.nonfinite):
+            self._loss(view, log)
         # A non-finite gradient (now, or applied by an earlier step) is nonfinite_grad's
         # finding: the weights it spread into are the same root cause.
         if not view.layers or any(view.nonfinite) or view.optimizer in self._grad_spread:
@@ -118,3 +132,19 @@ class NonfiniteParam(Check):
                     "value": "nan" if math.isnan(s.param_norm) else "inf",
                 },
             )
+
+    def _loss(self, view: StepView, log: FindingLog) -> None:
+        where = f" at optimizer[{view.optimizer}]'s step" if view.optimizer is not None else ""
+        log.emit(
+            self.id,
+            severity=self.severity,
+            step=view.step,
+            message=f"the loss was NaN/Inf{where} while every gradient was finite: a term of "
+            "the loss that carries no gradient (added through .detach(), a constant or a "
+            "logged statistic) is non-finite.",
+            hint="Check each term of the loss with torch.isfinite(term) before summing; a term "
+            "added as .detach() or .item() contributes no gradient but poisons the loss value "
+            "(and the metrics, schedulers and early stopping that read it).",
+            key="loss",
+            details={"cause": "loss", "optimizer": view.optimizer},
+        )

@@ -1,10 +1,16 @@
-"""``unregistered_param``: layers in a plain list/dict/tuple attribute that run but never train."""
+"""``unregistered_param``: tensors that get gradients but are in no model and no optimizer.
+
+Two kinds of evidence (``gradwatch/capture/forward_scout.py``, ``gradwatch/capture/loose.py``):
+layers kept in a plain list/dict/tuple attribute of the model that run in its forward, and
+*loose leaves*: tensors that persist across steps, receive gradients from the loss (seen in
+the graph of ``Tensor.backward``'s root) and are in no watched model or optimizer.
+"""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from pydantic import Field, StrictInt
+from pydantic import Field, StrictBool, StrictInt
 
 from gradwatch._severity import Severity
 from gradwatch.checks.base import Check, CheckConfig, severity_field
@@ -16,7 +22,7 @@ if TYPE_CHECKING:
 
 
 class UnregisteredParamConfig(CheckConfig):
-    """``unregistered_param``: modules in plain list/dict/tuple attributes that train unseen."""
+    """``unregistered_param``: modules in plain containers, and loose leaves, that train unseen."""
 
     severity: Severity = severity_field("error")
     scan_steps: StrictInt = Field(
@@ -25,7 +31,13 @@ class UnregisteredParamConfig(CheckConfig):
         le=1_000_000,
         description="Optimizer steps during which every module called inside the model's "
         "forward is compared with the registered ones (a global forward hook, on only "
-        "during the model's forward). 0: never scan.",
+        "during the model's forward; and the graph of each backward is walked for loose "
+        "leaves). 0: never scan.",
+    )
+    loose_tensors: StrictBool = Field(
+        default=True,
+        description="Also look for loose leaves: tensors outside the model and every watched "
+        "optimizer that get gradients from the loss on two steps and are never updated.",
     )
 
 
@@ -47,6 +59,16 @@ class UnregisteredParam(Check):
     forward for the first ``scan_steps`` steps) and confirmed by a gradient arriving: an
     unregistered module that is frozen or runs under ``no_grad`` (a hidden EMA teacher) is
     not this bug. Named by attribute path, e.g. ``blocks[0].weight``.
+
+    Loose leaves: during the same steps, the graph of each ``loss.backward()`` is walked from
+    its root; a leaf tensor requiring grad that is in no watched model or optimizer, seen
+    again (the same object) on a later step with its version counter unchanged, is loose: a
+    margin head ``W = nn.Parameter(...)`` or a criterion module kept outside the model, a
+    ``temperature = torch.tensor(0.07, requires_grad=True)`` attribute that is not an
+    ``nn.Parameter``, loss weights missing from the optimizer. Tensors that require grad as
+    inputs (adversarial examples, saliency, gradient-penalty interpolates) are new each step;
+    a tensor an optimizer gradwatch does not watch updates changes version: neither fires.
+    Named by the attribute or variable holding it, else by its shape and ``backward()`` line.
     """
 
     id = "unregistered_param"
@@ -62,16 +84,31 @@ class UnregisteredParam(Check):
             "Submodules kept in a plain Python `list`, `dict` or `tuple` attribute "
             "(`self.blocks = [nn.Linear(...) for _ in range(4)]`).",
             "A module created inside `forward` and kept on a non-Module attribute.",
+            "A loss head kept outside the model (ArcFace `W = nn.Parameter(...)` in the script, "
+            "an `nn.Linear` criterion) while the optimizer gets only `model.parameters()`.",
+            "A plain tensor attribute with `requires_grad=True` (`self.scale = torch.ones(1, "
+            "requires_grad=True)`) instead of an `nn.Parameter`, or a parameter replaced by a "
+            "re-created copy (`nn.Parameter(p.to(...))`) after the optimizer was built.",
         ),
         fix="Use `nn.ModuleList` / `nn.ModuleDict` (or `nn.ParameterList`) so the modules are "
-        "registered; the finding names the attribute path, e.g. `blocks[0].weight`.",
+        "registered; the finding names the attribute path, e.g. `blocks[0].weight`. For a "
+        "loose tensor: make it an `nn.Parameter` of the model, or pass it to the optimizer "
+        "(`AdamW([*model.parameters(), W])`).",
+        silence=(
+            "Tensors that require grad as inputs on purpose (adversarial examples, saliency, "
+            "gradient penalties) are new objects each step and are never reported.",
+            "`loose_tensors: false` turns the loose-leaf search off (`scan_steps: 0` both).",
+        ),
     )
 
     def evidence(self) -> dict[str, Any]:
-        """The scan for unregistered modules, on for ``scan_steps`` optimizer steps."""
-        return {"module_scan": self.config.scan_steps}
+        """The scans, on for ``scan_steps`` optimizer steps."""
+        steps = self.config.scan_steps
+        return {"module_scan": steps, "loose_leaves": steps if self.config.loose_tensors else 0}
 
     def on_step(self, view: StepView, log: FindingLog) -> None:
+        if view.window.loose:
+            self._loose(view, log)
         if not view.window.unregistered:
             return
         by_module: dict[str, list[str]] = {}
@@ -100,4 +137,36 @@ class UnregisteredParam(Check):
                 params=names,
                 module=where,
                 details={"module_class": classes[where], "container": container},
+            )
+
+    def _loose(self, view: StepView, log: FindingLog) -> None:
+        by_owner: dict[str, list[Any]] = {}
+        for leaf in view.window.loose:
+            by_owner.setdefault(leaf.owner, []).append(leaf)
+        for owner, leaves in by_owner.items():
+            names = [leaf.name for leaf in leaves]
+            first = leaves[0]
+            what = "nn.Parameter" if first.parameter else "tensor (requires_grad=True)"
+            at = f" (its gradient comes from the backward() at {first.backward_at})"
+            at = at if first.backward_at else ""
+            shapes = ", ".join(str(list(leaf.shape)) for leaf in leaves[:3])
+            log.emit(
+                self.id,
+                severity=self.severity,
+                step=view.step,
+                message=f"'{owner}': {len(names)} {what}(s) of shape {shapes} get gradients from "
+                f"the loss, step after step{at}, but are in no watched model and no optimizer: "
+                "nothing ever updates them (and no model state_dict saves them).",
+                hint=f"Pass '{owner}' to the optimizer (e.g. AdamW([*model.parameters(), "
+                "*extra])), or make it an nn.Parameter / submodule of the model; if it must "
+                "not train, create it with requires_grad=False or use it under torch.no_grad().",
+                params=names,
+                module=None,
+                key=f"loose:{owner}",
+                details={
+                    "cause": "loose",
+                    "shapes": [list(leaf.shape) for leaf in leaves],
+                    "parameter": first.parameter,
+                    "backward_at": first.backward_at,
+                },
             )

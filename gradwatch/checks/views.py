@@ -70,6 +70,12 @@ class WindowEvidence:
     scheduler_allowed: int = 1
     repeated_backward: int = 0
     """Backward passes of the window that repeated an earlier one of the same loss."""
+    loose: list[Any] = field(default_factory=list)
+    """Loose leaves found (``capture.loose.LooseLeaf``): persistent tensors that get
+    gradients from the loss and are in no watched model or optimizer (``loose_leaves``)."""
+    loss_finite: Optional[bool] = None
+    """``False``: a loss backpropagated (or reported by an integration) in the window was
+    NaN/Inf; ``None``: no loss seen (``loss_value``)."""
 
 
 @dataclass

@@ -16,6 +16,7 @@ from gradwatch.capture.discarded import discarded_passes
 from gradwatch.capture.double_backward import BackwardProbe
 from gradwatch.capture.facts import UNOBSERVABLE, Fact
 from gradwatch.capture.forward_scout import ForwardScout
+from gradwatch.capture.loose import BackwardRoots
 from gradwatch.capture.modes import ModeWatch
 from gradwatch.capture.schedulers import SchedulerCounts
 from gradwatch.capture.unscale_watch import UnscaleWatch
@@ -57,9 +58,13 @@ class ExtraEvidence:
         self.modes: Optional[ModeWatch] = None
         if "module_modes" in self.wanted or "module_flags" in self.wanted:
             self.modes = ModeWatch(self.tracker)
+            pipe.hooks.removers.append(self.modes.remove)
         self.autocast: Optional[AutocastProbe] = None
         if "autocast_dtypes" in self.wanted:
             self.autocast = AutocastProbe()
+        self.roots: Optional[BackwardRoots] = None  # the loss, loose leaves (Tensor.backward)
+        self._n_loss = 0
+        self.loss_finite: Optional[bool] = None  # the step being decided: its losses' verdict
         if pipe.dist is not None and "replica_checksums" in self.wanted:  # replica_divergence
             pipe.dist.replicas = ReplicaCheck(pipe.structure.index, pipe.record)
 
@@ -81,6 +86,7 @@ class ExtraEvidence:
             return
         self._newer_installed = True
         index = pipe.structure.index
+        self._install_roots(pipe, index)
         modes = "module_modes" in self.wanted
         wanted = "forward_runs" in self.wanted or self.scout.scanning or modes
         nan_probe = "nan_probe" in self.wanted
@@ -117,6 +123,27 @@ class ExtraEvidence:
                 pipe.structure.optimizers, lambda k: guard("zero_grad watch", edits.zeroing, k)
             )
             pipe.hooks.removers.append(zero.remove)
+
+    def _install_roots(self, pipe: Any, index: Any) -> None:
+        """Listen to ``Tensor.backward`` where the loss or loose leaves are needed."""
+        loose = int(self.wanted.get("loose_leaves", 0))
+        loss = "loss_value" in self.wanted
+        if not (loose or loss):
+            return
+        scout = self.scout
+        self.roots = BackwardRoots(
+            lambda p: index.lookup(p) is not None or scout.follows(p),
+            pipe.faults.callback(),
+            loss=loss,
+            scan_steps=loose,
+            model=pipe.model,
+        )
+        pipe.hooks.removers.append(self.roots.remove)
+
+    def note_loss(self, loss: Any) -> None:
+        """An integration saw the step's loss (Lightning's ``on_before_backward``, HF's log)."""
+        if self.roots is not None:
+            self.roots.note_loss(loss)
 
     def _say_compiled(self, wanted: bool, nonfinite: bool) -> None:
         """Under torch.compile the scout stays off: say which checks that leaves blind."""
@@ -222,6 +249,8 @@ class ExtraEvidence:
             autocast=self._autocast_dtypes(),
             scheduler_steps=self._scheduler_steps(track),
             repeated_backward=self.repeated,
+            loose=self.roots.take_loose() if self.roots is not None else [],
+            loss_finite=self._loss_verdict(),
             # A step the GradScaler skipped still steps the schedule; accelerate steps it once
             # per process.
             scheduler_allowed=(1 + skipped) * (self.pipe.dist.world_size if self.pipe.dist else 1),
@@ -238,14 +267,28 @@ class ExtraEvidence:
         )
 
     def probe_flags(self, track: Track) -> list[Any]:
-        """The probe's device flags for this step's transfer (see :meth:`took_probe`)."""
-        return self.probe.flags(track.index) if self.probe is not None else []
+        """The loss flags and the probe's device flags for this step's transfer (see
+        :meth:`took_probe`)."""
+        loss = self.roots.loss_flags() if self.roots is not None else []
+        self._n_loss = len(loss)
+        return [*loss, *(self.probe.flags(track.index) if self.probe is not None else [])]
 
     def took_probe(self, g: Gathered, flags: list[Any]) -> None:
-        """Take the probe's value off the end of the step's extra values."""
+        """Take the probe's value and the losses' verdict off the end of the extra values."""
         self.repeated = 0
-        if flags and g.extra:
+        if len(flags) > self._n_loss and g.extra:
             self.repeated = int(g.extra.pop())
+        self.loss_finite = None
+        if self._n_loss and g.extra:
+            self.loss_finite = bool(g.extra.pop() > 0.5)
+
+    def _loss_verdict(self) -> Optional[bool]:
+        """``False``: a loss of the window was NaN/Inf (``None``: no loss seen)."""
+        verdict = self.loss_finite
+        if self.roots is not None and self.roots.host_nonfinite:
+            self.roots.host_nonfinite = False
+            verdict = False
+        return verdict
 
     def _scheduler_steps(self, track: Track) -> list[tuple[int, bool]]:
         if self.schedulers is None or track.index is None:
@@ -264,6 +307,8 @@ class ExtraEvidence:
     def window_closed(self, k: Optional[int]) -> None:
         """Optimizer ``k``'s window closed: backward requests are counted from here."""
         self._calls_at_start[k] = self.backward_calls or 0
+        if self.roots is not None:
+            self.roots.window_closed()
 
     def exit_trace(self, skipped: int) -> Optional[dict[str, Any]]:
         """At exit, for a last step the scaler skipped: read the probe now (no step waits)."""

@@ -1,0 +1,305 @@
+"""What ``Tensor.backward`` is called on: the loss, and the loose leaves its graph trains.
+
+While a watcher that needs it is open, ``torch.Tensor.backward`` is wrapped (one wrapper for
+every watcher, removed when the last one closes): the wrapper hands the root tensor to each
+:class:`BackwardRoots` and calls the original. ``torch.autograd.backward`` called directly
+and ``torch.autograd.grad`` are not seen (the latter writes no ``.grad``).
+
+- *The loss* (``nonfinite_param``): one device flag per backward, ``isfinite(root)``, kept as
+  a tensor and read with the step's one host transfer. A NaN loss behind finite gradients
+  (a non-finite term added through ``.detach()``) is seen nowhere else in a plain loop.
+- *Loose leaves* (``unregistered_param``): during the first ``scan_steps`` steps, the graph
+  is walked once per backward from its root (``grad_fn.next_functions``, in Python, capped
+  at :data:`MAX_NODES`) and every ``AccumulateGrad`` node's ``variable`` that requires grad
+  and is not watched (in no watched model nor watched optimizer) is a *sighting*. A leaf is
+  *loose* when the very same object (identity, not shape) is seen again in a later step's
+  window with its version counter unchanged: it persists, receives gradients from the loss,
+  and nothing updates it. So tensors that require grad as *inputs* on purpose (adversarial
+  examples ``x.requires_grad_()``, saliency, gradient-penalty interpolates) are new objects
+  each step and never loose; a second model trained by an optimizer gradwatch does not
+  watch (a GAN's other half) moves its version at every step and is not loose either.
+
+Nothing syncs: the walk reads graph metadata only, the flags stay tensors.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import sys
+import types
+import weakref
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+import torch
+from torch import nn
+
+from gradwatch.model.locations import _SKIP, call_site
+
+__all__ = ["MAX_NODES", "BackwardRoots", "LooseLeaf", "name_of"]
+
+MAX_NODES = 100_000  # graph nodes walked per backward, at most
+_MAX_SIGHTED = 256  # unwatched leaves followed at once (fresh inputs are forgotten)
+_MAX_FLAGS = 16  # loss flags kept per window (more are folded into one)
+_FRAMES = 4  # user frames searched for a loose leaf's name
+
+_original: Optional[Callable[..., Any]] = None
+_listeners: list[weakref.ref[BackwardRoots]] = []
+
+
+def _backward(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+    for ref in list(_listeners):
+        me = ref()
+        if me is not None:
+            me.root(self)
+    assert _original is not None
+    return _original(self, *args, **kwargs)
+
+
+def _add(listener: BackwardRoots) -> None:
+    global _original
+    if torch.Tensor.backward is not _backward:
+        _original = torch.Tensor.backward
+        functools.update_wrapper(_backward, _original)
+        torch.Tensor.backward = _backward  # type: ignore[method-assign]
+    _listeners.append(weakref.ref(listener))
+
+
+def _drop(listener: BackwardRoots) -> None:
+    global _original
+    _listeners[:] = [r for r in _listeners if r() is not None and r() is not listener]
+    if not _listeners and _original is not None and torch.Tensor.backward is _backward:
+        torch.Tensor.backward = _original  # type: ignore[method-assign]
+        _original = None
+
+
+@dataclass
+class LooseLeaf:
+    """A leaf that persists across steps, gets gradients, and is in no model or optimizer."""
+
+    name: str
+    """The best name found: ``criterion.weight``, ``self.log_scale``, ``W``, or its shape."""
+    owner: str
+    """What to fix: the module or object holding it, or the tensor's own name."""
+    shape: tuple[int, ...]
+    parameter: bool
+    """An ``nn.Parameter`` (a head or module kept outside the model), or a plain tensor."""
+    backward_at: Optional[str]
+    """The ``backward()`` line whose graph reached it (``train.py:42``)."""
+
+
+@dataclass
+class _Sighting:
+    ref: weakref.ref[torch.Tensor]
+    version: int
+    window: int
+
+
+class BackwardRoots:
+    """One watcher's listener on ``Tensor.backward`` (see the module docstring)."""
+
+    def __init__(
+        self,
+        known: Callable[[torch.Tensor], bool],
+        on_error: Callable[[str, BaseException], None],
+        *,
+        loss: bool,
+        scan_steps: int,
+        model: Optional[nn.Module] = None,
+    ) -> None:
+        self._known = known
+        self._on_error = on_error
+        self.loss = loss
+        self.scan_steps = scan_steps
+        self._model = weakref.ref(model) if model is not None else None
+        self.window = 0  # windows closed so far (optimizer steps, all optimizers together)
+        self._sighted: dict[int, _Sighting] = {}
+        self._done: set[int] = set()  # leaves judged (loose, or updated elsewhere)
+        self._loose: list[LooseLeaf] = []
+        self._flags: list[torch.Tensor] = []
+        self.host_nonfinite = False
+        self.walked = 0  # graph nodes walked so far (for benchmarks)
+        _add(self)
+
+    @property
+    def scanning(self) -> bool:
+        return self.window < self.scan_steps
+
+    def root(self, t: torch.Tensor) -> None:
+        """``t.backward()`` is about to run."""
+        try:
+            if self.loss and t.is_floating_point():
+                self._note_loss(t.detach())
+            if self.scanning and t.grad_fn is not None:
+                self._walk(t.grad_fn)
+        except Exception as exc:  # never the user's backward
+            self._on_error("backward root", exc)
+
+    def _note_loss(self, t: torch.Tensor) -> None:
+        flag = torch.isfinite(t) if t.dim() == 0 else torch.isfinite(t).all()
+        if len(self._flags) >= _MAX_FLAGS:
+            self._flags[-1] = self._flags[-1] & flag
+        else:
+            self._flags.append(flag)
+
+    def note_loss(self, loss: Any) -> None:
+        """A loss an integration saw (a tensor, or a float already on the host)."""
+        if isinstance(loss, torch.Tensor):
+            if loss.is_floating_point():
+                self._note_loss(loss.detach())
+        elif isinstance(loss, (float, int)) and not math.isfinite(loss):
+            self.host_nonfinite = True  # already on the host (HF's logged loss): no transfer
+
+    def loss_flags(self) -> list[torch.Tensor]:
+        """The window's loss flags as one float tensor for the step's transfer (or none)."""
+        flags, self._flags = self._flags, []
+        if not flags:
+            return []
+        device = flags[0].device
+        both = [f.to(device) for f in flags]
+        return [torch.stack(both).all().reshape(1).float()]
+
+    def _walk(self, fn: Any) -> None:
+        seen: set[int] = {id(fn)}
+        stack = [fn]
+        leaves: list[torch.Tensor] = []
+        n = 0
+        while stack and n < MAX_NODES:
+            node = stack.pop()
+            n += 1
+            var = getattr(node, "variable", None)
+            if var is not None:
+                leaves.append(var)
+                continue
+            for nxt, _ in node.next_functions:
+                if nxt is not None and id(nxt) not in seen:
+                    seen.add(id(nxt))
+                    stack.append(nxt)
+        self.walked += n
+        for leaf in leaves:
+            if leaf.requires_grad and not self._known(leaf):
+                self._sight(leaf)
+
+    def _sight(self, leaf: torch.Tensor) -> None:
+        key = id(leaf)
+        if key in self._done:
+            return
+        s = self._sighted.get(key)
+        if s is None or s.ref() is not leaf:
+            if len(self._sighted) >= _MAX_SIGHTED:
+                self._forget()
+            self._sighted[key] = _Sighting(weakref.ref(leaf), leaf._version, self.window)
+            return
+        if s.window == self.window:
+            return  # the same step (accumulation, PGD's inner steps): not yet persistent
+        self._sighted.pop(key)
+        self._done.add(key)
+        if leaf._version != s.version:
+            return  # something updates it (an optimizer gradwatch does not watch, by hand)
+        self._loose.append(name_of(leaf, self._model() if self._model is not None else None))
+
+    def _forget(self) -> None:
+        """Drop the sightings whose tensor is gone, then the oldest (fresh inputs)."""
+        for key in [k for k, s in self._sighted.items() if s.ref() is None]:
+            self._sighted.pop(key)
+        while len(self._sighted) >= _MAX_SIGHTED:
+            self._sighted.pop(next(iter(self._sighted)))
+
+    def take_loose(self) -> list[LooseLeaf]:
+        """The loose leaves found since the last call (each once)."""
+        out, self._loose = self._loose, []
+        return out
+
+    def window_closed(self) -> None:
+        self.window += 1
+        if not self.scanning:
+            self._sighted.clear()
+
+    def remove(self) -> None:
+        _drop(self)
+        self._sighted.clear()
+        self._flags.clear()
+
+
+# -- naming ----------------------------------------------------------------------------------
+
+
+def _in(value: Any, leaf: torch.Tensor, path: str, depth: int) -> Optional[tuple[str, str]]:
+    """``(name, owner)`` of ``leaf`` inside ``value`` (a tensor, module, container, object)."""
+    if value is leaf:
+        return path, path
+    if isinstance(value, torch.Tensor) or depth > 2:
+        return None
+    if isinstance(value, nn.Module):
+        for pname, p in value.named_parameters():
+            if p is leaf:
+                owner = f"{path}.{pname.rsplit('.', 1)[0]}" if "." in pname else path
+                return f"{path}.{pname}", owner
+        for mname, mod in value.named_modules():
+            for attr, v in vars(mod).items():
+                if v is leaf:
+                    where = f"{path}.{mname}" if mname else path
+                    return f"{where}.{attr}", where
+        return None
+    if isinstance(value, (list, tuple)):
+        for k, v in enumerate(value[:64]):
+            found = _in(v, leaf, f"{path}[{k}]", depth + 1)
+            if found is not None:
+                return found
+        return None
+    if isinstance(value, dict):
+        for k, v in list(value.items())[:64]:
+            found = _in(v, leaf, f"{path}[{k!r}]", depth + 1)
+            if found is not None:
+                return found
+        return None
+    if isinstance(value, (type, types.ModuleType, types.FunctionType)) or depth >= 2:
+        return None
+    attrs = getattr(value, "__dict__", None)
+    if isinstance(attrs, dict):
+        for attr, v in list(attrs.items())[:64]:
+            if isinstance(v, (torch.Tensor, nn.Module, list, tuple, dict)):
+                found = _in(v, leaf, f"{path}.{attr}", depth + 1)
+                if found is not None:
+                    return found
+    return None
+
+
+def _user_frames() -> list[Any]:
+    out: list[Any] = []
+    frame: Any = sys._getframe(1)
+    while frame is not None and len(out) < _FRAMES:
+        name = frame.f_code.co_filename
+        if not name.startswith(_SKIP) and not name.startswith("<frozen"):
+            out.append(frame)
+        frame = frame.f_back
+    return out
+
+
+def name_of(leaf: torch.Tensor, model: Optional[nn.Module]) -> LooseLeaf:
+    """The best name for ``leaf``: an attribute of the watched model (a plain tensor attribute
+    of one of its modules), else a variable of the code that called ``backward()`` (its
+    locals, ``self``'s attributes, its module's globals), else its shape."""
+    found = _in(model, leaf, "model", 0) if model is not None else None
+    if found is not None:  # ``model.temperature``: a plain attribute, not a Parameter
+        found = (found[0].removeprefix("model."), found[1].removeprefix("model."))
+    frames = _user_frames() if found is None else []
+    for frame in frames:
+        for scope in (frame.f_locals, frame.f_globals):
+            for var, value in list(scope.items()):
+                if var.startswith("__") or value is model:
+                    continue
+                found = _in(value, leaf, var, 0)
+                if found is not None:
+                    break
+            if found is not None:
+                break
+        if found is not None:
+            break
+    shape = tuple(leaf.shape)
+    parameter = isinstance(leaf, nn.Parameter)
+    if found is None:
+        kind = "Parameter" if parameter else "tensor"
+        found = (f"<{kind} of shape {list(shape)}>",) * 2
+    return LooseLeaf(found[0], found[1], shape, parameter, call_site())
