@@ -172,6 +172,24 @@ class AdapterAPI:
         """
         self._pipe.extra.note_backward_call()
 
+    def note_loss(self: _Parts, loss: Any) -> None:
+        """An integration saw this step's loss: a NaN/Inf loss behind finite gradients is a
+        ``nonfinite_param`` finding.
+
+        No host sync: a tensor's finiteness stays a device flag, read with the step's one
+        transfer (a float, already on the host, is judged as it is). Lightning's
+        ``on_before_backward`` and the HF callback's ``on_log`` call it; a plain loop needs
+        nothing (``loss.backward()`` is seen). A loop whose backward gradwatch cannot see
+        (``torch.autograd.backward([...])``) may call it with the loss.
+
+        Args:
+            loss: the loss tensor (any shape) or its float value.
+
+        Example:
+            >>> watcher.note_loss(loss)  # doctest: +SKIP
+        """
+        self._pipe.extra.note_loss(loss)
+
     def record_fault(self: _Parts, where: str, exc: BaseException) -> None:
         """Record a failure of an integration's own step as an ``internal_error`` finding.
 

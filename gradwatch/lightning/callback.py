@@ -208,10 +208,12 @@ class GradWatchCallback(WatchAdapter, *_CALLBACK_BASES):  # type: ignore[misc]
     # -- per-step hooks: the core observes autograd and the optimizers itself ------------
 
     def on_before_backward(self, trainer: Any, pl_module: Any, loss: Any) -> None:
-        """Tell the core a backward was requested: a batch skipped by returning ``None``
-        from ``training_step`` still steps the optimizer, and is no ``loss_disconnected``."""
+        """Tell the core a backward was requested (a batch skipped by returning ``None``
+        from ``training_step`` still steps the optimizer, and is no ``loss_disconnected``),
+        and the loss (``nonfinite_param``: a NaN loss behind finite gradients)."""
         if self.watcher is not None:
             self.watcher.note_backward_requested()
+            self.watcher.note_loss(loss)  # a NaN loss behind finite gradients
 
     def on_after_backward(self, trainer: Any, pl_module: Any) -> None:
         """Nothing to do: the parameters' own hooks saw the gradients arrive."""
