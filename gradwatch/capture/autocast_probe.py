@@ -30,6 +30,8 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from gradwatch.capture.nan_probe import _not_eager, _Owned
+from gradwatch.model.engines import clean_name
+from gradwatch.model.named import entry_points
 
 __all__ = ["STEPS", "AutocastProbe", "LayerDtype"]
 
@@ -104,15 +106,17 @@ class AutocastProbe:
             # accelerate (HF Trainer, Lightning Fabric) enters autocast inside a forward it
             # patched onto the instance: the region starts after this hook.
             if root is not None and not me._layers and me.steps < STEPS:
-                if on or "forward" in vars(root):
+                if on or "forward" in vars(m):
                     me._hook_layers(root)
 
-        self._handles.append(model.register_forward_pre_hook(_Owned(enter, model)))
+        for entry in entry_points(model):  # the named models of watch({"G": ..., "D": ...})
+            self._handles.append(entry.register_forward_pre_hook(_Owned(enter, entry)))
 
     def _hook_layers(self, model: nn.Module) -> None:
         """Forward hooks on the linear/conv layers (installed only once autocast is seen)."""
         wself = weakref.ref(self)
-        for name, mod in model.named_modules():
+        for raw, mod in model.named_modules():
+            name = clean_name(raw)
             kind = _kind(mod)
             if kind is None:
                 continue

@@ -34,6 +34,7 @@ from torch import nn
 
 from gradwatch.capture.evidence import Tracker
 from gradwatch.capture.mode_calls import ModeCalls
+from gradwatch.model.engines import clean_name
 
 __all__ = ["FLAG_ATTRS", "ModeSnapshot", "ModeWatch", "ignored_freeze_flags"]
 
@@ -113,7 +114,7 @@ def ignored_freeze_flags(
         attrs = vars(mod)
         for attr, frozen in FLAG_ATTRS.items():
             if attrs.get(attr, not frozen) is frozen and any(map(trainable, mod.parameters())):
-                out.append((name or "(root)", attr))
+                out.append((clean_name(name) or "(root)", attr))
                 break
     return out
 
@@ -167,10 +168,10 @@ class ModeWatch:
             chain = []
             p = parent
             while p is not None and p[1] is not model:
-                chain.append((p[0], weakref.ref(p[1])))
+                chain.append((clean_name(p[0]), weakref.ref(p[1])))
                 p = parents.get(id(p[1]))
             ref = weakref.ref(parent[1]) if parent is not None else None
-            out.append(_Candidate(name, weakref.ref(mod), kind, ref, chain))
+            out.append(_Candidate(clean_name(name), weakref.ref(mod), kind, ref, chain))
         self._candidates = out
         self.flags = ignored_freeze_flags(model, trainable)
 

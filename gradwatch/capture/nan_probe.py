@@ -21,7 +21,7 @@ from torch.utils.hooks import RemovableHandle
 
 from gradwatch.capture.hooks import _INERT_REDUCE
 from gradwatch.measure.stats import foreach_norms
-from gradwatch.model.engines import local
+from gradwatch.model.engines import clean_name, local
 
 __all__ = ["NanProbe"]
 
@@ -137,7 +137,7 @@ def _weights_by_subtree(model: nn.Module) -> tuple[list[torch.Tensor], dict[str,
     def close_until(name: str) -> None:
         while open_ and not (open_[-1][0] == "" or name.startswith(open_[-1][0] + ".")):
             done, start = open_.pop()
-            prange[done or "(root)"] = (start, len(plist))
+            prange[clean_name(done) or "(root)"] = (start, len(plist))
 
     for name, mod in model.named_modules():
         close_until(name)
@@ -151,7 +151,7 @@ def _weights_by_subtree(model: nn.Module) -> tuple[list[torch.Tensor], dict[str,
         )
     while open_:  # the last subtrees, the root's included, end with the list
         done, start = open_.pop()
-        prange[done or "(root)"] = (start, len(plist))
+        prange[clean_name(done) or "(root)"] = (start, len(plist))
     return plist, prange
 
 
@@ -191,7 +191,9 @@ class NanProbe:
         wself = weakref.ref(self)
         for name, mod in model.named_modules():
 
-            def flag(m: nn.Module, args: Any, output: Any, name: str = name or "(root)") -> None:
+            def flag(
+                m: nn.Module, args: Any, output: Any, name: str = clean_name(name) or "(root)"
+            ) -> None:
                 me = wself()
                 if me is None or len(me._records) >= _MAX_RECORDS or _not_eager():
                     return

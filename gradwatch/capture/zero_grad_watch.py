@@ -62,12 +62,20 @@ class ZeroGradWatch:
 
     def __init__(self, optimizers: list[Any], on_zero_grad: Callable[[int], None]) -> None:
         self._patched: list[weakref.ref[Any]] = []
-        for k, opt in enumerate(optimizers):
+        self._on_zero_grad = on_zero_grad
+        self._covered = 0
+        self.cover(optimizers)
+
+    def cover(self, optimizers: list[Any]) -> None:
+        """Wrap the optimizers of ``optimizers`` not seen yet (one added during the run)."""
+        for k in range(self._covered, len(optimizers)):
+            opt = optimizers[k]
             real = getattr(opt, "zero_grad", None)
             if real is None or "zero_grad" in getattr(opt, "__dict__", {"zero_grad": None}):
                 continue  # none, or already wrapped by someone else: leave it alone
-            opt.zero_grad = _wrapped(real, k, on_zero_grad)
+            opt.zero_grad = _wrapped(real, k, self._on_zero_grad)
             self._patched.append(weakref.ref(opt))
+        self._covered = max(self._covered, len(optimizers))
 
     def remove(self) -> None:
         """Give each optimizer its own method back (idempotent)."""

@@ -21,16 +21,22 @@ __all__ = ["emit_never_stepped"]
 def emit_never_stepped(check_id: str, view: RunView, log: FindingLog) -> None:
     """One error per optimizer that never stepped while its parameters got gradients."""
     for k, names in view.idle_optimizers:
+        label = view.optimizer_name(k)
         log.emit(
             check_id,
             severity="error",
             step=max(view.steps - 1, 0),
-            message=f"optimizer[{k}] never stepped although {len(names)} of its parameter(s) "
+            message=f"{label} never stepped although {len(names)} of its parameter(s) "
             f"received gradients, while the other watched optimizer(s) took {view.steps} "
             "step(s): its parameters never moved.",
-            hint=f"Call optimizer[{k}].step() after the backward pass that trains its model "
+            hint=f"Call {label}.step() after the backward pass that trains its model "
             "(a GAN's generator step forgotten?), or watch without it if it is unused.",
             params=names,
             key=f"optimizer[{k}]:never_stepped",
-            details={"cause": "never_stepped", "optimizer": k, "params": len(names)},
+            details={
+                "cause": "never_stepped",
+                "optimizer": k,
+                "optimizer_name": label,
+                "params": len(names),
+            },
         )

@@ -63,7 +63,7 @@ class ClipAfterStep(Check):
             severity=self.severity,
             step=consumed,
             message=f"gradients of {len(names)} parameter(s) were changed (clipped, scaled or "
-            f"noised) after optimizer[{view.optimizer}].step() had consumed them and before "
+            f"noised) after {view.optimizer_name}.step() had consumed them and before "
             "zero_grad() cleared them: the change had no effect on any update.",
             hint="Move the gradient edit (clip_grad_norm_, noise, rescale) between "
             "loss.backward() and optimizer.step().",

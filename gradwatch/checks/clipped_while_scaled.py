@@ -62,7 +62,7 @@ class ClippedWhileScaled(Check):
             severity=self.severity,
             step=view.step,
             message=f"gradients of {len(names)} parameter(s) were changed (clipped, normalised "
-            f"or noised) before the GradScaler unscaled them for optimizer[{view.optimizer}]: "
+            f"or noised) before the GradScaler unscaled them for {view.optimizer_name}: "
             "the edit acted on gradients still multiplied by the loss scale.",
             hint="Call scaler.unscale_(optimizer) before clip_grad_norm_ (or any gradient "
             "edit), then scaler.step(optimizer) and scaler.update().",

@@ -59,7 +59,7 @@ class DoubleBackward(Check):
             severity=self.severity,
             step=view.step,
             message=f"the same loss was backpropagated {n + 1} times into the gradients of "
-            f"optimizer[{view.optimizer}].step() (retain_graph=True and a repeated "
+            f"{view.optimizer_name}.step() (retain_graph=True and a repeated "
             "backward()): the step used a multiple of the gradient.",
             hint="Call backward() once per loss: remove the repeated call (a helper that "
             "already calls it, a logging backward), or zero_grad() between them.",

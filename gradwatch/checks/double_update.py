@@ -126,16 +126,17 @@ class DoubleUpdate(Check):
         others = sorted({o for _, o in doubled})
         names = view.index.names(ids)
         optimizers = sorted({k, *others})
+        label = view.index.optimizer_label
         if others == [k]:
-            what = f"optimizer[{k}].step() ran again with no backward since its previous step"
+            what = f"{label(k)}.step() ran again with no backward since its previous step"
             hint = (
                 "step() is called twice per backward (e.g. a helper that steps plus the "
                 "caller's own step): keep one optimizer.step() per backward()."
             )
         else:
             what = (
-                f"optimizer[{k}].step() applied gradients that "
-                + ", ".join(f"optimizer[{o}]" for o in others if o != k)
+                f"{label(k)}.step() applied gradients that "
+                + ", ".join(label(o) for o in others if o != k)
                 + " already applied"
             )
             hint = (

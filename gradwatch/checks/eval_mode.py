@@ -136,7 +136,7 @@ class EvalModeTraining(Check):
             self.id,
             severity=self.severity,
             step=view.step,
-            message=f"optimizer[{view.optimizer}] stepped on a forward that ran with the model "
+            message=f"{view.optimizer_name} stepped on a forward that ran with the model "
             f"in eval mode{what}.{said}",
             hint="Call model.train() before the training forward (at the start of each epoch "
             "and after validation or sampling); in helpers restore the mode: "
@@ -155,7 +155,7 @@ class EvalModeTraining(Check):
                 self.id,
                 severity=severity,
                 step=view.step,
-                message=f"optimizer[{view.optimizer}] stepped on a forward in which '{module}' "
+                message=f"{view.optimizer_name} stepped on a forward in which '{module}' "
                 "(trainable, with dropout / batch norm / mode-dependent layers) was in eval "
                 f"mode while the model trained.{said}",
                 hint=f"Call model.train() (or {module}.train()) before the training forward; "

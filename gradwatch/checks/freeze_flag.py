@@ -76,7 +76,7 @@ class FreezeNotApplied(Check):
                 step=view.step,
                 message=f"'{module}' has `{attr} = {value}`, an attribute PyTorch ignores: its "
                 f"parameters still require grad and {len(moved)} of its layer(s) changed "
-                f"across optimizer[{view.optimizer}].step().",
+                f"across {view.optimizer_name}.step().",
                 hint=f"Freeze it with `{module if module != ROOT else 'model'}"
                 ".requires_grad_(False)` (a method call, with the underscore), before building "
                 "the optimizer.",

@@ -57,7 +57,7 @@ class FrozenParamUpdated(Check):
                 severity=self.severity,
                 step=view.step,
                 message=f"{len(idxs)} frozen parameter(s) of '{layer}' (requires_grad=False) "
-                f"changed across optimizer[{view.optimizer}].step(): weight decay or momentum "
+                f"changed across {view.optimizer_name}.step(): weight decay or momentum "
                 "still moves them.",
                 hint="Remove them from the optimizer (rebuild it after freezing, or keep only "
                 "p.requires_grad parameters in its groups), or set their grads to None "

@@ -88,7 +88,7 @@ class LossDisconnected(Check):
             self.id,
             severity=self.severity,
             step=view.step,
-            message=f"the model ran but optimizer[{view.optimizer}].step() found no gradient on "
+            message=f"the model ran but {view.optimizer_name}.step() found no gradient on "
             f"any of its {len(names)} parameter(s): the loss is not connected to the model "
             f"(cause: {cause}).",
             hint=HINTS[cause],
@@ -113,7 +113,7 @@ def _cut_off_part(check: LossDisconnected, view: StepView, log: FindingLog) -> N
         check.id,
         severity=check.severity,
         step=view.step,
-        message=f"optimizer[{view.optimizer}].step() found no gradient on any of its "
+        message=f"{view.optimizer_name}.step() found no gradient on any of its "
         f"{len(names)} parameter(s) although its layers ran with grad and a backward reached "
         "other parameters: its loss does not reach them (cause: disconnected; a detached "
         "output such as D(G(z).detach()) in the generator's loss?).",

@@ -112,9 +112,7 @@ class NonfiniteParam(Check):
             ids = ids or [view.ids[k] for k in s.positions]
             if math.isinf(s.param_norm) and not _really_nonfinite(view.index, ids):
                 continue
-            where = (
-                f" after optimizer[{view.optimizer}].step()" if view.optimizer is not None else ""
-            )
+            where = f" after {view.optimizer_name}.step()" if view.optimizer is not None else ""
             log.emit(
                 self.id,
                 severity=self.severity,

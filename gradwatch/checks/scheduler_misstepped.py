@@ -57,16 +57,16 @@ class SchedulerMisstepped(Check):
         allowed = view.window.scheduler_allowed
         for n, before in view.window.scheduler_steps:
             if before and n >= allowed:  # more than the skipped steps' share
-                said = f"stepped {n} time(s) before optimizer[{view.optimizer}]'s first step"
+                said = f"stepped {n} time(s) before {view.optimizer_name}'s first step"
             elif n > allowed:
-                said = f"stepped {n} times during one step of optimizer[{view.optimizer}]"
+                said = f"stepped {n} times during one step of {view.optimizer_name}"
             else:
                 continue
             log.emit(
                 self.id,
                 severity=self.severity,
                 step=view.step,
-                message=f"a learning-rate scheduler of optimizer[{view.optimizer}] {said}: "
+                message=f"a learning-rate scheduler of {view.optimizer_name} {said}: "
                 "the schedule runs ahead of the training steps.",
                 hint="Call scheduler.step() once after each optimizer.step() (not per "
                 "micro-batch under gradient accumulation, not before the step), or once per "

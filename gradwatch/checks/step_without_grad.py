@@ -56,7 +56,7 @@ class StepWithoutGrad(Check):
             self.id,
             severity=self.severity,
             step=view.step,
-            message=f"optimizer[{view.optimizer}].step() ran with no gradient on any of its "
+            message=f"{view.optimizer_name}.step() ran with no gradient on any of its "
             "parameters although backward() ran since its previous step.",
             hint="zero_grad() runs between backward() and step(): move it before backward() "
             "(or after step()).",
@@ -73,7 +73,7 @@ def _discarded(check: StepWithoutGrad, view: StepView, log: FindingLog) -> None:
         check.id,
         severity=check.severity,
         step=view.step,
-        message=f"optimizer[{view.optimizer}].step() used only the last backward pass's "
+        message=f"{view.optimizer_name}.step() used only the last backward pass's "
         f"gradient: the gradients of {n} earlier backward pass(es) since its previous step "
         "were reset (zero_grad()) before it, unused.",
         hint="zero_grad() runs inside the gradient-accumulation loop: call it once per "

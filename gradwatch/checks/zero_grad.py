@@ -47,7 +47,7 @@ class MissingZeroGrad(Check):
             self.id,
             severity=self.severity,
             step=view.step,
-            message=f"optimizer[{view.optimizer}].step() used gradients of {len(names)} parameter(s) "
+            message=f"{view.optimizer_name}.step() used gradients of {len(names)} parameter(s) "
             "that still held contributions from before its previous step (zero_grad missing?).",
             hint="Call optimizer.zero_grad() once per optimizer step (after step(), or before the "
             "first backward of the next step); with gradient accumulation zero after each step().",

@@ -48,6 +48,7 @@ class ExtraEvidence:
         self.backward_calls: Optional[int] = None  # counted only where an integration sees them
         self._calls_at_start: dict[Optional[int], int] = {}
         self.after_step: Optional[AfterStepEdits] = None  # clip_after_step's evidence
+        self.zero_watch: Optional[ZeroGradWatch] = None
         self.schedulers = SchedulerCounts() if "scheduler_counts" in self.wanted else None
         self.probe: Optional[BackwardProbe] = None  # double_backward's evidence
         if "backward_probe" in self.wanted:
@@ -82,6 +83,7 @@ class ExtraEvidence:
                 pipe.model,
                 lambda p: p.requires_grad and idx.lookup(p) is not None,
             )
+        _watch_zero_grad(self)  # at every sync: an optimizer added during the run too
         if self._newer_installed or pipe.model is None:
             return
         self._newer_installed = True
@@ -114,15 +116,6 @@ class ExtraEvidence:
                 pipe.scaler.scaler, lambda opt: guard("unscale watch", self.unscaling, opt)
             )
             pipe.hooks.removers.append(self._unscale.remove)
-        if "zero_grad_watch" in self.wanted and pipe.structure.optimizers:
-            edits = self.after_step = AfterStepEdits(
-                self.tracker, pipe.structure.track_of, lambda: pipe.backward_passes
-            )
-            guard = pipe.faults.guard
-            zero = ZeroGradWatch(
-                pipe.structure.optimizers, lambda k: guard("zero_grad watch", edits.zeroing, k)
-            )
-            pipe.hooks.removers.append(zero.remove)
 
     def _install_roots(self, pipe: Any, index: Any) -> None:
         """Listen to ``Tensor.backward`` where the loss or loose leaves are needed."""
@@ -316,3 +309,18 @@ class ExtraEvidence:
             return None
         flags = self.scout.pending_flags()
         return self.scout.interpret(to_host(flags) if flags else [])
+
+
+def _watch_zero_grad(ev: ExtraEvidence) -> None:
+    """``clip_after_step``'s evidence: each watched optimizer's ``zero_grad`` (once each)."""
+    pipe = ev.pipe
+    if "zero_grad_watch" not in ev.wanted or not pipe.structure.optimizers:
+        return
+    if ev.zero_watch is None:
+        edits = ev.after_step = AfterStepEdits(
+            ev.tracker, pipe.structure.track_of, lambda: pipe.backward_passes
+        )
+        guard = pipe.faults.guard
+        ev.zero_watch = ZeroGradWatch([], lambda k: guard("zero_grad watch", edits.zeroing, k))
+        pipe.hooks.removers.append(ev.zero_watch.remove)
+    ev.zero_watch.cover(pipe.structure.optimizers)

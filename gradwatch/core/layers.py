@@ -169,11 +169,12 @@ class LayerRecorder:
             metrics[keys[layer]] = norm
         # With several optimizers each step sees its own layers: name the total per optimizer
         # so that sinks do not get two different values for one series at one step.
-        key = (
-            f"grad_norm_total/optimizer_{view.optimizer}"
-            if several_optimizers
-            else "grad_norm_total"
-        )
+        key = "grad_norm_total"
+        if several_optimizers:  # named ones by name (optimizer_G), the others by position
+            names = view.index.optimizer_names
+            k = view.optimizer
+            name = names[k] if k is not None and k < len(names) else None
+            key = f"grad_norm_total/optimizer_{name if name is not None else k}"
         metrics[key] = total**0.5
         metrics["findings"] = float(findings)
         self.metrics = {**self.metrics, **metrics}

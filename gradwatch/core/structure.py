@@ -35,9 +35,11 @@ class Structure:
         tracker: Tracker,
         *,
         ddp_find_unused: Optional[bool] = None,
+        names: Optional[list[Optional[str]]] = None,
     ) -> None:
         self.index = ParamIndex()
         self.optimizers = optimizers
+        self.index.optimizer_names = list(names) if names else [None] * len(optimizers)
         self.tracker = tracker
         self.tracks: list[Track] = []
         self.coverage: dict[str, int] = {}
@@ -68,7 +70,8 @@ class Structure:
                 for j, p in enumerate(group["params"]):
                     i = index.lookup(p)
                     if i is None:
-                        i = index.register_foreign(p, f"optimizer[{k}].group[{g}][{j}]")
+                        name = f"{index.optimizer_label(k)}.group[{g}][{j}]"
+                        i = index.register_foreign(p, name)
                     optimizer_of.setdefault(i, []).append(k)
         self.tracker.grow(len(index.params))
         trainable, frozen = [], []
@@ -139,6 +142,12 @@ class Structure:
             track.fingerprint = track.frozen_fp = None
             tracks.append(track)
         self.tracks = tracks
+
+    def add_optimizer(self, opt: torch.optim.Optimizer, name: Optional[str]) -> int:
+        """Watch ``opt`` from now on (its track starts at the next sync); its index."""
+        self.optimizers.append(opt)
+        self.index.optimizer_names.append(name)
+        return len(self.optimizers) - 1
 
     def lazy_materialised(self) -> bool:
         """Whether a lazy parameter got its values since the last sync."""

@@ -17,13 +17,11 @@ Example:
 
 from __future__ import annotations
 
-import sys
 import weakref
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Callable, Optional, Union
 
-import torch
 from torch import nn
 
 from gradwatch.capture.backward import BackwardEnds
@@ -36,6 +34,16 @@ from gradwatch.checks.registry import SELF_CHECKS
 from gradwatch.config import GradWatchConfig
 from gradwatch.core.adapter_api import AdapterAPI
 from gradwatch.core.build_report import build_report
+from gradwatch.core.entry import (
+    ModelArg,
+    OptimizerArg,
+    OptimizerEntry,
+    check_model,
+    claim,
+    read_models,
+    read_optimizers,
+    release,
+)
 from gradwatch.core.faults import Faults
 from gradwatch.core.findings import FindingLog, Judges, call_site
 from gradwatch.core.layers import LayerRecorder
@@ -44,41 +52,18 @@ from gradwatch.core.steps import StepPipeline
 from gradwatch.core.structure import Structure
 from gradwatch.distributed.layout import hook_backward, report_layout
 from gradwatch.distributed.sync import DistSync
-from gradwatch.errors import ConfigError, GradWatchError, GradWatchWarning
-from gradwatch.model.compiled import is_compiled
-from gradwatch.model.engines import engine_of, flat_params
+from gradwatch.errors import GradWatchError, GradWatchWarning
 from gradwatch.model.locations import Locations
-from gradwatch.model.optimizers import delegates, unwrap_optimizer
-from gradwatch.model.wrappers import ddp_find_unused, unwrap
 from gradwatch.report import Report
 from gradwatch.report_io import check_report_path, write_watched_report
 
 __all__ = ["Watcher", "watch"]
 
-_ACTIVE: weakref.WeakKeyDictionary[nn.Module, Watcher] = weakref.WeakKeyDictionary()
-
-OptimizerArg = Union[torch.optim.Optimizer, Sequence[torch.optim.Optimizer], None]
 ConfigArg = Union[GradWatchConfig, dict[str, Any], str, Path, None]
 
 
-def _optimizers(optimizer: OptimizerArg) -> list[torch.optim.Optimizer]:
-    if optimizer is None:
-        return []
-    if isinstance(optimizer, torch.optim.Optimizer) or hasattr(optimizer, "optimizer"):
-        return [unwrap_optimizer(optimizer)]
-    if isinstance(optimizer, Sequence) and not isinstance(optimizer, (str, bytes)):
-        opts = list(optimizer)
-    else:
-        raise ConfigError(
-            f"optimizer must be a torch.optim.Optimizer, a sequence of them or None, "
-            f"not {type(optimizer).__name__}"
-        )
-    # Wrappers (accelerate, Lightning, ...) are followed to the optimizer that really steps.
-    return [unwrap_optimizer(o, f"optimizer[{k}]") for k, o in enumerate(opts)]
-
-
 def watch(
-    model: nn.Module,
+    model: ModelArg,
     optimizer: OptimizerArg = None,
     *,
     config: ConfigArg = None,
@@ -88,9 +73,13 @@ def watch(
     """Watch ``model`` (and its optimizers) while an ordinary training loop runs.
 
     Args:
-        model: the module being trained (DDP/DataParallel/compiled wrappers are unwrapped).
-        optimizer: one optimizer, several, or ``None`` (then each backward pass is a step
-            and the optimizer checks are off).
+        model: the module being trained (DDP/DataParallel/compiled wrappers are unwrapped),
+            or named models ``{"G": netG, "D": netD}``: parameters are then named with their
+            model's prefix, ``G:main.0.weight``.
+        optimizer: one optimizer, several (a sequence), named ones (``{"G": opt_g, ...}``,
+            keyed by the model each trains when the models are named), or ``None`` (then
+            each backward pass is a step and the optimizer checks are off; an optimizer
+            built later is attached with :meth:`Watcher.add_optimizer`).
         config: a :class:`GradWatchConfig`, a dict, or a path to a YAML/TOML/JSON file.
         scaler: a ``torch.amp.GradScaler`` whose skipped steps are expected (``info``).
         sinks: metric sinks (objects with ``log_metrics(step, metrics)``) fed on observed steps.
@@ -106,27 +95,27 @@ def watch(
     return Watcher(model, optimizer, config=config, scaler=scaler, sinks=sinks)
 
 
-class Watcher(AdapterAPI):
+class Watcher(AdapterAPI, OptimizerEntry):
     """Registers gradwatch's hooks on enter and removes every one of them on exit.
 
     Integrations use only its public methods (:class:`~gradwatch.core.adapter_api.AdapterAPI`:
-    checkpoint state, faults, findings).
+    checkpoint state, faults, findings; :meth:`add_optimizer`).
     """
 
     def __init__(
         self,
-        model: nn.Module,
+        model: ModelArg,
         optimizer: OptimizerArg = None,
         *,
         config: ConfigArg = None,
         scaler: Any = None,
         sinks: Sequence[Any] = (),
     ) -> None:
-        if not isinstance(model, nn.Module):
-            raise ConfigError(f"watch() needs a torch.nn.Module, got {type(model).__name__}")
+        models = read_models(model)
+        optimizers, names = read_optimizers(optimizer, models)
         self.config = GradWatchConfig.coerce(config)
-        find_unused = ddp_find_unused(model)
-        self._model: Optional[nn.Module] = unwrap(model)
+        self._model: Optional[nn.Module] = models.root
+        self._names, self._fresh = models.names, set()  # model names; see add_optimizer
         self._log = FindingLog(self.config)
         self._faults = Faults(self.config)
         self._tracker = Tracker()
@@ -136,8 +125,8 @@ class Watcher(AdapterAPI):
         )  # source lines of findings
         self._hooks = HookSet(self._tracker, self._arrival_callback(), self._faults.callback())
         # Under torch.compile, hooks stay put: adding/removing one costs a recompile.
-        self._hooks.keep_all = is_compiled(model)
-        self._wrapper = weakref.ref(model) if hasattr(model, "_orig_mod") else None
+        self._hooks.keep_all = models.compiled
+        self._wrappers = [weakref.ref(m) for m in models.wrappers]
         checks: list[Check] = [
             cls(self.config.check(cls.id), self.config)
             for cls in ALL_CHECKS
@@ -152,7 +141,7 @@ class Watcher(AdapterAPI):
         self._pipe = StepPipeline(
             self._model,
             self.config,
-            Structure(_optimizers(optimizer), self._tracker, ddp_find_unused=find_unused),
+            Structure(optimizers, self._tracker, ddp_find_unused=models.find_unused, names=names),
             self._hooks,
             judges,
             self._log,
@@ -161,8 +150,8 @@ class Watcher(AdapterAPI):
             LayerRecorder(self.config.history, sinks),
             dist,
         )
-        self._pipe.sharded = engine_of(model)
-        self._flat = [weakref.ref(p) for p in flat_params(model)] if self._pipe.sharded else []
+        self._pipe.sharded = models.engine
+        self._flat = [weakref.ref(p) for p in models.flat] if self._pipe.sharded else []
         self._refresher = ReportRefresher(
             self.config.report_path, self.config.report_every_n_steps, self._write_current
         )
@@ -218,27 +207,19 @@ class Watcher(AdapterAPI):
             return self
         model = self._model
         assert model is not None
-        other = _ACTIVE.get(model)
-        if other is not None and other is not self:
-            raise GradWatchError(
-                f"{type(model).__name__} is already watched by another gradwatch watcher: "
-                "exit it first (one watcher per model)"
-            )
-        _check_model(model)
+        check_model(model, self._names)
         check_report_path(self.config.report_path)  # now, not after the whole run
-        _ACTIVE[model] = self
+        claim(model, self)  # one watcher per model
         self._attached = True
         try:
             self._pipe.sync(step=0)
             self._restore_saved_state()  # load_state_dict() before attach
             _attach_sharded(self, model)
-            wrapper = self._wrapper() if self._wrapper is not None else None
-            if wrapper is not None:
-                self._hooks.hook_compiled_wrapper(wrapper)
-            for k, opt in enumerate(self._pipe.structure.optimizers):
-                for stepper in [opt, *delegates(opt)]:  # SAM steps through its base only
-                    self._hooks.add(stepper.register_step_pre_hook(self._opt_hook(k, pre=True)))
-                    self._hooks.add(stepper.register_step_post_hook(self._opt_hook(k, pre=False)))
+            for wrapper in (r() for r in self._wrappers):
+                if wrapper is not None:
+                    self._hooks.hook_compiled_wrapper(wrapper)
+            for k in range(len(self._pipe.structure.optimizers)):
+                self._hook_optimizer(k)
             self._refresher.install()
         except BaseException:
             self.close()
@@ -261,8 +242,8 @@ class Watcher(AdapterAPI):
             self._refresher.uninstall()
             self._hooks.remove_all()
             self._ends.remove()
-            if self._model is not None and _ACTIVE.get(self._model) is self:
-                del _ACTIVE[self._model]
+            if self._model is not None:
+                release(self._model, self)
             try:
                 self._final = faults.guard("exit", self._build_report)
             finally:
@@ -326,26 +307,6 @@ class Watcher(AdapterAPI):
         except Exception as exc:
             self._faults.error("backward end", exc)
 
-    def _opt_hook(self, k: int, *, pre: bool) -> Callable[..., None]:
-        wself = weakref.ref(self)
-        where = "optimizer pre-step hook" if pre else "optimizer step hook"
-
-        def hook(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-            me = wself()
-            if me is None or me._closed:
-                return
-            try:
-                if pre:
-                    me._pipe.step_pre(k, sys._getframe(1))  # caller: torch's step wrapper
-                elif me._pipe.step_post(k):
-                    me._refresh()
-            except (GradWatchError, GradWatchWarning):
-                raise
-            except Exception as exc:
-                me._faults.error(where, exc)
-
-        return hook
-
     # -- report ----------------------------------------------------------------------------
 
     def report(self) -> Report:
@@ -364,19 +325,6 @@ def _attach_sharded(w: Watcher, model: nn.Module) -> None:
     on_arrival, on_error = w._arrival_callback(), w._faults.callback()
     hook_backward(pipe.sharded, model, w._flat, w._hooks.add, on_arrival, on_error)
     report_layout(pipe.sharded, pipe.record, pipe.structure.index, pipe.flat)
-
-
-def _check_model(model: nn.Module) -> None:
-    for name, p in model.named_parameters():
-        if p.device.type == "meta":
-            raise ConfigError(
-                f"parameter '{name}' is on the meta device: materialize the model "
-                "(model.to_empty(device=...) and initialise it) before watching"
-            )
-    if not any(p.requires_grad for p in model.parameters()):
-        raise ConfigError(
-            f"{type(model).__name__} has no trainable parameters (none with requires_grad=True)"
-        )
 
 
 def _write_outputs(final: Optional[Report], config: GradWatchConfig, rank0: bool) -> None:

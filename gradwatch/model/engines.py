@@ -45,7 +45,17 @@ def clean_name(name: str) -> str:
     Example:
         >>> clean_name("_fsdp_wrapped_module.encoder._checkpoint_wrapped_module.weight")
         'encoder.weight'
+
+    A named model's prefix (``watch({"G": netG, ...})``, :mod:`gradwatch.model.named`) is
+    written ``G:``: ``G:.main.0.weight`` -> ``G:main.0.weight``, ``G:`` (its root) -> ``G``.
+
+        >>> clean_name("G:.main._orig_mod.0")
+        'G:main.0'
     """
+    if ":" in name:
+        head, _, rest = name.partition(":")
+        rest = clean_name(rest[1:] if rest.startswith(".") else rest)
+        return f"{head}:{rest}" if rest else head
     if "_" not in name or not any(s in name for s in WRAPPER_SEGMENTS):
         return name  # the common case: one substring scan, no split
     return ".".join(s for s in name.split(".") if s not in WRAPPER_SEGMENTS)

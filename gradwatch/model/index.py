@@ -57,6 +57,14 @@ class ParamIndex:
     layers: dict[str, list[int]] = field(default_factory=dict)
     _by_id: dict[int, int] = field(default_factory=dict)
     _names: dict[tuple[int, ...], list[str]] = field(default_factory=dict)
+    optimizer_names: list[Optional[str]] = field(default_factory=list)
+    """Per watched optimizer, the name the user gave it (``watch(..., {"G": opt_g})``)."""
+
+    def optimizer_label(self, k: Optional[int]) -> str:
+        """How findings name optimizer ``k``: ``optimizer['G']`` when named, else
+        ``optimizer[0]``."""
+        name = self.optimizer_names[k] if k is not None and k < len(self.optimizer_names) else None
+        return f"optimizer[{name!r}]" if name is not None else f"optimizer[{k}]"
 
     def lookup(self, p: torch.Tensor) -> Optional[int]:
         """The index of ``p`` when it is registered (identity, not value)."""
@@ -89,9 +97,9 @@ class ParamIndex:
             for pname, p in mod._parameters.items():
                 if p is None:
                     continue
-                mod_name = clean_name(mod_name)  # the user's names, not a wrapper's
-                full = f"{mod_name}.{pname}" if mod_name else pname
-                self._register(p, full, mod_name or ROOT)
+                # the user's names, not a wrapper's; a named model's root "G:" -> "G:weight"
+                full = clean_name(f"{mod_name}.{pname}" if mod_name else pname)
+                self._register(p, full, clean_name(mod_name) or ROOT)
         for info in self.params:
             if info.numel == 0:
                 p = info.ref()

@@ -34,6 +34,8 @@ from typing import Any, Callable, Optional
 import torch
 from torch import nn
 
+from gradwatch.model.named import SEP, NamedModels
+
 __all__ = ["Locations", "call_site", "defined_at", "where"]
 
 _SKIP = (
@@ -177,6 +179,12 @@ def defined_at(root: nn.Module, layer: str) -> Optional[str]:
         >>> defined_at(model, "aux_head")  # doctest: +SKIP
         'examples/ci_ghost.py:24'
     """
+    if isinstance(root, NamedModels):  # a named model's layer: "G:main.0", its root "G"
+        head, _, layer = layer.partition(SEP)
+        named = root._modules.get(head + SEP)
+        if named is None:
+            return None
+        root = named
     if layer in ("", _ROOT):
         return _class_line(root) if _user_class(type(root)) else None
     parts = layer.split(".")
