@@ -135,6 +135,12 @@ class StepView:
     # stochastic rounding): updates below the dtype's resolution are kept, not lost.
     compensated: Callable[[int], bool] = field(default=lambda i: False)
 
+    @property
+    def optimizer_name(self) -> str:
+        """How messages name this step's optimizer: ``optimizer[0]``, or ``optimizer['G']``
+        when the user named it (``watch(models, {"G": opt_g, ...})``)."""
+        return self.index.optimizer_label(self.optimizer)
+
     def by_layer(self) -> dict[str, list[int]]:
         """Positions into ``ids`` grouped by the parameters' layer, in first-seen order."""
         out: dict[str, list[int]] = {}
@@ -173,4 +179,6 @@ class RunView:
     unreached: list[str] = field(default_factory=list)
     # Optimizers that never stepped while another did: (index, params that got gradients).
     idle_optimizers: list[tuple[int, list[str]]] = field(default_factory=list)
+    # How messages name optimizer ``k`` (``optimizer[0]``, or ``optimizer['G']`` when named).
+    optimizer_name: Callable[[int], str] = field(default=lambda k: f"optimizer[{k}]")
     extra: dict[str, Any] = field(default_factory=dict)

@@ -404,6 +404,7 @@ def run_view(pipe: StepPipeline, faults: list[str]) -> RunView:
         skipped_steps=pipe.scaler.skipped,
         unreached=_unreached(pipe) if pipe.steps == 0 and pipe.backward_passes else [],
         idle_optimizers=idle_optimizers(tracker, pipe.structure.tracks, pipe.structure.index.names),
+        optimizer_name=pipe.structure.index.optimizer_label,
     )
 
 
