@@ -20,12 +20,16 @@ from __future__ import annotations
 
 import importlib
 import logging
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional, Union
 
 from gradwatch.adapter import WatchAdapter
 from gradwatch.config import GradWatchConfig
+from gradwatch.errors import ConfigError
 from gradwatch.lightning._artifacts import upload_report
+from gradwatch.lightning._console import BarWarnings
+from gradwatch.lightning._log_steps import logging_step
 
 if TYPE_CHECKING:
     import torch
@@ -89,17 +93,54 @@ def _report_dir(trainer: Any) -> Path:
     return root
 
 
-def _send(trainer: Any, values: dict[str, float]) -> None:
-    """Log ``values`` to every logger of the Trainer, at the step Lightning itself logs at.
+def _send(trainer: Any, values: dict[str, float], step: int) -> None:
+    """Log ``values`` to every logger of the Trainer at ``step``, Lightning's own step.
 
-    Not ``pl_module.log_dict``: Lightning re-sends a step metric's cached value on every
-    later step of the epoch, which would turn "every ``every_n_steps``" into every step.
+    Not ``pl_module.log_dict``: Lightning re-sends a step metric's cached value at every
+    later logging step of the epoch, which would repeat a stale observation as a new one.
     """
-    loop = getattr(getattr(trainer, "fit_loop", None), "epoch_loop", None)
-    step = getattr(loop, "_batches_that_stepped", None)
-    step = trainer.global_step if not isinstance(step, int) else step
     for logger in trainer.loggers:
         logger.log_metrics(values, step=step)
+
+
+def _built_by_argument_parser() -> bool:
+    """Whether jsonargparse (``LightningCLI``, ``jsonargparse.CLI``) is building this callback."""
+    frame = sys._getframe(1)
+    for _ in range(64):
+        if frame is None:
+            return False
+        if str(frame.f_globals.get("__name__", "")).startswith("jsonargparse."):
+            return True
+        frame = frame.f_back  # type: ignore[assignment]
+    return False
+
+
+def _exit_as_cli(exc: ConfigError) -> None:
+    """A bad gradwatch config under a command line: one ``error:`` line and exit status 2.
+
+    jsonargparse would wrap the exception into a union-of-types error of some 90 lines with
+    the reason in the middle; a command line reports a bad argument in one line, as
+    ``argparse`` does, and so does gradwatch's own CLI.
+    """
+    sys.stderr.write(f"error: gradwatch.lightning.GradWatchCallback: {exc}\n")
+    raise SystemExit(2) from None
+
+
+class _AfterProgressBar(*_CALLBACK_BASES):  # type: ignore[misc]
+    """Appended last to the Trainer's callbacks, after the progress bar: the bar stops in its
+    own ``teardown``/``on_exception``, and the summary printed here comes after its last line."""
+
+    def __init__(self, finish: Any) -> None:
+        self.finish = finish
+
+    def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        """Fit is over and the bar is done: print the summary (and fail, if asked to)."""
+        if stage == "fit":
+            self.finish(trainer)
+
+    def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+        """Fit raised and the bar is stopped: print the summary if it has findings."""
+        self.finish(trainer, crashed=True)
 
 
 class GradWatchCallback(WatchAdapter, *_CALLBACK_BASES):  # type: ignore[misc]
@@ -107,16 +148,24 @@ class GradWatchCallback(WatchAdapter, *_CALLBACK_BASES):  # type: ignore[misc]
 
     Args:
         config: a :class:`~gradwatch.GradWatchConfig`, a dict of its fields, or a path to a
-            YAML/TOML/JSON file (a bad one raises :class:`~gradwatch.ConfigError` here).
-        print_summary: print the one-screen summary on rank 0 when fit ends.
+            YAML/TOML/JSON file (a bad one raises :class:`~gradwatch.ConfigError` here; under
+            ``LightningCLI`` it is a one-line ``error:`` on stderr and exit status 2).
+        print_summary: print the one-screen summary on rank 0 when fit ends, after the
+            progress bar's last line.
         report_name: file name of the JSON report written when fit ends (or raises), on
             rank 0, to the run's own folder (the logger's ``version_N/``, or
             ``<default_root_dir>/gradwatch/<run id>/``) and logged as an artifact by loggers
             that store files (MLflow, W&B); ``None`` writes none.
         log_metrics: send ``gradwatch/...`` metrics (per-layer gradient norms, total norm,
-            findings count; a ghost layer's norm as 0) to the Trainer's loggers on observed
-            steps (every ``config.every_n_steps`` optimizer steps), at Lightning's own
-            logging step.
+            findings count; a ghost layer's norm as 0) to the Trainer's loggers on the steps
+            where Lightning logs its own (``log_every_n_steps``), at Lightning's step: the
+            values of the latest step gradwatch observed (every ``config.every_n_steps``
+            optimizer steps) since the previous logging step, nothing when none was.
+        fail_on_report: when the report of a finished fit failed (a finding at or above
+            ``config.fail_on``), raise its :class:`~gradwatch.GradWatchError` (a
+            :class:`~gradwatch.GhostLayerError` for ghosts) from ``trainer.fit`` once the
+            summary is printed, so the job exits non-zero. Off by default: findings never
+            stop a run unless asked (``config.fail_fast`` stops it at the step instead).
 
     Attributes:
         report: the :class:`~gradwatch.Report` of the last fit (also set when fit raised);
@@ -139,29 +188,53 @@ class GradWatchCallback(WatchAdapter, *_CALLBACK_BASES):  # type: ignore[misc]
         print_summary: bool = True,
         report_name: Optional[str] = REPORT_NAME,
         log_metrics: bool = True,
+        fail_on_report: bool = False,
     ) -> None:
         # Lightning's Callback bases define no __init__: the adapter's is the whole of it.
-        WatchAdapter.__init__(
-            self,
-            config,
-            print_summary=print_summary,
-            report_name=report_name,
-            log_metrics=log_metrics,
-        )
+        try:
+            WatchAdapter.__init__(
+                self,
+                config,
+                print_summary=print_summary,
+                report_name=report_name,
+                log_metrics=log_metrics,
+            )
+        except ConfigError as exc:
+            if _built_by_argument_parser():
+                _exit_as_cli(exc)
+            raise
+        self.fail_on_report = fail_on_report
         self._restored: Optional[dict[str, Any]] = None
         self._saved: Optional[dict[str, Any]] = None
+        self._tail = _AfterProgressBar(self._finish)
+        self._bar_warnings: Optional[BarWarnings] = None
+        self._print_due = False
+        self._fail_due = False
 
     # -- attach / detach ----------------------------------------------------------------
 
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
-        """Forget the previous fit's report (optimizers do not exist yet: attach waits)."""
-        if stage == "fit":
-            self.report = None
-            self.report_path = None
+        """Forget the previous fit's report (optimizers do not exist yet: attach waits).
+
+        Appends the small callback that prints the summary to the end of the Trainer's
+        callbacks, after the progress bar (Lightning visits a callback appended during this
+        loop in the same loop).
+        """
+        if stage != "fit":
+            return
+        self.report = None
+        self.report_path = None
+        self._print_due = self._fail_due = False
+        if not any(cb is self._tail for cb in trainer.callbacks):
+            trainer.callbacks.append(self._tail)
 
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
         """Attach the watcher to the module, the Trainer's optimizers and its GradScaler."""
         self._close(trainer)  # a previous fit that never reached its end
+        bar = getattr(trainer, "progress_bar_callback", None)
+        if bar is not None and bool(getattr(trainer, "is_global_zero", True)):
+            self._bar_warnings = BarWarnings(bar)
+            self._bar_warnings.install()
         scaler = getattr(trainer.strategy.precision_plugin, "scaler", None)
         watcher = self._start(pl_module, list(trainer.optimizers), scaler)
         if self._restored is not None:
@@ -172,7 +245,7 @@ class GradWatchCallback(WatchAdapter, *_CALLBACK_BASES):  # type: ignore[misc]
                 watcher.record_fault("checkpoint restore", exc)
 
     def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
-        """Remove the hooks, keep the report, write it and print its summary on rank 0."""
+        """Remove the hooks, keep the report and write it on rank 0 (printed after the bar)."""
         self._close(trainer)
 
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
@@ -182,17 +255,23 @@ class GradWatchCallback(WatchAdapter, *_CALLBACK_BASES):  # type: ignore[misc]
         (a ghost layer under DDP dies at the next forward), a clean table would be noise.
         """
         self._close(trainer, crashed=True)
+        if not any(cb is self._tail for cb in trainer.callbacks):
+            self._finish(trainer, crashed=True)
 
     def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
         """Last resort: never leave hooks behind, whatever path fit took."""
-        if stage == "fit":
-            self._close(trainer)
+        if stage != "fit":
+            return
+        self._close(trainer)
+        if not any(cb is self._tail for cb in trainer.callbacks):
+            self._finish(trainer)
 
     def _close(self, trainer: Any, *, crashed: bool = False) -> None:
         watcher = self._stop()
         if watcher is None:
             return
         self._saved = self._guarded(watcher, "checkpoint state", watcher.state_dict)
+        self._fail_due = not crashed
         if not bool(getattr(trainer, "is_global_zero", True)):
             return
         self._write(_report_dir(trainer))
@@ -201,9 +280,20 @@ class GradWatchCallback(WatchAdapter, *_CALLBACK_BASES):  # type: ignore[misc]
                 upload_report(list(getattr(trainer, "loggers", None) or []), self.report_path)
             except Exception as exc:  # a tracking server down must not fail a finished fit
                 log.warning("gradwatch could not log its report as an artifact: %r", exc)
-        if crashed and self.report is not None and not self.report.findings:
-            return
-        self._print()
+        self._print_due = not (crashed and self.report is not None and not self.report.findings)
+
+    def _finish(self, trainer: Any, *, crashed: bool = False) -> None:
+        """After the progress bar: print the summary; with ``fail_on_report``, fail the fit."""
+        self._close(trainer, crashed=crashed)  # on_fit_end did, unless a path skipped it
+        hook, self._bar_warnings = self._bar_warnings, None
+        if hook is not None:
+            hook.remove()
+        if self._print_due:
+            self._print_due = False
+            self._print()
+        fail, self._fail_due = self._fail_due and not crashed, False
+        if fail and self.fail_on_report and self.report is not None:
+            self.report.raise_for_findings()
 
     # -- per-step hooks: the core observes autograd and the optimizers itself ------------
 
@@ -231,11 +321,16 @@ class GradWatchCallback(WatchAdapter, *_CALLBACK_BASES):  # type: ignore[misc]
     def on_train_batch_end(
         self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        """Send the metrics of this batch's observed steps to the Trainer's loggers."""
-        values = self._metrics()
-        if not values or self.watcher is None or not trainer.loggers:
+        """Where Lightning logs this batch, send the latest observed metrics at its step."""
+        watcher = self.watcher
+        if watcher is None or not trainer.loggers:
             return
-        self._guarded(self.watcher, "metric logging", _send, trainer, values)
+        step = self._guarded(watcher, "metric logging", logging_step, trainer, pl_module, batch_idx)
+        if step is None:
+            return
+        values = self._metrics()
+        if values:
+            self._guarded(watcher, "metric logging", _send, trainer, values, step)
 
     # -- checkpoints ---------------------------------------------------------------------
 

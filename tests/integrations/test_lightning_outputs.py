@@ -145,7 +145,18 @@ def test_lightning_cli_yaml_with_config_file_path(tmp_path: Path) -> None:
     assert cb.report is not None and cb.report.findings == []  # the ghost is allowlisted
 
 
-def test_lightning_cli_rejects_a_bad_config_key(tmp_path: Path) -> None:
+def test_lightning_cli_rejects_a_bad_config_key(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Under a command line a bad gradwatch config is one ``error:`` line and exit status 2."""
     path = _cli_config(tmp_path, {"every_n_step": 2})
-    with pytest.raises(ValueError, match="unknown key 'every_n_step'"):
+    with pytest.raises(SystemExit) as exc:
         LightningCLI(CLIRegressor, args=["fit", "--config", str(path)], save_config_callback=None)
+    assert exc.value.code == 2
+    (line,) = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("error:")]
+    assert "unknown key 'every_n_step'" in line
+
+
+def test_a_bad_config_outside_a_command_line_still_raises() -> None:
+    with pytest.raises(gradwatch.ConfigError, match="every_n_step"):
+        GradWatchCallback(config={"every_n_step": 2})
