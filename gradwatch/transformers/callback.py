@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from pathlib import Path
 from typing import Any, Optional, Union
 
@@ -72,22 +73,54 @@ def _load_state(watcher: Any, path: Path, step: int) -> None:
     watcher.load_state_dict(torch.load(path, weights_only=True), step=step)
 
 
+def _calling_trainer() -> Any:
+    """The ``transformers.Trainer`` whose callback handler is calling this callback, if any.
+
+    ``TrainerCallback`` events get the model, the optimizer and the data loaders but not the
+    Trainer, and a callback given to ``Trainer(callbacks=[...])`` runs after the ``report_to``
+    integrations: only ``Trainer.log`` reaches them. The Trainer is the ``self`` of the frame
+    that dispatches ``on_train_begin`` (``Trainer._inner_training_loop``), a few frames up.
+    """
+    from transformers import Trainer
+
+    frame = sys._getframe(1)
+    for _ in range(16):
+        if frame is None:
+            return None
+        owner = frame.f_locals.get("self")
+        if isinstance(owner, Trainer):
+            return owner
+        frame = frame.f_back  # type: ignore[assignment]
+    return None
+
+
+def _console_metric(key: str) -> bool:
+    """Whether a logged key is fit for the console: all but gradwatch's per-layer norms."""
+    return not key.startswith("gradwatch/grad_norm/")
+
+
 class GradWatchCallback(WatchAdapter, TrainerCallback):  # type: ignore[misc]
     """Run gradwatch's checks during ``Trainer.train()`` and report what they found.
 
     Args:
         config: a :class:`~gradwatch.GradWatchConfig`, a dict of its fields, or a path to a
             YAML/TOML/JSON file (a bad one raises :class:`~gradwatch.ConfigError` here).
-        trainer: the ``Trainer`` this callback is added to (``trainer.add_callback(
-            GradWatchCallback(trainer=trainer))``). Optional: with it, observed steps' metrics
-            go through ``trainer.log`` and reach every ``report_to`` integration; without it
-            they join the Trainer's own log records (``state.log_history`` and the callbacks
-            after this one) at its ``logging_steps``.
+        trainer: the ``Trainer`` this callback is added to. Optional: without it the callback
+            finds the Trainer that calls it when training begins (``Trainer(...,
+            callbacks=[GradWatchCallback()])`` is enough).
         print_summary: print the one-screen summary on the main process when training ends.
         report_name: file name of the JSON report written to ``args.output_dir`` when
             training ends, on the main process; ``None`` writes none.
         log_metrics: send ``gradwatch/...`` metrics (per-layer gradient norms, total norm,
-            findings count; a ghost layer's norm as 0) to the Trainer's log.
+            findings count; a ghost layer's norm as 0) through ``Trainer.log`` at the
+            Trainer's own logging steps (``logging_steps``/``logging_strategy``), so they
+            reach every ``report_to`` integration and ``state.log_history``: the values of
+            the latest step gradwatch observed since the previous log. The console
+            (``ProgressCallback``/``PrinterCallback``) shows only the total norm and the
+            findings count; callbacks listed after this one see the same.
+        fail_on_report: when the report of a finished ``train()`` failed, raise its
+            :class:`~gradwatch.GradWatchError` from ``trainer.train()`` after the summary,
+            so the job exits non-zero.
 
     Attributes:
         report: the :class:`~gradwatch.Report` of the last ``train()``; ``None`` before.
@@ -110,6 +143,7 @@ class GradWatchCallback(WatchAdapter, TrainerCallback):  # type: ignore[misc]
         print_summary: bool = True,
         report_name: Optional[str] = REPORT_NAME,
         log_metrics: bool = True,
+        fail_on_report: bool = False,
     ) -> None:
         # TrainerCallback defines no __init__: the adapter's is the whole of it.
         WatchAdapter.__init__(
@@ -120,12 +154,16 @@ class GradWatchCallback(WatchAdapter, TrainerCallback):  # type: ignore[misc]
             log_metrics=log_metrics,
         )
         self.trainer = trainer
+        self.fail_on_report = fail_on_report
+        self._found: Any = None  # the Trainer found calling on_train_begin
+        self._emitting = False
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """Attach the watcher to the model, the Trainer's optimizer and its GradScaler."""
         self.close()  # a previous train() that raised never reached on_train_end
         self.report = None
         self.report_path = None
+        self._found = self.trainer or _calling_trainer()
         optimizer = kwargs.get("optimizer")
         watcher = self._start(kwargs["model"], optimizer, _scaler_of(optimizer))
         step = int(getattr(state, "global_step", 0) or 0)
@@ -143,12 +181,26 @@ class GradWatchCallback(WatchAdapter, TrainerCallback):  # type: ignore[misc]
             self._guarded(watcher, "checkpoint state", _save_state, watcher, folder, state)
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        """With a bound Trainer, log this optimizer step's metrics through ``trainer.log``."""
-        if self.trainer is None or self.watcher is None:
+        """Where the Trainer logs this step, log the latest metrics through ``Trainer.log``."""
+        self._emit(control)
+
+    def on_epoch_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """With ``logging_strategy="epoch"``, log the latest metrics at the epoch's log."""
+        self._emit(control)
+
+    def _emit(self, control: Any) -> None:
+        trainer, watcher = self._found, self.watcher
+        if trainer is None or watcher is None or not bool(getattr(control, "should_log", False)):
             return
         values = self._metrics()
-        if values:
-            self._guarded(self.watcher, "metric logging", self.trainer.log, values)
+        if not values:
+            return
+        self._emitting = True
+        try:
+            self._guarded(watcher, "metric logging", trainer.log, values)
+        finally:
+            self._emitting = False
+            control.should_log = True  # Trainer.log cleared it: the Trainer's own log follows
 
     def on_log(
         self,
@@ -158,13 +210,25 @@ class GradWatchCallback(WatchAdapter, TrainerCallback):  # type: ignore[misc]
         logs: Optional[dict[str, Any]] = None,
         **kwargs: Any,
     ) -> None:
-        """Without a bound Trainer, join the latest metrics to the Trainer's own log record."""
-        if self.trainer is not None or self.watcher is None or logs is None:
+        """Keep per-layer norms off the console (the printer callbacks come after this one).
+
+        The ``report_to`` integrations come before it and got every metric of the record;
+        ``state.log_history`` holds them all too. Without a Trainer to log through, the
+        latest metrics join the Trainer's own record instead (for the callbacks after this
+        one and ``state.log_history``).
+        """
+        if logs is None:
+            return
+        if self._emitting:
+            for key in [k for k in logs if not _console_metric(k)]:
+                del logs[key]
+            return
+        if self._found is not None or self.watcher is None:
             return
         values = self._metrics()
         if not values:
             return
-        logs.update(values)
+        logs.update({k: v for k, v in values.items() if _console_metric(k)})
         history = getattr(state, "log_history", None)
         # Trainer.log appended a copy of ``logs`` just before calling the callbacks.
         if history and history[-1].get("step") == state.global_step:
@@ -176,6 +240,8 @@ class GradWatchCallback(WatchAdapter, TrainerCallback):  # type: ignore[misc]
             Path(args.output_dir) if args.output_dir else None,
             bool(getattr(state, "is_world_process_zero", True)),
         )
+        if self.fail_on_report and self.report is not None:
+            self.report.raise_for_findings()
 
     def close(self, output_dir: Optional[Path] = None, main_process: bool = True) -> None:
         """Remove gradwatch's hooks now and keep the report (idempotent).
@@ -183,6 +249,7 @@ class GradWatchCallback(WatchAdapter, TrainerCallback):  # type: ignore[misc]
         ``on_train_end`` calls it; call it yourself after a ``train()`` that raised, which
         ``TrainerCallback`` gives no event for (the next ``train()`` also calls it).
         """
+        self._found = None
         if self._stop() is None or not main_process:
             return
         if output_dir is not None:

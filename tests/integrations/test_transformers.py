@@ -122,7 +122,8 @@ def test_clean_bert_with_gradient_accumulation_is_silent(tmp_path: Path) -> None
 
 
 def test_bound_trainer_logs_through_trainer_log(tmp_path: Path) -> None:
-    """With ``trainer=``, each observed step goes through ``Trainer.log`` (every integration)."""
+    """With ``trainer=``, the latest observed metrics go through ``Trainer.log`` (every
+    integration) at the Trainer's logging steps."""
     torch.manual_seed(0)
     args = transformers.TrainingArguments(
         output_dir=str(tmp_path / "out"),
@@ -130,7 +131,7 @@ def test_bound_trainer_logs_through_trainer_log(tmp_path: Path) -> None:
         report_to=[],
         max_steps=STEPS,
         per_device_train_batch_size=BATCH,
-        logging_steps=100,  # the Trainer's own records: none within these steps
+        logging_steps=2,
         save_strategy="no",
         disable_tqdm=True,
     )
@@ -140,13 +141,13 @@ def test_bound_trainer_logs_through_trainer_log(tmp_path: Path) -> None:
     class Spy(transformers.TrainerCallback):  # stands for report_to integrations
         def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kw: Any) -> None:
             if logs and "gradwatch/findings" in logs:
-                seen.append(dict(logs))
+                seen.append({**logs, "step": state.global_step})
 
     trainer.add_callback(Spy())
     cb = GradWatchCallback(config={"every_n_steps": 2}, trainer=trainer, print_summary=False)
     trainer.add_callback(cb)
     trainer.train()
-    assert len(seen) == STEPS // 2  # observed steps 0 and 2
+    assert [s["step"] for s in seen] == [2, 4]  # the logging steps; observed: 0 and 2
     assert all(s["gradwatch/grad_norm/bert.pooler.dense"] == 0.0 for s in seen)
     assert cb.report is not None and cb.report.steps == STEPS
 
