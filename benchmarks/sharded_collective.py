@@ -4,8 +4,10 @@ Times :meth:`gradwatch.distributed.sync.DistSync.exchange` for ``N`` parameters:
 form (one byte per parameter) and the sharded form (the same ``all_gather`` carrying each
 rank's shard sums: 8 float32 values per parameter on an observed step), and the DDP form on
 an observed step with ``replica_divergence`` on (codes and the pre-step checksums as int64:
-16 bytes per parameter). Prints one line per form: median and p90 microseconds per step
-over ``--reps`` calls, and the bytes each rank sends.
+16 bytes per parameter, plus 8 for the optimizer's step count), and the HSDP form (FSDP2 on a
+(replicate, shard) mesh: the shard sums and the local shards' checksums in the same
+``all_gather``, 8 bytes more per parameter). Prints one line per form: median and p90
+microseconds per step over ``--reps`` calls, and the bytes each rank sends.
 
     python benchmarks/sharded_collective.py --params 400 --reps 300
 """
@@ -27,7 +29,22 @@ from gradwatch.capture.window import Track
 from gradwatch.distributed.replicas import ReplicaCheck
 from gradwatch.distributed.sync import DistSync
 from gradwatch.measure.fingerprint import fingerprint
+from gradwatch.model.engines import FSDP2
 from gradwatch.model.index import ParamIndex
+
+
+def _hsdp_track(ids: list[int], n: int) -> Track:
+    """A track of ``n`` DTensors on a (replicate=2, shard=1) mesh, fingerprinted."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    mesh = init_device_mesh("cpu", (2, 1), mesh_dim_names=("replicate", "shard"))
+    params = [distribute_tensor(torch.randn(16, 16), mesh, [Replicate(), Shard(0)]) for _ in ids]
+    track = Track(index=0)
+    track.set_params(ids, params, ["layer"] * n)  # type: ignore[arg-type]
+    track.sharded = FSDP2
+    track.fingerprint = fingerprint([p.to_local() for p in params])
+    return track
 
 
 def _worker(rank: int, port: int, n: int, reps: int) -> None:
@@ -52,7 +69,13 @@ def _worker(rank: int, port: int, n: int, reps: int) -> None:
     forms = (
         ("ddp codes only", None, None, n),
         ("sharded codes + shard sums", payload, None, 4 * 9 * n),
-        ("ddp codes + replica checksums", None, track, 8 * 2 * n),
+        ("ddp codes + replica checksums", None, track, 8 * (2 * n + 1)),
+        (
+            "hsdp codes + shard sums + replica checksums",
+            payload,
+            _hsdp_track(ids, n),
+            4 * 9 * n + 8 * (n + 1),
+        ),
     )
     for label, extra, observed, sent in forms:
         sync.replicas = ReplicaCheck(ParamIndex(), lambda fact: None) if observed else None

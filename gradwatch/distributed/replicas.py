@@ -47,7 +47,7 @@ class Local:
 
     sums: torch.Tensor
     ids: list[int]
-    rep: Optional[list[list[int]]] = None
+    rep: Optional[torch.Tensor] = None
     """``world`` x columns: the rank whose value each rank's must equal (itself: none)."""
 
 
@@ -101,6 +101,7 @@ class ReplicaCheck:
         self.world = 1  # set by the exchange (DistSync) before each local()
         self.first_step: Optional[int] = None
         self._keys: dict[Any, tuple[int, ...]] = {}
+        self._reps: dict[int, tuple[list[torch.Tensor], list[int], Optional[torch.Tensor]]] = {}
 
     def local(self, track: Track, world_size: int) -> Optional[Local]:
         """The checksums of ``track``'s pre-step fingerprint as one int64 vector (on the
@@ -111,18 +112,32 @@ class ReplicaCheck:
             return None  # not an observed step, or FSDP1 (its not_observed info says so)
         owners = [p for g in fp.plan.groups for p in g.members]
         owners += [b.position for b in fp.plan.big]
-        rep: Optional[list[list[int]]] = None
+        rep: Optional[torch.Tensor] = None
         if track.sharded == FSDP2:  # compare ranks holding the same shard only
-            keys = [self._key(track.params[p]) for p in owners]
-            if all(k[r] == r for k in keys for r in range(self.world)):
+            rep = self._rep(track, owners)
+            if rep is None:
                 return None  # no replicas (plain FSDP2): nothing to compare
-            rep = [[k[r] for k in keys] + [0] for r in range(self.world)]
         device = fp.checksums[0].device
         sums = torch.cat(
             [c.reshape(-1).to(device, torch.int64) for c in fp.checksums]
             + [_optimizer_step(track, device)]
         )
         return Local(sums, [track.ids[p] for p in owners] + [-1], rep)
+
+    def _rep(self, track: Track, owners: list[int]) -> Optional[torch.Tensor]:
+        """``world`` x (columns + 1): the rank each rank's checksum must equal (the last
+        column: the optimizer's step count, the same on every rank); ``None``: no replicas.
+        Read once per parameter list (a layout change makes a new one)."""
+        got = self._reps.get(id(track))
+        if got is not None and got[0] is track.params and got[1] == owners:
+            return got[2]
+        keys = [self._key(track.params[p]) for p in owners]
+        rep: Optional[torch.Tensor] = None
+        if any(k[r] != r for k in keys for r in range(self.world)):
+            rows = [[k[r] for k in keys] + [0] for r in range(self.world)]
+            rep = torch.tensor(rows, dtype=torch.int64)
+        self._reps[id(track)] = (track.params, list(owners), rep)
+        return rep
 
     def _key(self, p: torch.Tensor) -> tuple[int, ...]:
         if not hasattr(p, "device_mesh") or not hasattr(p, "placements"):
@@ -132,8 +147,7 @@ class ReplicaCheck:
     def judge(self, local: Local, sums: torch.Tensor, step: int) -> None:
         """``sums``: per rank (rows), the checksums of ``local.ids`` at the start of
         ``step``; record a fact where replicas differ (only those columns reach Python)."""
-        ids, world = local.ids, sums.shape[0]
-        rep = None if local.rep is None else torch.tensor(local.rep, dtype=torch.int64)
+        ids, world, rep = local.ids, sums.shape[0], local.rep
         base = sums[0].expand_as(sums) if rep is None else sums.gather(0, rep)
         columns = (sums != base)[:, :-1].any(dim=0).nonzero().flatten().tolist()
         if not columns:
@@ -142,7 +156,7 @@ class ReplicaCheck:
         odd: set[int] = set()
         for k in columns:
             values = sums[:, k].tolist()
-            owner = [0] * world if local.rep is None else [local.rep[r][k] for r in range(world)]
+            owner = [0] * world if rep is None else rep[:, k].tolist()
             for group in {owner[r] for r in range(world)}:
                 ranks = [r for r in range(world) if owner[r] == group]
                 odd.update(_odd([values[r] for r in ranks], ranks))
