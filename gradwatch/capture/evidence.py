@@ -22,6 +22,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
+from gradwatch.capture.flow import upstream_layers
 from gradwatch.model.locations import call_site
 
 DirtyFlag = Any  # bool | torch.Tensor
@@ -74,6 +75,11 @@ class Tracker:
         self.leader = -1  # the parameter that arrived first in the latest graph task
         self.want_call: set[str] = set()  # flagged layers whose caller's line is wanted
         self.called_at: dict[str, str] = {}  # layer -> "file:line" that called it
+        # The forward's data flow, recorded until the first step (capture/flow.py): layer
+        # -> the layers nearest upstream of its inputs. ``layer_of`` names a parameter's
+        # layer (set by the run, which holds the index).
+        self.links: dict[str, frozenset[str]] = {}
+        self.layer_of: Callable[[torch.Tensor], Optional[str]] = lambda t: None
         # Arrival order of the last step whose hooks were all on: a read step's order
         # (capture/step_reading.py); None while every arrival is hooked.
         self.rank: Optional[dict[int, int]] = None
@@ -254,6 +260,8 @@ def make_forward_hook(
             seq = next(t.counter)
             if torch.is_grad_enabled():
                 t.fwd_grad[layer] = seq
+                if not t.stepped_at and layer not in t.links:  # once per layer, first window
+                    t.links[layer] = upstream_layers(args, t.layer_of, layer)
             else:
                 t.fwd_nograd[layer] = seq
             if layer not in t.fwd_first:

@@ -115,6 +115,12 @@ class Check:
     #: Whether the layers of its findings keep their forward hooks once the others are
     #: trimmed (``trim_hooks_after``): a ghost's cause comes from them.
     keeps_forward_hooks: ClassVar[bool] = False
+    #: Whether its findings (warning or error) name parts of the model that do not train
+    #: (``ghost_param``, ``stale_param``, ``not_in_optimizer``): when such findings together
+    #: hold most (more than half) of the model's trainable elements, each of them is an
+    #: error whatever its own severity (see ``FindingLog.escalate``). Such findings carry
+    #: ``details.numel``, the element count of their parameters.
+    counts_toward_share: ClassVar[bool] = False
 
     @classmethod
     def default_severity(cls) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from gradwatch._severity import Severity
+from gradwatch.checks._grouping import WHOLE, by_subtree, label, numel_of
 from gradwatch.checks.base import Check, CheckConfig, severity_field
 from gradwatch.checks.docs import CheckDoc
 from gradwatch.checks.views import StepView, StructureView
@@ -43,6 +44,7 @@ class NotInOptimizer(Check):
 
     id = "not_in_optimizer"
     Config = NotInOptimizerConfig
+    counts_toward_share = True
     doc = CheckDoc(
         summary="A trainable parameter of the model is in no watched optimizer (warning once "
         "it receives gradients, info while it never has).",
@@ -59,7 +61,7 @@ class NotInOptimizer(Check):
 
     def __init__(self, config, watch_config) -> None:  # type: ignore[no-untyped-def]
         super().__init__(config, watch_config)
-        self._idle: dict[str, list[int]] = {}  # layer -> orphans, no gradient seen yet
+        self._idle: dict[str, list[int]] = {}  # group key -> orphans, no gradient seen yet
 
     def on_structure(self, view: StructureView, log: FindingLog) -> None:
         self._idle = {}
@@ -70,45 +72,71 @@ class NotInOptimizer(Check):
             for i in view.trainable
             if i not in view.in_optimizer and not view.index.params[i].outside_model
         ]
-        for layer, idxs in _by_layer(view, orphans).items():
-            finding = log.get(self.id, layer)
+        universe = [i for i in view.trainable if not view.index.params[i].outside_model]
+        for root, idxs in by_subtree(view.index, orphans, universe).items():
+            key = root or WHOLE
+            finding = log.get(self.id, key)
             if finding is not None and finding.details.get("receives_grad"):
                 continue  # already seen receiving gradients
-            self._idle[layer] = idxs
+            self._idle[key] = idxs
             if finding is not None:
                 continue
             log.emit(
                 self.id,
                 severity="info",
                 step=int(view.extra.get("step", 0)),
-                message=f"{len(idxs)} trainable parameter(s) of '{layer}' are in no optimizer "
+                message=f"{_what(view, root, idxs)} in no optimizer "
                 "(no gradient so far: an EMA/SWA copy?).",
                 hint="Harmless for a copy updated by hand (AveragedModel, EMA); freeze it with "
                 "requires_grad_(False) to say so. If it should train, add it to the optimizer.",
                 params=view.index.names(idxs),
-                module=layer,
+                module=root or None,
+                details=_details(view, idxs),
+                key=key,
             )
 
     def on_step(self, view: StepView, log: FindingLog) -> None:
         if not self._idle:
             return
-        for layer, idxs in list(self._idle.items()):
+        for key, idxs in list(self._idle.items()):
             if not any(view.received(i) for i in idxs):
                 continue
-            del self._idle[layer]
+            del self._idle[key]
+            root = "" if key == WHOLE else key
             log.emit(
                 self.id,
                 severity=self.severity,
                 step=view.step,
-                message=f"{len(idxs)} trainable parameter(s) of '{layer}' are in no optimizer: "
-                "they get gradients but never change.",
-                hint="Build the optimizer from model.parameters() after the model is complete, "
-                "or add them with optimizer.add_param_group(); for a teacher/EMA copy, detach "
-                "its output or freeze it (requires_grad_(False)).",
+                message=f"{_what(view, root, idxs)} in no optimizer: they get gradients but "
+                "never change.",
+                hint="Build the optimizer from model.parameters() once the model is complete, "
+                "or add_param_group() them; a teacher/EMA copy: requires_grad_(False).",
                 params=view.index.names(idxs),
-                module=layer,
-                details={"receives_grad": True},
+                module=root or None,
+                details={**_details(view, idxs), "receives_grad": True},
+                key=key,
             )
+
+
+def _layers(view: StructureView | StepView, idxs: list[int]) -> list[str]:
+    return list(dict.fromkeys(view.index.params[i].layer for i in idxs))
+
+
+def _what(view: StructureView | StepView, root: str, idxs: list[int]) -> str:
+    """``2 trainable parameter(s) of 'head' are`` or ``74 trainable parameters in 37 layers
+    of 'encoder' are``: a subtree left out of the optimizer is named once."""
+    layers = _layers(view, idxs)
+    if len(layers) == 1 and layers[0] == root:
+        return f"{len(idxs)} trainable parameter(s) of '{root}' are"
+    return f"{len(idxs)} trainable parameters in {len(layers)} layers of {label(root)} are"
+
+
+def _details(view: StructureView | StepView, idxs: list[int]) -> dict[str, object]:
+    layers = _layers(view, idxs)
+    out: dict[str, object] = {"numel": numel_of(view.index, idxs)}
+    if len(layers) > 1:
+        out["layers"] = layers
+    return out
 
 
 class FrozenInOptimizer(Check):

@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING, Any, Optional
 from pydantic import Field
 
 from gradwatch._severity import Severity
+from gradwatch.checks._ghost_groups import Group, ghost_groups
+from gradwatch.checks._grouping import numel_of
 from gradwatch.checks.base import Check, CheckConfig, severity_field
 from gradwatch.checks.docs import CheckDoc
 from gradwatch.checks.views import StepView, StructureView
@@ -15,18 +17,6 @@ from gradwatch.errors import GhostLayerError
 if TYPE_CHECKING:
     from gradwatch.checks.base import FindingLog
 
-HINTS = {
-    "not_called": "Its module never ran: remove the unused layer or call it; if the branch is "
-    "conditional, DDP needs find_unused_parameters=True. List it in `ignore` if intended.",
-    "no_grad": "Its module ran with gradients disabled (torch.no_grad, torch.inference_mode, or a "
-    "reentrant torch.utils.checkpoint whose inputs do not require grad: use "
-    "checkpoint(..., use_reentrant=False)). Freeze it with requires_grad_(False) if intended.",
-    "disconnected": "Its module ran with gradients enabled but its output never reached the loss: "
-    "look for .detach(), .data, a .item()/.numpy() round trip, or an output nobody used "
-    "(e.g. an ignored pooler).",
-    "unknown": "No gradient reached it and its module could not be traced (a functional call or "
-    "a parameter used outside its module). Check that it contributes to the loss.",
-}
 INTERMITTENT = (
     " It is missing in some steps only (a branch taken sometimes: MoE routing, LayerDrop), "
     "which is fine in one process; DDP needs find_unused_parameters=True for it."
@@ -59,6 +49,7 @@ class GhostParam(Check):
     id = "ghost_param"
     Config = GhostParamConfig
     keeps_forward_hooks = True
+    counts_toward_share = True
     error = GhostLayerError
     doc = CheckDoc(
         summary="A trainable parameter got no gradient between two optimizer steps while "
@@ -87,7 +78,7 @@ class GhostParam(Check):
     def __init__(self, config, watch_config) -> None:  # type: ignore[no-untyped-def]
         super().__init__(config, watch_config)
         self._ddp_strict = False  # under DDP without find_unused_parameters
-        self._flagged: dict[str, list[int]] = {}  # layer -> its ghosts at their last report
+        self._flagged: dict[str, tuple[list[int], Group]] = {}  # key -> its ghosts, group
         self._pos: tuple[object, dict[int, int]] = (None, {})
 
     @classmethod
@@ -120,46 +111,53 @@ class GhostParam(Check):
             self._revise(view, missing, log)
         if not any(missing):
             return
+        flagged = []
         for layer, positions in view.by_layer().items():
             ghosts = [k for k in positions if missing[k]]
-            if not ghosts:
-                continue
-            k0 = ghosts[0]
-            i0 = view.ids[k0]
-            cause = view.cause(i0)
-            seen, lost = view.seen[k0], view.missing[k0]
-            intermittent = seen > 0
-            details: dict[str, object] = {
-                "cause": cause,
-                "steps_missing": lost,
-                "steps_seen": seen,
-                "intermittent": intermittent,
-            }
-            if view.optimizer is not None:
-                details["optimizer"] = view.optimizer
-            if view.ranks_missing is not None:
-                ranks = sorted({r for k in ghosts for r in view.ranks_missing[k]})
-                details["ranks"] = ranks
-                details["world_size"] = view.world_size
-            ids = [view.ids[k] for k in ghosts]
-            names = view.index.names(ids)
-            where = ""
-            if view.ranks_missing is not None and len(details["ranks"]) < view.world_size:  # type: ignore[arg-type]
-                where = f" on rank(s) {details['ranks']}"
-            self._flagged[layer] = ids
-            log.emit(
-                self.id,
-                severity=self._severity(intermittent),
-                step=view.step,
-                message=_message(len(names), layer, lost, seen, view.step, where, cause),
-                hint=HINTS.get(cause, HINTS["unknown"]) + (INTERMITTENT if intermittent else ""),
-                params=names,
-                module=layer,
-                details=details,
-            )
+            if ghosts:
+                flagged.append((layer, ghosts, view.cause(view.ids[ghosts[0]])))
+        for group in ghost_groups(view, flagged):
+            self._emit(view, group, log)
+
+    def _emit(self, view: StepView, group: Group, log: FindingLog) -> None:
+        ks = group.positions
+        k0 = ks[0]
+        seen, lost = view.seen[k0], view.missing[k0]
+        intermittent = seen > 0
+        details: dict[str, object] = {
+            "cause": group.cause,
+            "steps_missing": lost,
+            "steps_seen": seen,
+            "intermittent": intermittent,
+            "numel": numel_of(view.index, (view.ids[k] for k in ks)),
+        }
+        details.update(group.details)
+        if view.optimizer is not None:
+            details["optimizer"] = view.optimizer
+        where = ""
+        if view.ranks_missing is not None:
+            ranks = sorted({r for k in ks for r in view.ranks_missing[k]})
+            details["ranks"] = ranks
+            details["world_size"] = view.world_size
+            if len(ranks) < view.world_size:
+                where = f" on rank(s) {ranks}"
+        ids = [view.ids[k] for k in ks]
+        names = view.index.names(ids)
+        self._flagged[group.key] = (ids, group)
+        log.emit(
+            self.id,
+            severity=self._severity(intermittent),
+            step=view.step,
+            message=group.message(len(names), lost, seen, view.step, where),
+            hint=group.hint() + (INTERMITTENT if intermittent else ""),
+            params=names,
+            module=group.module,
+            details=details,
+            key=group.key,
+        )
 
     def _revise(self, view: StepView, missing: list[bool], log: FindingLog) -> None:
-        """Reported layers whose ghosts got a gradient now: intermittent, with the latest counts.
+        """Reported groups whose ghosts got a gradient now: intermittent, with the latest counts.
 
         Keeps a finding true at any time: a layer missing at step 0 only is not left
         described as a permanent ghost, and ``steps_seen`` keeps counting.
@@ -168,27 +166,20 @@ class GhostParam(Check):
         if self._pos[0] is not ids:  # the track's id list is reused while the layout holds
             self._pos = (ids, {i: k for k, i in enumerate(ids)})
         pos = self._pos[1]
-        for layer, ghost_ids in self._flagged.items():
+        for key, (ghost_ids, group) in self._flagged.items():
             ks = [pos[i] for i in ghost_ids if i in pos]
             if not ks or any(missing[k] for k in ks):
                 continue
             k0 = ks[0]
             seen, lost = view.seen[k0], view.missing[k0]
-            finding = log.get(self.id, layer)
+            finding = log.get(self.id, key)
             if finding is None:
                 continue
-            cause = str(finding.details.get("cause", "unknown"))
             log.revise(
                 self.id,
-                layer,
+                key,
                 severity=self._severity(True),
-                message=_message(len(finding.params), layer, lost, seen, view.step, "", cause),
-                hint=HINTS.get(cause, HINTS["unknown"]) + INTERMITTENT,
+                message=group.message(len(finding.params), lost, seen, view.step, ""),
+                hint=group.hint() + INTERMITTENT,
                 details={"steps_missing": lost, "steps_seen": seen, "intermittent": True},
             )
-
-
-def _message(n: int, layer: str, lost: int, seen: int, step: int, where: str, cause: str) -> str:
-    when = f"in {lost} of {lost + seen} steps" if seen else f"at step {step}"
-    noun = "parameter" if n == 1 else "parameters"
-    return f"{n} {noun} of '{layer}' got no gradient {when}{where} (cause: {cause})."

@@ -9,6 +9,7 @@ import torch
 from pydantic import Field, StrictInt
 
 from gradwatch._severity import Severity
+from gradwatch.checks._grouping import numel_of
 from gradwatch.checks._never_stepped import emit_never_stepped
 from gradwatch.checks._patience import Streaks
 from gradwatch.checks.base import Check, CheckConfig, severity_field
@@ -40,6 +41,7 @@ class StaleParam(Check):
 
     id = "stale_param"
     Config = StaleParamConfig
+    counts_toward_share = True
     doc = CheckDoc(
         summary="A layer had finite non-zero gradients, yet none of its values changed across "
         "the step, for patience observed steps.",
@@ -68,6 +70,7 @@ class StaleParam(Check):
     def on_step(self, view: StepView, log: FindingLog) -> None:
         if view.optimizer is None:
             return
+        grouped: dict[tuple[Optional[int], str], list[tuple[str, list[int], dict[str, Any]]]] = {}
         for layer, s in view.layers.items():
             if s.delta_norm is None or not 0 < s.norm < inf:  # finite, non-zero gradients
                 continue
@@ -76,32 +79,83 @@ class StaleParam(Check):
             if self._streaks.hit(layer, stale) < self.config.patience:
                 continue
             ids = [view.ids[k] for k in s.positions]
-            details: dict[str, Any] = {"optimizer": view.optimizer, "grad_norm": s.norm}
-            said, hint = "", _HINT
+            details: dict[str, Any] = {"grad_norm": s.norm}
             if all(view.group_lr(i) == 0.0 for i in ids):
-                said, hint = " Its param group's learning rate is 0.", _HINT_LR_ZERO
                 details.update(cause="lr_zero", lr=0.0)
             elif moved is not None:
-                dtype = _low_precision(view, ids)
-                said = (
-                    f" Its {dtype} weights round the updates away: {moved:.1%} of the values "
-                    "with a gradient changed."
-                )
-                hint = _HINT_PRECISION
-                details.update(cause="precision", dtype=dtype, moved_fraction=moved)
-            unchanged = "did not change" if moved is None else "barely changed"
-            log.emit(
-                self.id,
-                severity=self.severity,
-                step=view.step,
-                message=f"layer '{layer}': had gradients but its values {unchanged} across "
-                f"optimizer[{view.optimizer}].step() for {self.config.patience}+ observed "
-                f"steps.{said}",
-                hint=hint,
-                params=view.index.names(ids),
-                module=layer,
-                details=details,
+                details.update(cause="precision", dtype=_low_precision(view, ids))
+                details["moved_fraction"] = moved
+            cause = str(details.get("cause", "unchanged"))
+            grouped.setdefault((view.group_of(ids[0]), cause), []).append((layer, ids, details))
+        for (g, cause), rows in grouped.items():
+            self._emit(view, g, cause, rows, log)
+
+    def _emit(
+        self,
+        view: StepView,
+        g: Optional[int],
+        cause: str,
+        rows: list[tuple[str, list[int], dict[str, Any]]],
+        log: FindingLog,
+    ) -> None:
+        """One finding per param group and cause: the group at lr 0 with every parameter of
+        it that had a gradient, or the layers of one group stale for one other reason."""
+        opt = f"optimizer[{view.optimizer}]"
+        group = f"{opt}.group[{g}]" if g is not None else opt
+        ids = [i for _, layer_ids, _ in rows for i in layer_ids]
+        if cause == "lr_zero":  # the whole group: its other parameters do not move either
+            got = set(ids) | {i for i in view.group_ids(g) if view.received(i)}
+            ids = [i for i in view.group_ids(g) if i in got] or ids
+        layers = list(dict.fromkeys(view.index.params[i].layer for i in ids))
+        details: dict[str, Any] = {"optimizer": view.optimizer, "numel": numel_of(view.index, ids)}
+        for _, _, extra in rows:
+            details.update({k: v for k, v in extra.items() if k not in details})
+        details["grad_norm"] = max(float(r[2]["grad_norm"]) for r in rows)
+        if g is not None:
+            details["group"] = g
+        single = len(layers) == 1
+        if not single:
+            details["layers"] = layers
+        said, hint = "", _HINT
+        if cause == "lr_zero":
+            said, hint = " Its param group's learning rate is 0.", _HINT_LR_ZERO
+        elif cause == "precision":
+            moved = min(float(r[2]["moved_fraction"]) for r in rows)
+            said = (
+                f" Its {details.get('dtype')} weights round the updates away: {moved:.1%} of "
+                "the values with a gradient changed."
             )
+            hint = _HINT_PRECISION
+        unchanged = "barely changed" if cause == "precision" else "did not change"
+        patience = self.config.patience
+        if cause == "lr_zero":
+            message = (
+                f"param group {group} has learning rate 0: its {len(ids)} parameter(s) in "
+                f"{len(layers)} layer(s) had gradients but did not change across "
+                f"{opt}.step() for {patience}+ observed steps."
+            )
+        elif single:
+            message = (
+                f"layer '{layers[0]}': had gradients but its values {unchanged} across "
+                f"{opt}.step() for {patience}+ observed steps.{said}"
+            )
+        else:
+            message = (
+                f"{len(layers)} layers of {group}: had gradients but their values {unchanged} "
+                f"across {opt}.step() for {patience}+ observed steps.{said}"
+            )
+        log.emit(
+            self.id,
+            severity=self.severity,
+            step=view.step,
+            message=message,
+            hint=hint,
+            params=view.index.names(ids),
+            module=layers[0] if single else None,
+            details=details,
+            # stable as more layers of the group reach patience
+            key=group if cause == "lr_zero" else f"{group}:{cause}",
+        )
 
     def on_run(self, view: RunView, log: FindingLog) -> None:
         emit_never_stepped(self.id, view, log)  # an optimizer forgotten (error)
@@ -154,6 +208,5 @@ _HINT = (
 )
 _HINT_LR_ZERO = (
     "A learning rate of 0 trains nothing: check the group's 'lr' and the scheduler (a warm-up "
-    "held at 0, a decay to 0). To keep the layer fixed on purpose, set requires_grad=False on "
-    "its parameters so that no gradient is computed for it."
+    "held at 0, a decay to 0). To keep them fixed on purpose, set requires_grad=False on them."
 )

@@ -13,7 +13,7 @@ from typing import Any, Callable, Optional
 from gradwatch.capture.modes import ModeSnapshot
 from gradwatch.model.index import ParamIndex
 
-__all__ = ["LayerSample", "RunView", "StepView", "StructureView", "WindowEvidence"]
+__all__ = ["ForwardOrder", "LayerSample", "RunView", "StepView", "StructureView", "WindowEvidence"]
 
 
 @dataclass(slots=True)  # 200 built per statistics step on a deep stack: cheaper init and reads
@@ -32,6 +32,20 @@ class LayerSample:
     @property
     def finite(self) -> bool:
         return math.isfinite(self.norm)
+
+
+@dataclass(frozen=True)
+class ForwardOrder:
+    """The order and data flow of the layers' forwards (the hooks' stamps, shared, not copied).
+
+    ``stamps``: layer -> the event number of its latest forward in grad mode (later runs have
+    larger numbers). ``links``: layer -> the layers whose parameters are nearest upstream of
+    its inputs in autograd's graph, recorded during the first window
+    (:mod:`gradwatch.capture.flow`); a layer missing from it was not seen then.
+    """
+
+    stamps: dict[str, int] = field(default_factory=dict)
+    links: dict[str, frozenset[str]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -134,6 +148,12 @@ class StepView:
     # Whether the optimizer compensates rounding for parameter ``i`` (Kahan summation,
     # stochastic rounding): updates below the dtype's resolution are kept, not lost.
     compensated: Callable[[int], bool] = field(default=lambda i: False)
+    # The index of the param group of this step's optimizer that holds parameter ``i``.
+    group_of: Callable[[int], Optional[int]] = field(default=lambda i: None)
+    # The watched ids of param group ``g`` of this step's optimizer (``stale_param``'s lr 0).
+    group_ids: Callable[[Optional[int]], list[int]] = field(default=lambda g: [])
+    # When and from what the layers ran in the forward (``ghost_param`` groups by it).
+    forward: ForwardOrder = field(default_factory=ForwardOrder)
 
     @property
     def optimizer_name(self) -> str:

@@ -138,7 +138,9 @@ class GradWatchConfig(BaseModel):
     )
     warn: StrictBool = Field(
         default=True,
-        description="Emit one GradWatchWarning per (check, parameter) as findings appear.",
+        description="Emit one GradWatchWarning per finding (however many parameters it "
+        "names) when it first reaches warning or error, pointing at the user's line (the "
+        "first frame outside gradwatch, torch, Lightning, transformers and accelerate).",
     )
     on_internal_error: Literal["warn", "raise"] = Field(
         default="warn",

@@ -13,8 +13,6 @@ import warnings
 from collections.abc import Iterable
 from typing import Any, Callable, Optional
 
-import torch
-
 from gradwatch._text import safe
 from gradwatch.capture.facts import Fact
 from gradwatch.checks import Check, RunView, StepView, StructureView
@@ -24,46 +22,59 @@ from gradwatch.errors import GradWatchWarning
 from gradwatch.model.locations import Locations
 from gradwatch.results import Finding
 
-_INTERNAL = (
-    os.path.dirname(os.path.dirname(os.path.abspath(__file__))),  # the gradwatch package
-    os.path.dirname(torch.__file__),
-)
-_LIGHTNING = ("pytorch_lightning", "lightning")
+_OWN = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the gradwatch package
+#: Frameworks that call the user's code: a warning raised inside their call into the
+#: user's training step points past them, at the user's own line (``trainer.fit()``,
+#: ``trainer.train()``, ``loss.backward()``). Only those already imported are looked up.
+FRAMEWORKS = ("torch", "lightning", "pytorch_lightning", "transformers", "accelerate")
 
 
-def _user_stacklevel() -> int:
-    """The stacklevel of the first frame outside gradwatch, torch and Lightning.
+def skipped_prefixes() -> tuple[str, ...]:
+    """The directories whose frames a warning skips: gradwatch's own and the frameworks'.
 
-    The user's line (``optimizer.step()``, ``loss.backward()``, ``trainer.fit()``) is where
-    a warning should point. Lightning is skipped only if the user already imported it.
+    Each ends with a separator, so ``torch`` does not also skip ``torchvision`` or a user's
+    ``torch_utils.py``.
     """
-    files = [getattr(sys.modules.get(name), "__file__", None) for name in _LIGHTNING]
-    internal = _INTERNAL + tuple(os.path.dirname(f) for f in files if isinstance(f, str))
-    frame = sys._getframe(1)
-    level = 1
-    while frame is not None and frame.f_code.co_filename.startswith(internal):
+    dirs = [_OWN]
+    for name in FRAMEWORKS:
+        file = getattr(sys.modules.get(name), "__file__", None)
+        if isinstance(file, str):
+            dirs.append(os.path.dirname(os.path.abspath(file)))
+    return tuple(d.rstrip(os.sep) + os.sep for d in dirs)
+
+
+def _user_frame(prefixes: tuple[str, ...]) -> tuple[int, Any]:
+    """The stacklevel (for a ``warnings.warn`` called by :func:`_warn`) and the frame of the
+    first caller outside ``prefixes``: the user's line."""
+    frame = sys._getframe(2)  # the caller of _warn
+    level = 2
+    while frame is not None and frame.f_code.co_filename.startswith(prefixes):
         frame = frame.f_back  # type: ignore[assignment]
         level += 1
-    return level
+    return level, frame
 
 
-def _warn(text: str, stacklevel: int) -> None:
-    """One ``GradWatchWarning`` that never aborts the user's step.
+def _warn(text: str) -> None:
+    """One ``GradWatchWarning``, attributed to the user's line, that never aborts a step.
 
-    This runs inside ``optimizer.step()`` and ``loss.backward()`` hooks. A filter that turns
-    warnings into errors (``python -W error``, pytest's ``filterwarnings = error``) would raise
-    out of them and stop training, which only ``fail_fast`` may do. The warning it refused is
-    shown instead (``warnings.showwarning``: stderr, or pytest's warnings summary); the
-    finding is in the report, which fails the run as usual.
+    The line is the first frame outside gradwatch and the frameworks that call the user's
+    code (:data:`FRAMEWORKS`): ``skip_file_prefixes`` on Python >= 3.12, the same walk as a
+    ``stacklevel`` before. This runs inside ``optimizer.step()`` and ``loss.backward()``
+    hooks. A filter that turns warnings into errors (``python -W error``, pytest's
+    ``filterwarnings = error``) would raise out of them and stop training, which only
+    ``fail_fast`` may do. The warning it refused is shown instead (``warnings.showwarning``:
+    stderr, or pytest's warnings summary); the finding is in the report, which fails the run
+    as usual.
     """
+    prefixes = skipped_prefixes()
     try:
-        warnings.warn(text, GradWatchWarning, stacklevel=stacklevel)
+        if sys.version_info >= (3, 12):
+            warnings.warn(text, GradWatchWarning, skip_file_prefixes=prefixes)
+        else:
+            warnings.warn(text, GradWatchWarning, stacklevel=_user_frame(prefixes)[0])
     except Exception:
-        try:
-            frame = sys._getframe(stacklevel - 1)
-            where, line = frame.f_code.co_filename, frame.f_lineno
-        except ValueError:
-            where, line = "gradwatch", 0
+        frame = _user_frame(prefixes)[1]
+        where, line = (frame.f_code.co_filename, frame.f_lineno) if frame else ("gradwatch", 0)
         warnings.showwarning(GradWatchWarning(text), GradWatchWarning, where, line)
 
 
@@ -73,7 +84,9 @@ class FindingLog:
     def __init__(self, config: GradWatchConfig) -> None:
         self.config = config
         self._findings: dict[tuple[str, str], Finding] = {}
-        self._warned: set[tuple[str, str]] = set()
+        self._warned: set[tuple[str, str]] = set()  # (check, key) of findings warned about
+        self._raised: set[tuple[str, str]] = set()  # ... queued for fail_fast
+        self._escalated_at = -1  # the revision ``escalate`` last judged
         self._fail_fast: list[Finding] = []
         self.emit_warnings = config.warn
         self._ignored: dict[str, bool] = {}
@@ -132,7 +145,8 @@ class FindingLog:
             fields = finding.__dict__
             fields["last_step"] = max(finding.last_step, step)
             fields["count"] = finding.count + 1
-            fields["message"] = message
+            fields["message"] = message + _share_note(finding)
+            severity = _kept(finding, severity)
             if severity != finding.severity:
                 fields["severity"] = severity
                 self.revision += 1
@@ -147,7 +161,7 @@ class FindingLog:
                 finding.details.update(details)
         if self.locations is not None:
             self.locations.annotate(finding)
-        self._surface(finding, names or [ident[1] or finding.check])
+        self._surface(finding, ident)
         return finding
 
     def __len__(self) -> int:
@@ -163,7 +177,7 @@ class FindingLog:
         return list(self._findings.items())
 
     def warned_about(self) -> list[tuple[str, str]]:
-        """The ``(check, parameter)`` pairs already warned about, sorted."""
+        """The ``(check, key)`` of the findings already warned about, sorted."""
         return sorted(self._warned)
 
     def restore(
@@ -198,36 +212,65 @@ class FindingLog:
         if finding is None:
             return None
         fields = finding.__dict__
+        severity = _kept(finding, severity)
         if severity != finding.severity:
             fields["severity"] = severity
             self.revision += 1
-        fields["message"] = message
+        fields["message"] = message + _share_note(finding)
         fields["hint"] = hint
         finding.details.update(details)
-        self._surface(finding, finding.params or [key])
+        self._surface(finding, (check, key))
         return finding
 
-    def _surface(self, finding: Finding, names: list[str]) -> None:
+    def escalate(self, checks: set[str], total: Callable[[], int]) -> None:
+        """Severity follows the share of the model: when the warning/error findings of
+        ``checks`` (ghosts, stale layers, parameters in no optimizer) together hold more than
+        half of the model's ``total()`` trainable elements (their ``details.numel``), each
+        is an error, whatever its check's default: lr 0 everywhere, or 95 % of the model in
+        no optimizer, fails ``fail_on=error``. Sticky while the check reports it at
+        warning; an ``info`` state (a ghost that trains now) lowers it. Judged when a
+        finding appeared or changed."""
+        if not checks or self.revision == self._escalated_at:
+            return
+        self._escalated_at = self.revision
+        live = [
+            (ident, f)
+            for ident, f in self._findings.items()
+            if ident[0] in checks and f.severity != "info"
+        ]
+        flagged = sum(int(f.details.get("numel") or 0) for _, f in live)
+        if not flagged:
+            return
+        n = total()
+        if n <= 0 or 2 * flagged <= n:
+            return
+        share = round(min(flagged / n, 1.0), 4)
+        for ident, f in live:
+            fields = f.__dict__
+            fresh = "model_share" not in f.details
+            f.details["model_share"] = share
+            if fresh:
+                fields["message"] = f.message + _share_note(f)
+            if f.severity != "error":
+                fields["severity"] = "error"
+                self.revision += 1
+                self._surface(f, ident)
+        self._escalated_at = self.revision
+
+    def _surface(self, finding: Finding, ident: tuple[str, str]) -> None:
+        """One warning per finding (the first time it is a warning or an error), whatever
+        how many parameters it names; with ``fail_fast``, queue it the first time it is an
+        error (a warning raised to an error later fails fast too)."""
         if finding.severity == "info":
             return  # marked only once it warns: an info finding raised later still warns
-        fresh = [n for n in names if (finding.check, n) not in self._warned]
-        if not fresh:
-            return
-        self._warned.update((finding.check, n) for n in fresh)
-        if finding.severity == "error" and self.config.fail_fast:
+        if finding.severity == "error" and self.config.fail_fast and ident not in self._raised:
+            self._raised.add(ident)
             self._fail_fast.append(finding)
+        if ident in self._warned:
+            return
+        self._warned.add(ident)
         if self.emit_warnings and finding.check not in self.quiet_checks:
-            level = _user_stacklevel()
-            where = finding.details.get("defined_at")
-            for name in fresh:
-                _warn(
-                    safe(
-                        f"gradwatch {finding.check} [{name}]: {finding.message}"
-                        + (f" Hint: {finding.hint}" if finding.hint else "")
-                        + (f" (defined at {where})" if where else "")
-                    ),
-                    level + 1,
-                )
+            _warn(warning_text(finding, ident[1]))
 
     def raise_fail_fast(self) -> None:
         """With ``fail_fast``, raise for the error-level findings that appeared in this step."""
@@ -244,6 +287,42 @@ class FindingLog:
             for finding in self._findings.values():
                 self.locations.annotate(finding)
         return [f.model_copy(deep=True) for f in self._findings.values()]
+
+
+def _share_note(finding: Finding) -> str:
+    """The message's note on a finding raised to an error by the share of the model."""
+    share = finding.details.get("model_share")
+    if not isinstance(share, (int, float)):
+        return ""
+    return (
+        f" Most of the model does not train: {int(share * 100)}% of its trainable elements are "
+        "ghosts, stale or in no optimizer (an error whatever the check's default)."
+    )
+
+
+def _kept(finding: Finding, severity: str) -> str:
+    """An error by the share of the model stays one while its check still reports it."""
+    if severity == "warning" and "model_share" in finding.details:
+        return "error"
+    return severity
+
+
+def warning_text(finding: Finding, key: str) -> str:
+    """The one line of a finding's ``GradWatchWarning``: check, what it names, message, hint.
+
+    ``gradwatch ghost_param [transformer.h (146 parameters)]: ... Hint: ...``. A finding
+    that groups many parameters is named by its module, group or key, with their count.
+    """
+    n = len(finding.params)
+    label = finding.module or key or (finding.params[0] if n else finding.check)
+    if n > 1 or (n == 1 and label != finding.params[0]):
+        label += f" ({n} parameter{'s' if n > 1 else ''})"
+    where = finding.details.get("defined_at")
+    return safe(
+        f"gradwatch {finding.check} [{label}]: {finding.message}"
+        + (f" Hint: {finding.hint}" if finding.hint else "")
+        + (f" (defined at {where})" if where else "")
+    )
 
 
 Guard = Callable[..., Any]
@@ -265,16 +344,23 @@ class Judges:
             for kind in check.facts:
                 self._by_fact.setdefault(kind, []).append(check)
         self._keep_hooks = {c.id for c in checks if c.keeps_forward_hooks}
+        self._share = {c.id for c in checks if c.counts_toward_share}
 
     def structure(self, view: StructureView) -> None:
         """The layout was first seen or changed."""
         for check in self.checks:
             self._guard(f"{check.id} check", check.on_structure, view, self.log)
+        self._escalate(view.index)
 
     def step(self, view: StepView) -> None:
         """One step's view (an optimizer step, or a backward pass without an optimizer)."""
         for check in self.checks:
             self._guard(f"{check.id} check", check.on_step, view, self.log)
+        self._escalate(view.index)
+
+    def _escalate(self, index: Any) -> None:
+        """Severity by the share of the model (:meth:`FindingLog.escalate`)."""
+        self._guard("severity by share", self.log.escalate, self._share, lambda: _trainable(index))
 
     def run(self, view: RunView) -> None:
         """The whole run, once, when the watcher closes."""
@@ -300,8 +386,15 @@ class Judges:
         return [c.id for c in self.checks if evidence in c.needs]
 
     def hooked_modules(self, findings: Iterable[Any]) -> set[str]:
-        """Layers of findings whose check keeps their forward hooks on once trimmed."""
-        return {f.module for f in findings if f.check in self._keep_hooks and f.module}
+        """Layers of findings whose check keeps their forward hooks on once trimmed (every
+        layer of a grouped finding: ``details.layers``)."""
+        out: set[str] = set()
+        for f in findings:
+            if f.check in self._keep_hooks:
+                out.update(f.details.get("layers") or ())
+                if f.module:
+                    out.add(f.module)
+        return out
 
 
 def call_site(finding: Any) -> Optional[str]:
@@ -311,3 +404,13 @@ def call_site(finding: Any) -> Optional[str]:
     except KeyError:
         return None
     return cls.call_site(finding)
+
+
+def _trainable(index: Any) -> int:
+    """Elements of the model's live trainable parameters (not tensors outside the model)."""
+    total = 0
+    for info in index.params:
+        p = info.ref()
+        if p is not None and p.requires_grad and not info.outside_model:
+            total += info.numel
+    return total

@@ -7,13 +7,14 @@ step hooks (or, without an optimizer, at the end of each backward pass).
 from __future__ import annotations
 
 from types import FrameType
-from typing import Optional
+from typing import Any, Callable, Optional
 
 import torch
 from torch import nn
 
 from gradwatch.capture.evidence import Tracker, make_cause
 from gradwatch.capture.facts import FOREIGN_TENSORS, SKIPPED_STEPS, Fact
+from gradwatch.capture.flow import layer_namer
 from gradwatch.capture.hooks import HookSet
 from gradwatch.capture.idle import idle_optimizers
 from gradwatch.capture.in_backward import written_arrive
@@ -22,7 +23,7 @@ from gradwatch.capture.step_reading import StepReading
 from gradwatch.capture.unwatched import StepNesting, UnwatchedUpdates
 from gradwatch.capture.window import Gathered, Track
 from gradwatch.checks import RunView, StepView, StructureView
-from gradwatch.checks.views import WindowEvidence
+from gradwatch.checks.views import ForwardOrder, WindowEvidence
 from gradwatch.config import GradWatchConfig
 from gradwatch.core.extra_evidence import ExtraEvidence
 from gradwatch.core.faults import Faults
@@ -36,7 +37,7 @@ from gradwatch.distributed.layout import adopt_engine, forward_arrival, late_sha
 from gradwatch.distributed.sync import DistSync
 from gradwatch.measure.fingerprint import Fingerprint, fingerprint
 from gradwatch.model.index import ParamIndex
-from gradwatch.model.optimizers import compensates, group_lr
+from gradwatch.model.optimizers import compensates, group_index, group_lr, group_members
 
 __all__ = ["FIRST_OBSERVED", "StepPipeline"]
 
@@ -47,23 +48,16 @@ __all__ = ["FIRST_OBSERVED", "StepPipeline"]
 FIRST_OBSERVED = 5
 
 
-def _lr_of(track: Track, i: int) -> Optional[float]:
-    """The learning rate of the group of ``track``'s optimizer holding watched parameter ``i``."""
+def _read(track: Track, i: int, fn: Callable[[Any, torch.Tensor], Any], default: Any) -> Any:
+    """``fn(optimizer, tensor)`` for watched parameter ``i`` of ``track``'s optimizer."""
     if track.ref is None or i not in track.ids:
-        return None
-    return group_lr(track.ref(), track.params[track.ids.index(i)])
+        return default
+    return fn(track.ref(), track.params[track.ids.index(i)])
 
 
 def _on_cadence(pipe: StepPipeline, track: Track) -> bool:
     """A step of the statistics cadence (``every_n_steps``): the sinks' metrics are recorded."""
     return track.steps % pipe.config.every_n_steps == 0
-
-
-def _compensated(track: Track, i: int) -> bool:
-    """Whether ``track``'s optimizer keeps the rounding error of watched parameter ``i``."""
-    if track.ref is None or i not in track.ids:
-        return False
-    return compensates(track.ref(), track.params[track.ids.index(i)])
 
 
 def _fingerprint_track(track: Track) -> None:
@@ -127,6 +121,7 @@ class StepPipeline:
         self.sharded: Optional[str] = None  # the sharding engine (distributed/sharded.py), if any
         self.reading = StepReading(self.tracker, hooks)
         self.flat = FlatLayout()  # FSDP1 flattened: the originals read from each flat shard
+        self.tracker.layer_of = layer_namer(structure.index)  # the forward's data flow
 
     # -- layout ----------------------------------------------------------------------------
 
@@ -155,7 +150,8 @@ class StepPipeline:
                     key="optimizer",
                     message=f"{len(outside)} optimizer tensor(s) are not parameters of the "
                     "watched model; watched under synthesized names.",
-                    hint="Watch the whole model (not a submodule) to get real parameter names.",
+                    hint="Watch the whole model the optimizer trains; if you do, these are "
+                    "layers replaced after the optimizer was built (see ghost_param).",
                     params=self.structure.index.names(outside),
                 )
             )
@@ -276,7 +272,6 @@ class StepPipeline:
         start = track.start
         wanted = self.hooks.wanted
         numel = [index.params[i].numel for i in g.ids] if observed else []
-
         cause = make_cause(index, tracker, start, wanted)
 
         ranks = None
@@ -314,9 +309,12 @@ class StepPipeline:
             layers=layer_samples(g, numel, track) if observed else {},
             received=lambda i: tracker.last_seq[i] > 0,
             frozen_changed=g.frozen_changed,
-            group_lr=lambda i: _lr_of(track, i),
+            group_lr=lambda i: _read(track, i, group_lr, None),
+            group_of=lambda i: _read(track, i, group_index, None),
+            group_ids=lambda g: group_members(track.ref() if track.ref else None, g, index.lookup),
             moved_frac=g.stats.get("moved_frac") if g.stats is not None else None,
-            compensated=lambda i: _compensated(track, i),
+            compensated=lambda i: _read(track, i, compensates, False),
+            forward=ForwardOrder(tracker.fwd_grad, tracker.links),
             window=window,
         )
 

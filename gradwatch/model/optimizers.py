@@ -19,7 +19,7 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -117,6 +117,24 @@ def delegates(opt: Any) -> list[torch.optim.Optimizer]:
         ):
             found.append(inner)
     return found
+
+
+def group_index(opt: Optional[torch.optim.Optimizer], param: torch.Tensor) -> Optional[int]:
+    """The index of the param group of ``opt`` that holds ``param`` (``None``: not known)."""
+    groups = opt.param_groups if opt is not None else []
+    return next((g for g, grp in enumerate(groups) if any(p is param for p in grp["params"])), None)
+
+
+def group_members(
+    opt: Optional[torch.optim.Optimizer],
+    g: Optional[int],
+    lookup: Callable[[torch.Tensor], Optional[int]],
+) -> list[int]:
+    """The watched ids (``lookup(tensor)``) of the parameters in param group ``g`` of ``opt``."""
+    if opt is None or g is None or not 0 <= g < len(opt.param_groups):
+        return []
+    ids = (lookup(p) for p in opt.param_groups[g]["params"])
+    return [i for i in ids if i is not None]
 
 
 def group_lr(opt: Optional[torch.optim.Optimizer], param: torch.Tensor) -> Optional[float]:

@@ -49,13 +49,19 @@ def _precision(report: gradwatch.Report) -> list[Any]:
     return [f for f in report.by_check(ID) if f.details.get("cause") == "precision"]
 
 
+def _layers(found: list[Any]) -> set[str]:
+    """The layers the findings name: one finding per param group and cause groups them."""
+    return {name for f in found for name in (f.details.get("layers") or [f.module])}
+
+
 def test_pure_bf16_weights_with_a_small_sgd_step() -> None:
     model = _mlp(torch.bfloat16)
     report = _loop(model, torch.optim.SGD(model.parameters(), lr=1e-4), dtype=torch.bfloat16)
     found = _precision(report)
-    assert {f.module for f in found} == {"0", "2"}
-    f = found[0]
-    assert f.severity == "warning" and f.first_step == 2  # the first steps are all observed
+    assert _layers(found) == {"0", "2"}
+    (f,) = found  # one param group, one cause: one finding
+    # the whole model does not train: an error whatever stale_param's default (warning)
+    assert f.severity == "error" and f.first_step == 2  # the first steps are all observed
     assert f.details["dtype"] == "bfloat16" and f.details["moved_fraction"] < 0.1
     assert "round the updates away" in f.message
 
@@ -63,7 +69,7 @@ def test_pure_bf16_weights_with_a_small_sgd_step() -> None:
 def test_bf16_fine_tuning_with_adam_at_a_tiny_learning_rate() -> None:
     model = _mlp(torch.bfloat16)
     report = _loop(model, torch.optim.AdamW(model.parameters(), lr=1e-6), dtype=torch.bfloat16)
-    assert {f.module for f in _precision(report)} == {"0", "2"}
+    assert _layers(_precision(report)) == {"0", "2"}
 
 
 def test_half_weights_with_sgd() -> None:
@@ -139,7 +145,7 @@ def test_lightning_bf16_true_precision(tmp_path: Path) -> None:
     pytest.importorskip("pytorch_lightning")
     net = Cast(_mlp(dim=DIM))
     report = lightning_fit(net, tmp_path, lr=1e-4, precision="bf16-true")
-    assert {f.module for f in _precision(report)} >= {"net.net.2"}
+    assert _layers(_precision(report)) >= {"net.net.2"}
 
 
 def test_hf_trainer_on_a_model_loaded_in_bf16(tmp_path: Path) -> None:
