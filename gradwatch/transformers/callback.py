@@ -117,7 +117,9 @@ class GradWatchCallback(WatchAdapter, TrainerCallback):  # type: ignore[misc]
             reach every ``report_to`` integration and ``state.log_history``: the values of
             the latest step gradwatch observed since the previous log. The console
             (``ProgressCallback``/``PrinterCallback``) shows only the total norm and the
-            findings count; callbacks listed after this one see the same.
+            findings count; callbacks listed after this one see the same. (Added later with
+            ``trainer.add_callback``, the callback comes after the printers, which then show
+            every metric.)
         fail_on_report: when the report of a finished ``train()`` failed, raise its
             :class:`~gradwatch.GradWatchError` from ``trainer.train()`` after the summary,
             so the job exits non-zero.
@@ -180,28 +182,6 @@ class GradWatchCallback(WatchAdapter, TrainerCallback):  # type: ignore[misc]
         if folder.is_dir():
             self._guarded(watcher, "checkpoint state", _save_state, watcher, folder, state)
 
-    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        """Where the Trainer logs this step, log the latest metrics through ``Trainer.log``."""
-        self._emit(control)
-
-    def on_epoch_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        """With ``logging_strategy="epoch"``, log the latest metrics at the epoch's log."""
-        self._emit(control)
-
-    def _emit(self, control: Any) -> None:
-        trainer, watcher = self._found, self.watcher
-        if trainer is None or watcher is None or not bool(getattr(control, "should_log", False)):
-            return
-        values = self._metrics()
-        if not values:
-            return
-        self._emitting = True
-        try:
-            self._guarded(watcher, "metric logging", trainer.log, values)
-        finally:
-            self._emitting = False
-            control.should_log = True  # Trainer.log cleared it: the Trainer's own log follows
-
     def on_log(
         self,
         args: Any,
@@ -210,23 +190,31 @@ class GradWatchCallback(WatchAdapter, TrainerCallback):  # type: ignore[misc]
         logs: Optional[dict[str, Any]] = None,
         **kwargs: Any,
     ) -> None:
-        """Keep per-layer norms off the console (the printer callbacks come after this one).
+        """When the Trainer logs, log the latest metrics through ``Trainer.log`` too.
 
-        The ``report_to`` integrations come before it and got every metric of the record;
-        ``state.log_history`` holds them all too. Without a Trainer to log through, the
-        latest metrics join the Trainer's own record instead (for the callbacks after this
-        one and ``state.log_history``).
+        A callback given to ``Trainer(callbacks=[...])`` runs after the ``report_to``
+        integrations and before the console printers: a record of its own, sent from here
+        through ``Trainer.log``, reaches the integrations and ``state.log_history`` with every
+        metric, and loses its per-layer norms here before the printers show it. Without a
+        Trainer to log through, the latest metrics join the Trainer's own record instead (for
+        the callbacks after this one and ``state.log_history``).
         """
         if logs is None:
             return
-        if self._emitting:
+        if self._emitting:  # our own record, on its way to the printers
             for key in [k for k in logs if not _console_metric(k)]:
                 del logs[key]
             return
-        if self._found is not None or self.watcher is None:
-            return
-        values = self._metrics()
+        watcher = self.watcher
+        values = self._metrics() if watcher is not None else {}
         if not values:
+            return
+        if self._found is not None:
+            self._emitting = True
+            try:
+                self._guarded(watcher, "metric logging", self._found.log, values)
+            finally:
+                self._emitting = False
             return
         logs.update({k: v for k, v in values.items() if _console_metric(k)})
         history = getattr(state, "log_history", None)
