@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from gradwatch.checks._grouping import WHOLE, by_flow, by_subtree, cut_point, label, trainable
-from gradwatch.checks.views import StepView
+from gradwatch.checks.views import ForwardOrder, StepView
 from gradwatch.model.index import ParamIndex
 
 __all__ = ["HINTS", "Group", "ghost_groups", "replaced_layers"]
@@ -102,15 +102,23 @@ def ghost_groups(view: StepView, flagged: list[tuple[str, list[int], str]]) -> l
         groups.append(Group("not_in_model", layers, outside, None, key, None, extra, replaced))
         gone = set(layers)
         flagged = [(layer, ks, c) for layer, ks, c in flagged if layer not in gone]
+    flagged, used_by = _functional(flagged)
+    forward = view.forward
+    if used_by:
+        links = dict(forward.links)
+        for child, owner in used_by.items():
+            links[child] = links.get(child, frozenset()) | {owner}
+        forward = ForwardOrder(forward.stamps, links)
+    live_layers = list(dict.fromkeys(index.params[i].layer for i in trainable(index)))
     for cause, rows in _by_cause(flagged).items():
         pos = dict(rows)
         if cause == "disconnected":
-            for layers in by_flow([layer for layer, _ in rows], view.forward):
+            for layers in by_flow([layer for layer, _ in rows], forward):
                 ks = [k for layer in layers for k in pos[layer]]
                 if len(layers) == 1:
                     groups.append(Group(cause, layers, ks, layers[0], layers[0]))
                     continue
-                cut = cut_point(layers, view.forward, index.layers)
+                cut = cut_point(layers, forward, live_layers)
                 module = cut[0] if cut is not None else _common(layers)
                 details: dict[str, object] = {"layers": layers}
                 if cut is not None:
@@ -141,6 +149,34 @@ def _common(layers: list[str]) -> str:
             break
         out.append(bits[0])
     return ".".join(out)
+
+
+def _functional(
+    flagged: list[tuple[str, list[int], str]],
+) -> tuple[list[tuple[str, list[int], str]], dict[str, str]]:
+    """A layer whose own forward never ran, inside a ghost layer that did, is used by that
+    layer's forward functionally (``nn.MultiheadAttention`` reads ``out_proj.weight``
+    without calling ``out_proj``): it shares the enclosing layer's cause and group.
+    Returns the rows with those causes and ``child -> enclosing layer``."""
+    causes = {layer: cause for layer, _, cause in flagged}
+    used_by: dict[str, str] = {}
+    out = []
+    for layer, ks, cause in flagged:
+        if cause == "not_called":
+            parts = layer.split(".")
+            owner = next(
+                (
+                    a
+                    for a in (".".join(parts[:n]) for n in range(len(parts) - 1, 0, -1))
+                    if causes.get(a) not in (None, "not_called")
+                ),
+                None,
+            )
+            if owner is not None:
+                used_by[layer] = owner
+                cause = causes[owner]
+        out.append((layer, ks, cause))
+    return out, used_by
 
 
 def _by_cause(flagged: list[tuple[str, list[int], str]]) -> dict[str, list[tuple[str, list[int]]]]:
