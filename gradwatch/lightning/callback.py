@@ -2,7 +2,10 @@
 
 The callback is a thin adapter: it attaches :func:`gradwatch.watch` to the LightningModule
 and the Trainer's optimizers when fit starts, forwards the core's metrics to the Trainer's
-loggers, and closes the watcher (hooks removed, report written) when fit ends or raises.
+loggers on Lightning's own logging steps (:mod:`._log_steps`), and closes the watcher (hooks
+removed, report written) when fit ends or raises. The summary waits for the progress bar to
+finish (a small callback appended after it); warnings during fit go through the bar's
+``print`` (:mod:`._console`).
 The core observes the raw torch optimizers' step hooks, so automatic optimization (where
 Lightning runs the backward inside ``optimizer.step(closure)``), manual optimization,
 gradient accumulation, clipping and mixed precision need no special casing here.
@@ -10,7 +13,7 @@ gradient accumulation, clipping and mixed precision need no special casing here.
 Example:
     >>> from pytorch_lightning import Trainer  # doctest: +SKIP
     >>> from gradwatch.lightning import GradWatchCallback
-    >>> cb = GradWatchCallback(config={"fail_on": "warning"})
+    >>> cb = GradWatchCallback(config={"fail_on": "warning"}, fail_on_report=True)
     >>> trainer = Trainer(callbacks=[cb], max_steps=100)  # doctest: +SKIP
     >>> trainer.fit(model)  # doctest: +SKIP
     >>> cb.report.raise_for_findings()  # doctest: +SKIP
