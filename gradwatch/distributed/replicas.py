@@ -101,42 +101,44 @@ class ReplicaCheck:
         self.world = 1  # set by the exchange (DistSync) before each local()
         self.first_step: Optional[int] = None
         self._keys: dict[Any, tuple[int, ...]] = {}
-        self._reps: dict[int, tuple[list[torch.Tensor], list[int], Optional[torch.Tensor]]] = {}
+        self._reps: dict[int, tuple[list[torch.Tensor], Optional[torch.Tensor]]] = {}
 
     def local(self, track: Track, world_size: int) -> Optional[Local]:
         """The checksums of ``track``'s pre-step fingerprint as one int64 vector (on the
         device, no sync) and the parameter id of each; ``None``: nothing to compare."""
         self.world = world_size
         fp = track.fingerprint
-        if fp is None or not fp.checksums or track.sharded not in (None, FSDP2):
+        if fp is None or track.sharded not in (None, FSDP2):
             return None  # not an observed step, or FSDP1 (its not_observed info says so)
-        owners = [p for g in fp.plan.groups for p in g.members]
-        owners += [b.position for b in fp.plan.big]
         rep: Optional[torch.Tensor] = None
         if track.sharded == FSDP2:  # compare ranks holding the same shard only
-            rep = self._rep(track, owners)
+            rep = self._rep(track)
             if rep is None:
                 return None  # no replicas (plain FSDP2): nothing to compare
-        device = fp.checksums[0].device
-        sums = torch.cat(
-            [c.reshape(-1).to(device, torch.int64) for c in fp.checksums]
-            + [_optimizer_step(track, device)]
-        )
-        return Local(sums, [track.ids[p] for p in owners] + [-1], rep)
+        plan = fp.plan
+        device = plan.device
+        # One slot per parameter in the track's order, whatever the plan: ranks holding
+        # shards of other sizes (an empty one, a small one grouped) have other plans, and
+        # the all_gather needs the same length everywhere (0: a tensor with no checksum).
+        parts = [c.reshape(-1).to(device, torch.int64) for c in fp.checksums]
+        parts.append(torch.zeros(len(plan.skipped), dtype=torch.int64, device=device))
+        ordered = torch.cat(parts)[plan.order.to(device)]
+        sums = torch.cat([ordered, _optimizer_step(track, device)])
+        return Local(sums, [*track.ids, -1], rep)
 
-    def _rep(self, track: Track, owners: list[int]) -> Optional[torch.Tensor]:
+    def _rep(self, track: Track) -> Optional[torch.Tensor]:
         """``world`` x (columns + 1): the rank each rank's checksum must equal (the last
         column: the optimizer's step count, the same on every rank); ``None``: no replicas.
         Read once per parameter list (a layout change makes a new one)."""
         got = self._reps.get(id(track))
-        if got is not None and got[0] is track.params and got[1] == owners:
-            return got[2]
-        keys = [self._key(track.params[p]) for p in owners]
+        if got is not None and got[0] is track.params:
+            return got[1]
+        keys = [self._key(p) for p in track.params]
         rep: Optional[torch.Tensor] = None
         if any(k[r] != r for k in keys for r in range(self.world)):
             rows = [[k[r] for k in keys] + [0] for r in range(self.world)]
             rep = torch.tensor(rows, dtype=torch.int64)
-        self._reps[id(track)] = (track.params, list(owners), rep)
+        self._reps[id(track)] = (track.params, rep)
         return rep
 
     def _key(self, p: torch.Tensor) -> tuple[int, ...]:

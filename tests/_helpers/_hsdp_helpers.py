@@ -3,7 +3,8 @@
 HSDP through FSDP2 (``fully_shard`` on a ``("replicate", "shard")`` mesh of shape (2, 1):
 both ranks hold the same shard), plain FSDP2 (a 1-D mesh: each rank its own shard, no
 replicas) and FSDP1 ``HYBRID_SHARD`` (a shard group of one rank each, a replicate group of
-both). Each rank writes ``<scenario>.rank<r>.json`` through the DDP helpers' runner.
+both); and HSDP on 4 ranks (2 replicas x 2 shards), where only ranks holding the same shard
+may be compared. Each rank writes ``<scenario>.rank<r>.json`` through the DDP helpers' runner.
 """
 
 from __future__ import annotations
@@ -58,15 +59,17 @@ def _fsdp1_hybrid() -> tuple[nn.Module, nn.Module, Any]:
     return model, wrapped, torch.optim.AdamW(wrapped.parameters(), lr=1e-2)
 
 
-def _loop(rank: int, edit: bool) -> Callable[[nn.Module, Any], None]:
+def _loop(
+    rank: int, edit: bool, by: int = 1, name: str = EDITED
+) -> Callable[[nn.Module, Any], None]:
     def body(model: nn.Module, opt: Any) -> None:
         for step in range(STEPS):
             opt.zero_grad()
             x, y = _data(rank, step)
             nn.functional.mse_loss(model(x), y).backward()
-            if edit and rank == 1 and step == EDIT_AT:  # this rank's copy of its shard only
+            if edit and rank == by and step == EDIT_AT:  # this rank's copy of its shard only
                 with torch.no_grad():
-                    dict(model.named_parameters())[EDITED].to_local().mul_(0.999)
+                    dict(model.named_parameters())[name].to_local().mul_(0.999)
             opt.step()
 
     return body
@@ -78,6 +81,25 @@ SCENARIOS: dict[str, tuple[Callable[[], tuple[nn.Module, nn.Module, Any]], bool]
     "fsdp2_shard_only": (_fsdp2((WORLD,)), False),
     "fsdp1_hybrid": (_fsdp1_hybrid, False),
 }
+
+
+WORLD4 = 4
+EDITED4, BY4 = "0.weight", 3  # rank 3 (shard 1 of replica 1) edits its half of 0.weight
+SCENARIOS4: dict[str, tuple[Callable[[], tuple[nn.Module, nn.Module, Any]], bool]] = {
+    "hsdp4_rank_edit": (_fsdp2((2, 2)), True),
+    "hsdp4_clean": (_fsdp2((2, 2)), False),
+}
+"""HSDP on 4 ranks, mesh [[0, 1], [2, 3]]: ranks 0 and 2 hold shard 0, ranks 1 and 3 shard 1."""
+
+
+def hsdp4_worker(rank: int, port: int, out: str) -> None:
+    """One of 4 ranks: replicate 2 x shard 2 (``torch.multiprocessing.spawn`` target)."""
+    join_gloo(rank, port, world_size=WORLD4)
+    try:
+        for name, (build, edit) in SCENARIOS4.items():
+            _run(Path(out), name, rank, build, {}, _loop(rank, edit, BY4, EDITED4))
+    finally:
+        dist.destroy_process_group()
 
 
 def hsdp_worker(rank: int, port: int, out: str) -> None:

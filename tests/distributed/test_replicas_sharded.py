@@ -10,7 +10,18 @@ from typing import Any
 
 import pytest
 from _dist_helpers import WORLD, spawn_gloo
-from _hsdp_helpers import EDIT_AT, EDITED, SCENARIOS, STEPS, hsdp_worker
+from _hsdp_helpers import (
+    BY4,
+    EDIT_AT,
+    EDITED,
+    EDITED4,
+    SCENARIOS,
+    SCENARIOS4,
+    STEPS,
+    WORLD4,
+    hsdp4_worker,
+    hsdp_worker,
+)
 
 from gradwatch.checks.not_observed import NotObserved
 from gradwatch.checks.replica_divergence import ReplicaDivergence
@@ -69,3 +80,26 @@ def test_fsdp1_replicas_are_said_unobserved_not_passed(runs: Runs) -> None:
         assert info["severity"] == "info" and report["failed"] is False
         assert info["details"]["replicas"] is False
         assert "not compared by replica_divergence" in info["message"]
+
+
+@pytest.fixture(scope="module")
+def runs4(tmp_path_factory: pytest.TempPathFactory) -> Runs:
+    out = tmp_path_factory.mktemp("hsdp4")
+    spawn_gloo(hsdp4_worker, str(out), nprocs=WORLD4)
+    return {
+        name: [json.loads((out / f"{name}.rank{r}.json").read_text()) for r in range(WORLD4)]
+        for name in SCENARIOS4
+    }
+
+
+def test_hsdp_2x2_compares_replicas_of_a_shard_never_the_shards(runs4: Runs) -> None:
+    """Rank 3 edits its half of a weight: ranks 1 and 3 (the replicas of that half) are
+    named; ranks 0 and 2 (the other half) are not, and the clean run's halves, which differ
+    by design, raise nothing."""
+    for rec in runs4["hsdp4_rank_edit"]:
+        (f,) = _of(_report(rec), ReplicaDivergence.id)
+        assert f["params"] == [EDITED4]
+        assert f["details"]["ranks"] == sorted({BY4, BY4 - 2})  # [1, 3]: never 0 or 2
+        assert f["details"]["first_step"] == EDIT_AT
+    for rec in runs4["hsdp4_clean"]:
+        assert not _of(_report(rec), ReplicaDivergence.id)
