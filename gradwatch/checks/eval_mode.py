@@ -5,7 +5,9 @@ model put in eval once before the loop, ``decoder.eval()`` for a preview left on
 later step trains with dropout off and batch norm on frozen running statistics, and nothing
 fails. The evidence (``module_modes``, ``gradwatch/capture/modes.py``) is the mode of the
 modules whose behaviour depends on it, read at the start of the latest training forward of
-each step's window: a handful of attribute reads per forward, no tensor, no sync.
+each step's window: a handful of attribute reads per forward, no tensor, no sync. Where
+``eval()`` was called (``gradwatch/capture/mode_calls.py``): ``nn.Module.train`` is wrapped
+while watching, so the finding names that line (``details.eval_called_at``).
 
 Correct and silent: a validation forward in eval mode followed by ``model.train()``;
 frozen normalisation layers kept in eval (their own parameters frozen, often by a
@@ -69,8 +71,9 @@ class EvalModeTraining(Check):
             "A submodule put in eval for a preview or a generation step "
             "(`model.decoder.eval()`) and left there.",
         ),
-        fix="Call `model.train()` at the start of each training epoch (or after every "
-        "validation/sampling call); restore the previous mode in helpers "
+        fix="The finding names the line that called `eval()` (`details.eval_called_at`) when "
+        "it ran while watching. Call `model.train()` at the start of each training epoch (or "
+        "after every validation/sampling call); restore the previous mode in helpers "
         "(`was = model.training; model.eval(); ...; model.train(was)`).",
         silence=(
             "Freeze on purpose: a norm layer kept in eval whose own parameters are frozen "
