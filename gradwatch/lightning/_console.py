@@ -4,13 +4,15 @@ A ``GradWatchWarning`` raised during fit is written to stderr by ``warnings.show
 in the middle of the bar's line (TQDM redraws the bar with ``\\r`` on the same terminal).
 :class:`BarWarnings` shows gradwatch's warnings, and only those, through the bar's own
 ``print`` instead (``tqdm.write`` clears the bar, writes the line and redraws it; the rich bar
-prints above itself). Every other warning, and gradwatch's when no bar is live, goes to the
-``showwarning`` that was installed before, untouched (pytest's recorder included).
+prints above itself). Every other warning, and gradwatch's when no bar is live or while
+warnings are being recorded (pytest, ``pytest.warns``), goes to the ``showwarning`` that was
+installed before, untouched.
 """
 
 from __future__ import annotations
 
 import sys
+import types
 import warnings
 from typing import Any, Callable, Optional, TextIO
 
@@ -19,6 +21,17 @@ from gradwatch import GradWatchWarning
 __all__ = ["BarWarnings"]
 
 ShowWarning = Callable[..., None]
+
+
+def _recording() -> bool:
+    """Whether a ``warnings.catch_warnings(record=True)`` collects warnings now (pytest does
+    around every test, and ``pytest.warns``): they are the recorder's, not the console's.
+
+    Recording replaces the module's ``_showwarnmsg_impl`` function by a list's ``append``;
+    the default ``showwarning`` hands each warning to it. Where that name is missing (another
+    Python), warnings are left as they are.
+    """
+    return not isinstance(getattr(warnings, "_showwarnmsg_impl", None), types.FunctionType)
 
 
 class BarWarnings:
@@ -63,6 +76,7 @@ class BarWarnings:
             file is None
             and issubclass(category, GradWatchWarning)
             and bool(getattr(self.bar, "is_enabled", False))
+            and not _recording()
         ):
             text = warnings.formatwarning(message, category, filename, lineno, line)
             try:

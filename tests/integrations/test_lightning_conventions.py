@@ -322,3 +322,12 @@ def test_lightning_warning_points_at_the_users_line(tmp_path: Path, make: Any, w
     for w in ours:
         assert not w.filename.startswith(_framework_dirs()), w.filename
         assert os.path.abspath(w.filename) == os.path.abspath(where)
+
+
+def test_recorded_warnings_stay_with_the_recorder_under_a_progress_bar(tmp_path: Path) -> None:
+    """``pytest.warns`` (any ``catch_warnings(record=True)``) still gets gradwatch's warnings
+    while a progress bar is live: they are routed through the bar only for the console."""
+    cb = GradWatchCallback(config={"every_n_steps": 1}, print_summary=False)
+    with pytest.warns(gradwatch.GradWatchWarning, match="ghost"):
+        trainer(tmp_path, cb, enable_progress_bar=True).fit(Regressor(ghost=True), loader())
+    assert warnings.showwarning.__module__ == "warnings"  # the hook was taken out again
