@@ -6,8 +6,11 @@ checksums ride on the one ``all_gather`` gradwatch makes anyway
 (``gradwatch/distributed/replicas.py``); a ``replicas_differ`` fact names the parameters,
 the ranks and the first step they differed. Mixed precision, gradient accumulation
 (``no_sync`` with a final synchronising backward), ``static_graph``, ZeRO and fp16/bf16
-communication hooks keep the replicas bit-identical and are silent; sharded engines
-(FSDP) are not compared.
+communication hooks keep the replicas bit-identical and are silent. Under HSDP (FSDP2 on a
+``(replicate, shard)`` mesh) the ranks holding the same shard are compared with each other,
+never with ranks holding other shards; plain FSDP2 has no replicas; FSDP1 is not compared
+(its ``not_observed`` info says so). Where the optimizers' step counts differ across ranks
+too, ``details.optimizer_steps`` gives them and the hint names the optimizer state.
 """
 
 from __future__ import annotations
@@ -27,16 +30,17 @@ class ReplicaDivergenceConfig(CheckConfig):
 
 
 class ReplicaDivergence(Check):
-    """On observed steps under DDP: every rank's checksums, compared in the step's collective."""
+    """On observed steps under DDP or HSDP: every rank's checksums, compared in the step's
+    collective among the ranks that must hold the same values."""
 
     id = "replica_divergence"
     Config = ReplicaDivergenceConfig
     needs = frozenset({"replica_checksums"})
     facts = frozenset({REPLICAS_DIFFER})
     doc = CheckDoc(
-        summary="Parameters that data-parallel replicas must hold identical (DDP) differ "
-        "across ranks: compared by exact bit checksums on observed steps, inside the one "
-        "collective gradwatch makes per step.",
+        summary="Parameters that data-parallel replicas must hold identical (DDP, the "
+        "replicate dimension of HSDP) differ across ranks: compared by exact bit checksums on "
+        "observed steps, inside the one collective gradwatch makes per step.",
         why="Diverged replicas train different models: each rank's gradient is computed on "
         "weights the others do not have, the averaged update fits none of them, and the "
         "checkpoint (saved by rank 0) is not what the other ranks evaluated. Losses look "
@@ -48,7 +52,8 @@ class ReplicaDivergence(Check):
             "dropout-style masks on weights) with per-rank seeds.",
             "`no_sync()` around every backward of an accumulation, without the final "
             "backward outside it that all-reduces the gradients.",
-            "Optimizer state that differs per rank after a bad load.",
+            "Optimizer state that differs per rank after a bad load (only rank 0 loaded "
+            "`optimizer.state_dict()`): `details.optimizer_steps` then differ too.",
         ),
         fix="Apply the same update on every rank: keep parameter edits outside rank "
         "conditions, seed shared randomness identically, run the last micro-batch's "
