@@ -198,7 +198,12 @@ def probe_result(request: dict[str, Any]) -> dict[str, Any]:
     probe = load_target(request["target"])
     source = request["config"] if request["config"] is not None else probe.config
     cfg = resolve_config(
-        source, ignore=request["ignore"], fail_on=request["fail_on"], warn=request["verbose"]
+        source,
+        ignore=request["ignore"],
+        fail_on=request["fail_on"],
+        warn=request["verbose"],
+        select=request["select"],
+        ignore_checks=request["ignore_checks"],
     )
     start = time.perf_counter()
     report = probe.run(request["steps"], config=cfg)

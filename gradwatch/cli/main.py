@@ -9,6 +9,8 @@ Example:
     $ gradwatch check examples/ci_ghost.py:build --junit gradwatch.xml
     $ gradwatch report gradwatch-report.json --html report.html
     $ gradwatch check ci/probe.py:build --sarif gradwatch.sarif --baseline baseline.json
+    $ gradwatch check ci/probe.py:build --update-baseline baseline.json
+    $ gradwatch check ci/probe.py:build --select ghost_param,missing_zero_grad
     $ gradwatch explain ghost_param
     $ gradwatch schema config > gradwatch-config.schema.json
 """
@@ -25,6 +27,14 @@ from typing import Any, Optional
 
 from gradwatch._text import safe
 from gradwatch._version import __version__
+from gradwatch.cli._options import (
+    Parser,
+    add_selection,
+    check_outputs,
+    enabled,
+    positive,
+    seconds,
+)
 from gradwatch.cli.targets import CliError, first_line, load_target
 
 __all__ = ["CliError", "build_parser", "load_target", "main"]
@@ -51,12 +61,26 @@ def _cmd_check(args: argparse.Namespace) -> int:
     from gradwatch.render.junit import write_junit
     from gradwatch.report import Report
 
-    baseline = _load_baseline(args.baseline)  # before any training: a bad path fails fast
     to_stdout = args.json == "-"
+    # Before any training, a bad path fails fast: the outputs, then the baseline to read.
+    check_outputs(
+        [
+            ("--json", "JSON report", None if to_stdout else args.json),
+            ("--junit", "JUnit XML", args.junit),
+            ("--sarif", "SARIF", args.sarif),
+            ("--update-baseline", "baseline", args.update_baseline),
+        ]
+    )
+    baseline = _load_baseline(args.baseline)
     out = sys.stderr if to_stdout else sys.stdout  # stdout carries the JSON then
     request = {k: getattr(args, k) for k in ("target", "steps", "config", "ignore", "fail_on")}
-    for key in ("verbose", "overfit", "overfit_steps", "curvature", "curvature_samples"):
+    for key in ("verbose", "overfit_steps", "curvature", "curvature_samples", "select"):
         request[key] = getattr(args, key)
+    request["ignore_checks"] = args.ignore_check
+    # --overfit only produces loss_not_decreasing: a selection without it skips the phase.
+    request["overfit"] = args.overfit and enabled(
+        LOSS_NOT_DECREASING, args.select, args.ignore_check
+    )
     try:
         result = run_isolated(request, timeout=args.timeout or None, stdout_to_stderr=to_stdout)
     except IsolationError as exc:
@@ -82,6 +106,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
             "on one batch",
             file=out,
         )
+    raw = report  # the baseline to write: every finding, none marked baselined
     report = _with_baseline(report, baseline)
     report.print(file=out, style=args.style)
     if to_stdout:
@@ -98,7 +123,25 @@ def _cmd_check(args: argparse.Namespace) -> int:
             time=result["elapsed"],
         )
     _write_sarif(report, args.sarif, extra)
+    if args.update_baseline is not None:
+        _update_baseline(raw, args.update_baseline, out)
+        return 0  # creating a baseline is never a failing run
     return 1 if report.failed else 0
+
+
+def _update_baseline(report: Any, path: str, out: Any) -> None:
+    """Write ``report`` (every finding, none marked baselined) as the baseline at ``path``."""
+    from gradwatch.checks.not_observed import NotObserved
+
+    _write(f"baseline {path}", report.write, path)
+    n = len(report.findings)
+    line = (
+        f"baseline: wrote {n} finding{'' if n == 1 else 's'} to {safe(path)}; runs with "
+        f"--baseline {safe(path)} fail on new findings only"
+    )
+    if report.by_check(NotObserved.id):
+        line += f" (a {NotObserved.id} finding is never accepted: the run was not judged)"
+    print(line, file=out)
 
 
 def _read_report(path: str) -> Any:
@@ -162,6 +205,13 @@ def _add_output_options(parser: argparse.ArgumentParser) -> None:
 def _cmd_report(args: argparse.Namespace) -> int:
     from gradwatch.render.junit import write_junit
 
+    check_outputs(
+        [
+            ("--html", "HTML report", args.html),
+            ("--junit", "JUnit XML", args.junit),
+            ("--sarif", "SARIF", args.sarif),
+        ]
+    )
     report = _read_report(args.file)
     # The stored flag is data from a file: judge the findings against the saved fail_on.
     report.failed = bool(report.failing())
@@ -187,33 +237,13 @@ def _cmd_schema(args: argparse.Namespace) -> int:
 # -- parser --------------------------------------------------------------------------------
 
 
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if not value >= 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
-    return value
-
-
-def build_parser() -> argparse.ArgumentParser:
+def build_parser() -> Parser:
     """The argument parser (subcommands ``check``, ``report``, ``schema``, ``explain``)."""
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
         "-v", "--verbose", action="store_true", help="tracebacks on errors, finding warnings"
     )
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog=PROG,
         description="Find the silent bugs of PyTorch training loops: ghost layers, missing "
         "zero_grad, NaN origins. Exit codes: 0 clean, 1 findings at/above fail_on, 2 errors.",
@@ -227,6 +257,7 @@ def build_parser() -> argparse.ArgumentParser:
     from gradwatch.cli.explain import add_parser as add_explain
 
     add_explain(sub, common)
+    parser.commands = {k: v for k, v in sub.choices.items() if isinstance(v, Parser)}
     return parser
 
 
@@ -243,7 +274,7 @@ def _add_check(sub: Any, common: argparse.ArgumentParser) -> None:
     check.add_argument(
         "target", metavar="TARGET", help="path/to/file.py:factory or package.module:factory"
     )
-    check.add_argument("--steps", type=_positive, default=3, help="watched steps (default: 3)")
+    check.add_argument("--steps", type=positive, default=3, help="watched steps (default: 3)")
     check.add_argument(
         "--config",
         metavar="FILE",
@@ -257,7 +288,7 @@ def _add_check(sub: Any, common: argparse.ArgumentParser) -> None:
     check.add_argument(
         "--timeout",
         metavar="SECONDS",
-        type=_seconds,
+        type=seconds,
         default=DEFAULT_TIMEOUT,
         help=f"stop the probe and exit 2 after this long (default: {DEFAULT_TIMEOUT:g}; 0: none)",
     )
@@ -284,7 +315,7 @@ def _add_check(sub: Any, common: argparse.ArgumentParser) -> None:
         "not fall below 0.9 x its initial value",
     )
     check.add_argument(
-        "--overfit-steps", type=_positive, default=30, help="steps of --overfit (default: 30)"
+        "--overfit-steps", type=positive, default=30, help="steps of --overfit (default: 30)"
     )
     check.add_argument(
         "--curvature",
@@ -294,10 +325,11 @@ def _add_check(sub: Any, common: argparse.ArgumentParser) -> None:
     )
     check.add_argument(
         "--curvature-samples",
-        type=_positive,
+        type=positive,
         default=16,
         help="Hutchinson probes per layer for --curvature (default: 16)",
     )
+    add_selection(check)
     _add_output_options(check)
     check.set_defaults(func=_cmd_check)
 
@@ -336,8 +368,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     """
     parser = build_parser()
     try:
-        args = parser.parse_args(argv)
-    except SystemExit as exc:  # --help, --version, usage errors (argparse printed them)
+        args, extras = parser.parse_known_args(argv)
+        if extras:  # named by the subcommand it was given to, with the closest option
+            parser.unknown(getattr(args, "command", None), extras)
+    except SystemExit as exc:  # --help, --version, usage errors (one line, printed)
         return exc.code if isinstance(exc.code, int) else 2
     from gradwatch.errors import ConfigError
 

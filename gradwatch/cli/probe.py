@@ -274,6 +274,8 @@ def resolve_config(
     fail_on: Optional[str] = None,
     every_n_steps: Optional[int] = 1,
     warn: Optional[bool] = None,
+    select: Optional[Iterable[str]] = None,
+    ignore_checks: Iterable[str] = (),
 ) -> GradWatchConfig:
     """The config a CI run uses: ``config`` plus extra ``ignore`` patterns and ``fail_on``.
 
@@ -281,12 +283,27 @@ def resolve_config(
     set them (CI runs a handful of steps, so statistics are taken on every one; where the
     report is the output, one warning per finding is noise).
 
+    ``select`` (check ids) replaces the config's ``enabled`` flags: exactly those checks run,
+    even one the config turns off; ``ignore_checks`` turns checks off on top of the config or
+    the selection (an id in both is off). Their thresholds and severities stay the config's.
+    Ids that are no config entry (gradwatch's own checks, always on) change nothing.
+
     Example:
         >>> resolve_config({"ignore": ["a.*"]}, ignore=["b.*"], fail_on="warning").ignore
         ['a.*', 'b.*']
+        >>> ids = ["ghost_param", "stale_param"]
+        >>> cfg = resolve_config(None, select=ids, ignore_checks=ids[1:])
+        >>> [k for k in type(cfg.checks).model_fields if cfg.check(k).enabled]
+        ['ghost_param']
     """
     cfg = GradWatchConfig.coerce(config)
     update: dict[str, Any] = {}
+    switches = _switches(cfg, None if select is None else set(select), set(ignore_checks))
+    if switches:
+        checks = cfg.checks.model_dump(exclude_unset=True)
+        for check_id, on in switches.items():
+            checks[check_id] = {**checks.get(check_id, {}), "enabled": on}
+        update["checks"] = checks
     extra = [p for p in ignore if p not in cfg.ignore]
     if extra:
         update["ignore"] = [*cfg.ignore, *extra]
@@ -301,3 +318,18 @@ def resolve_config(
     data = cfg.model_dump(exclude_unset=True)
     data.update(update)
     return GradWatchConfig.coerce(data)
+
+
+def _switches(
+    cfg: GradWatchConfig, select: Optional[set[str]], ignore: set[str]
+) -> dict[str, bool]:
+    """The ``enabled`` flags that ``select`` and ``ignore`` change in ``cfg``."""
+    if select is None and not ignore:
+        return {}
+    out = {}
+    for check_id in type(cfg.checks).model_fields:
+        on = (select is None or check_id in select) and check_id not in ignore
+        if select is not None or not on:  # a bare --ignore-check leaves the others as set
+            if cfg.check(check_id).enabled != on:
+                out[check_id] = on
+    return out
