@@ -3,8 +3,15 @@
 ``style="diagnostic"`` prints one compiler-style block per finding (see
 :mod:`gradwatch.render.diagnostics`) and a one-line summary; ``style="table"`` the compact
 one-screen table (the findings sorted by severity, at most ``MAX_ROWS``, hints shortened).
-Both use colour on a terminal only (``NO_COLOR`` turns it off, ``FORCE_COLOR`` on) and
-print every name literally: rich markup in a module name is text, control bytes are escaped.
+Both print through one ``rich`` Console (:mod:`gradwatch.render.terminal`): colour on a
+terminal only, as rich reads ``NO_COLOR``/``FORCE_COLOR``/``TERM``, and every name literally
+(markup in a module name is text, control bytes are escaped).
+
+The table never splits an identifier: the severity, check, parameter and cause columns do not
+wrap inside a word, and only the hint column wraps (on word boundaries). When the parameter
+names leave the hint column fewer than ``HINT_MIN`` columns, the table has three columns and
+each row stacks its parameters, cause and hint; a name wider than the whole line widens the
+table rather than being cut.
 
 Example:
     >>> print(watcher.report().summary(width=100))  # doctest: +SKIP
@@ -16,25 +23,27 @@ Example:
 from __future__ import annotations
 
 import io
-import os
-import shutil
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Optional
 
 from gradwatch._text import clip, safe
-from gradwatch.render.diagnostics import coverage_line, render_diagnostics
+from gradwatch.render.diagnostics import coverage_line, diagnostic_lines
+from gradwatch.render.terminal import hanging, longest_word, make_console
 
 if TYPE_CHECKING:
     from rich.console import Console
+    from rich.text import Text
 
     from gradwatch.results import Finding, ReportData
 
-__all__ = ["MAX_ROWS", "STYLES", "print_report", "render_text"]
+__all__ = ["HINT_MIN", "MAX_ROWS", "STYLES", "print_report", "render_text"]
 
 STYLES = ("diagnostic", "table")
 
 #: Findings shown in the table; the rest are counted in a "... N more" line.
 MAX_ROWS = 12
+#: The narrowest hint column of the five-column table; narrower, the rows stack.
+HINT_MIN = 30
 _PARAMS_SHOWN = 3
 _HINT_CHARS = 160
 _ORDER = {"error": 0, "warning": 1, "info": 2}
@@ -56,7 +65,7 @@ def _count(n: int, word: str) -> str:
     return f"{n} {word}" + ("" if n == 1 else "s")
 
 
-def _header(report: ReportData) -> Any:
+def _header(report: ReportData) -> Text:
     from rich.text import Text
 
     head = Text("gradwatch: ")
@@ -83,68 +92,111 @@ def _header(report: ReportData) -> Any:
     return head
 
 
-def _build(report: ReportData, *, plain: bool) -> list[Any]:
+def _rows(findings: list[Finding]) -> list[tuple[Finding, str, str]]:
+    """``(finding, cause, hint)`` of the rows shown, a repeated hint as a ditto mark."""
+    ordered = sorted(
+        findings, key=lambda f: (_ORDER[f.severity], f.check, f.cause(), f.module or "")
+    )
+    rows = []
+    previous = None
+    for f in ordered[:MAX_ROWS]:
+        # A hint once: rows with the same hint are adjacent (sorted by check and cause, and a
+        # ghost's hint depends on its cause); a ditto saves lines.
+        text = f.hint or f.message
+        rows.append((f, clip(safe(f.cause()), 400), _short(text) if text != previous else '"'))
+        previous = text
+    return rows
+
+
+def _table(rows: list[tuple[Finding, str, str]], width: int, plain: bool) -> tuple[Any, int]:
+    """The findings table and its width (wider than ``width`` only for a name that is)."""
     from rich import box
     from rich.table import Table
     from rich.text import Text
 
+    sev_w = max(len("severity"), *(len(f.severity) for f, _, _ in rows))
+    check_w = max(len("check"), *(len(safe(f.check)) for f, _, _ in rows))
+    cause_w = max(len("cause"), *(longest_word(c) for _, c, _ in rows))
+    name_w = max(len("parameters"), *(longest_word(_params(f)) for f, _, _ in rows))
+    params_max = max(len(_params(f)) for f, _, _ in rows)
+    hint_max = max(len(h) for _, _, h in rows)
+    edge = 2 if plain else 0  # the plain table is framed, the coloured one is not
+
+    def rules(columns: int) -> int:  # the separators and padding of a row
+        return 3 * columns - 1 + edge
+
+    room = width - (sev_w + check_w + cause_w + rules(5))
+    wide = room - name_w >= HINT_MIN
+    table = Table(
+        box=box.ASCII if plain else box.SIMPLE_HEAD,
+        expand=False,
+        pad_edge=True,  # rich 13 counts the edge padding even without it: same layout in both
+        show_edge=plain,
+        header_style="bold",
+    )
+    table.add_column("severity", no_wrap=True, width=sev_w)
+    table.add_column("check", no_wrap=True, width=check_w)
     # Every cell is a Text: a str cell would be parsed as rich markup ("[/INST]" crashes it).
-    parts: list[Any] = [_header(report)]
-    findings = [f for f in report.findings if not f.baselined()]
-    if not findings:
-        parts.append(Text("No findings.", style="green"))
-    else:
-        table = Table(
-            box=box.ASCII if plain else box.SIMPLE_HEAD,
-            expand=False,
-            pad_edge=False,
-            header_style="bold",
-        )
-        table.add_column("severity", no_wrap=True)
-        table.add_column("check", no_wrap=True)
-        table.add_column("parameters", overflow="fold")
-        table.add_column("cause", overflow="fold")
-        table.add_column("hint", overflow="fold")
-        ordered = sorted(
-            findings,
-            key=lambda f: (_ORDER[f.severity], f.check, f.cause(), f.module or ""),
-        )
-        previous = None
-        for f in ordered[:MAX_ROWS]:
-            # A hint once: rows with the same hint are adjacent (sorted by check and cause,
-            # and a ghost's hint depends on its cause); a ditto saves lines.
-            text = f.hint or f.message
-            hint = _short(text) if text != previous else '"'
-            previous = text
+    if wide:
+        params_w = min(params_max, max(name_w, room * 2 // 5, room - hint_max), room - HINT_MIN)
+        params_w = max(params_w, name_w, len("parameters"))
+        hint_w = min(room - params_w, max(hint_max, len("hint")))
+        table.add_column("parameters", width=params_w, overflow="fold")
+        table.add_column("cause", width=cause_w, overflow="fold")
+        table.add_column("hint", width=hint_w, overflow="fold")
+        for f, cause, hint in rows:
             table.add_row(
                 Text(f.severity, style=_STYLE[f.severity]),
                 Text(safe(f.check)),
                 Text(_params(f)),
-                Text(clip(safe(f.cause()), 400)),
+                Text(cause),
                 Text(hint),
             )
+        return table, sev_w + check_w + params_w + cause_w + hint_w + rules(5)
+    # Stacked: parameters, cause and hint one under the other in the last column.
+    detail_w = max(width - (sev_w + check_w + rules(3)), name_w, len("cause: ") + cause_w, 20)
+    table.add_column("parameters / cause / hint", width=detail_w, overflow="fold")
+    for f, cause, hint in rows:
+        detail = Text(_params(f))
+        if cause:
+            detail.append("\ncause: ", style="dim")
+            detail.append(cause)
+        detail.append("\n" + hint)
+        table.add_row(Text(f.severity, style=_STYLE[f.severity]), Text(safe(f.check)), detail)
+    return table, sev_w + check_w + detail_w + rules(3)
+
+
+def _table_parts(report: ReportData, width: int, *, plain: bool) -> tuple[list[Any], int]:
+    """What the table style prints, and the width its widest part needs."""
+    from rich.text import Text
+
+    parts: list[Any] = hanging(_header(report), width)
+    needed = width
+    findings = [f for f in report.findings if not f.baselined()]
+    if not findings:
+        parts.append(Text("No findings.", style="green"))
+    else:
+        table, needed = _table(_rows(findings), width, plain)
         parts.append(table)
-        if len(ordered) > MAX_ROWS:
-            rest = len(ordered) - MAX_ROWS
-            parts.append(
-                Text(f"... {rest} more finding(s): see the JSON or HTML report", style="dim")
-            )
-    parts.append(Text(coverage_line(report), style="dim"))
-    return parts
+        if len(findings) > MAX_ROWS:
+            rest = len(findings) - MAX_ROWS
+            more = Text(f"... {rest} more finding(s): see the JSON or HTML report", style="dim")
+            parts.extend(hanging(more, width))
+    parts.extend(hanging(Text().append(coverage_line(report), style="dim"), width))
+    return parts, max(needed, width)
 
 
-def _console(file: Any, *, color: bool, width: int | None) -> Console:
-    from rich.console import Console
+def _emit(console: Console, report: ReportData, style: str, width: Optional[int]) -> None:
+    from rich.text import Text
 
-    return Console(
-        file=file,
-        width=width,
-        color_system="standard" if color else None,
-        force_terminal=color,
-        highlight=False,
-        soft_wrap=False,
-        emoji=False,
-    )
+    width = width if width is not None else console.width
+    if style == "diagnostic":
+        console.print(Text("\n").join(diagnostic_lines(report, width=width)), soft_wrap=True)
+        return
+    parts, needed = _table_parts(report, width, plain=console.color_system is None)
+    console.width = needed  # a name wider than the line widens the table, never is cut
+    for part in parts:
+        console.print(part, soft_wrap=isinstance(part, Text))
 
 
 def _check_style(style: str) -> None:
@@ -167,51 +219,22 @@ def render_text(
         >>> print(render_text(report, width=100))  # doctest: +SKIP
     """
     _check_style(style)
-    if style == "diagnostic":
-        return render_diagnostics(report, width=width, color=color)
     buf = io.StringIO()
-    console = _console(buf, color=color, width=width)
-    for part in _build(report, plain=not color):
-        console.print(part)
+    _emit(make_console(buf, color=color, width=width), report, style, width)
     return buf.getvalue()
 
 
-def _is_terminal(out: Any) -> bool:
-    try:
-        return bool(out.isatty())
-    except (AttributeError, ValueError, OSError):
-        return False
-
-
-def _wants_color(out: Any) -> bool:
-    """Colour on a terminal, as the ``NO_COLOR``/``FORCE_COLOR`` conventions allow."""
-    if os.environ.get("NO_COLOR"):
-        return False
-    if os.environ.get("FORCE_COLOR"):
-        return True
-    return _is_terminal(out) and os.environ.get("TERM") != "dumb"
-
-
-def _width(out: Any) -> int:
-    """The terminal's width; ``COLUMNS`` or 110 when piped (a CI log)."""
-    columns = os.environ.get("COLUMNS", "")
-    if columns.isdigit() and int(columns) > 0:
-        return int(columns)
-    if _is_terminal(out):
-        return shutil.get_terminal_size((110, 24)).columns
-    return 110
-
-
 def print_report(report: ReportData, file: Any = None, *, style: str = "diagnostic") -> None:
-    """Print the report: colour on a terminal, plain text when piped.
+    """Print the report: colour on a terminal, plain text when piped (rich decides).
+
+    The width is ``COLUMNS``, the terminal's, or 110 in a pipe (a CI log).
 
     Example:
         >>> print_report(report, style="table")  # doctest: +SKIP
     """
     _check_style(style)
     out = file if file is not None else sys.stdout
-    text = render_text(report, color=_wants_color(out), width=_width(out), style=style)
-    out.write(text)
+    _emit(make_console(out, color=None, width=None), report, style, None)
     flush = getattr(out, "flush", None)
     if flush is not None:
         flush()

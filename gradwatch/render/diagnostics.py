@@ -1,10 +1,12 @@
 """Compiler-style console output: one block per finding, then a one-line summary.
 
 Each block has a headline (``error[ghost_param]: 2 parameters of 'aux_head' got no
-gradient at step 19 ...``), then the parameters, the cause, the source locations (with the
-source line when the file is at hand), the steps and the full hint, wrapped to the width
-without splitting or dropping a word. Colour is ANSI on a terminal, nothing in plain mode.
-Every name and text from the report is printed literally, control bytes escaped.
+gradient at step 19 ...``), then the parameters, the cause (and the cut point, when one
+``.detach()`` cut them off), the source locations (with the source line when the file is at
+hand), the steps and the full hint, wrapped to the width without splitting or dropping a word.
+Everything is a ``rich`` ``Text`` printed through one Console (:mod:`gradwatch.render.terminal`):
+colour on a terminal, plain text otherwise. Every name and text from the report is printed
+literally (never parsed as markup), control bytes escaped.
 
 Example:
     >>> print(render_diagnostics(report, width=80))  # doctest: +SKIP
@@ -16,42 +18,36 @@ Example:
 
 from __future__ import annotations
 
+import io
 import linecache
 import os
-import textwrap
 from typing import TYPE_CHECKING, Any, Optional
 
 from gradwatch._text import clip, safe
 from gradwatch.checks.ghost import GhostParam
+from gradwatch.render.terminal import hanging, make_console
 
 if TYPE_CHECKING:
+    from rich.text import Text
+
     from gradwatch.results import Finding, ReportData
 
-__all__ = ["MAX_BLOCKS", "render_diagnostics", "spike_layers"]
+__all__ = [
+    "MAX_BLOCKS",
+    "coverage_line",
+    "diagnostic_lines",
+    "render_diagnostics",
+    "spike_layers",
+    "summary_line",
+]
 
 #: Findings printed as blocks; the rest are counted in one line (the JSON/HTML report has all).
 MAX_BLOCKS = 20
 _PARAMS_SHOWN = 8
 _LABEL = 9  # width of the right-aligned field labels
 _ORDER = {"error": 0, "warning": 1, "info": 2}
-_COLOR = {"error": "1;31", "warning": "1;33", "info": "1;36"}
+_SEVERITY_STYLE = {"error": "bold red", "warning": "bold yellow", "info": "bold cyan"}
 _SNIPPET = 160
-
-
-def _paint(text: str, code: str, color: bool) -> str:
-    return f"\x1b[{code}m{text}\x1b[0m" if color and text else text
-
-
-def _wrap(text: str, width: int, first: str, rest: str) -> list[str]:
-    """Word-wrap ``text`` after ``first`` (continuations after ``rest``); never split a word."""
-    wrapper = textwrap.TextWrapper(
-        width=max(width, len(first) + 20),
-        initial_indent=first,
-        subsequent_indent=rest,
-        break_long_words=False,
-        break_on_hyphens=False,
-    )
-    return wrapper.wrap(text) or [first.rstrip()]
 
 
 def _count(n: int, word: str, plural: str = "") -> str:
@@ -110,6 +106,8 @@ def _fields(f: Finding) -> list[tuple[str, str, str]]:
         rows.append(("cause", clip(safe(details["cause"]), 400), ""))
     elif details.get("origin"):
         rows.append(("origin", clip(safe(details["origin"]), 400), ""))
+    if details.get("cut"):  # the module whose detached output cut the params off
+        rows.append(("cut", clip(safe(details["cut"]), 400), ""))
     if details.get("ranks"):
         rows.append(("ranks", clip(safe(details["ranks"]), 400), ""))
     if details.get("first_layers"):
@@ -129,25 +127,21 @@ def _fields(f: Finding) -> list[tuple[str, str, str]]:
     return rows
 
 
-def _block(f: Finding, width: int, color: bool) -> list[str]:
-    tag = f"{f.severity}[{safe(f.check)}]:"
-    head = _wrap(f"{tag} {clip(safe(f.message))}", width, "", "  ")
-    if color:
-        rest = head[0][len(tag) :]
-        head[0] = _paint(f.severity, _COLOR[f.severity], True) + _paint(
-            tag[len(f.severity) :] + rest, "1", True
-        )
-    lines = head
-    pad = " " * (_LABEL + 2)
+def _block(f: Finding, width: int) -> list[Text]:
+    from rich.text import Text
+
+    head = Text()
+    head.append(f.severity, style=_SEVERITY_STYLE[f.severity])
+    head.append(f"[{safe(f.check)}]: {clip(safe(f.message))}", style="bold")
+    lines = hanging(head, width, indent=2)
+    pad = _LABEL + 2
     for label, value, source in _fields(f):
-        first = f"{label:>{_LABEL}}: "
-        wrapped = _wrap(value, width, first, pad)
-        if color:
-            wrapped[0] = _paint(first, "34", True) + wrapped[0][len(first) :]
-        lines.extend(wrapped)
+        first = Text().append(f"{label:>{_LABEL}}: ", style="blue")
+        lines.extend(hanging(Text(value), width, indent=pad, first=first))
         if source:
-            code = _wrap(source, width, pad + "| ", pad + "| ")
-            lines.extend(_paint(c, "2", color) for c in code)
+            bar = Text().append(" " * pad + "| ", style="dim")
+            code = Text().append(source, style="dim")
+            lines.extend(hanging(code, width, indent=pad + 2, first=bar, rest=bar))
     return lines
 
 
@@ -171,6 +165,14 @@ def coverage_line(report: ReportData) -> str:
     return line
 
 
+def _passes(report: ReportData) -> str:
+    """``20 backward passes``; none counted although steps ran: none reached the model (a
+    ``backward()`` on a loss cut off from it is no pass gradwatch can see)."""
+    if report.steps and not report.backward_passes:
+        return "no backward pass reached the model"
+    return _count(report.backward_passes, "backward pass", "backward passes")
+
+
 def summary_line(report: ReportData) -> str:
     """``gradwatch: FAILED  1 error, 2 warnings in 20 steps (20 backward passes), fail_on=error``."""
     shown = [f for f in report.findings if not f.baselined()]
@@ -183,7 +185,7 @@ def summary_line(report: ReportData) -> str:
     line = (
         f"gradwatch: {report.verdict()}  {what} in "
         f"{_count(report.steps, 'step')} "
-        f"({_count(report.backward_passes, 'backward pass', 'backward passes')})"
+        f"({_passes(report)})"
     )
     if report.skipped_steps:
         line += f", {report.skipped_steps} skipped by the scaler"
@@ -193,16 +195,35 @@ def summary_line(report: ReportData) -> str:
     return line + f", fail_on={report.fail_on}"
 
 
-def _summary(report: ReportData, width: int, color: bool) -> list[str]:
-    lines = _wrap(summary_line(report), width, "", "  ")
-    if color:  # "gradwatch: " is 11 characters; the status word follows
-        status = lines[0][11:17]
-        lines[0] = (
-            lines[0][:11]
-            + _paint(status, "1;31" if report.failed else "1;32", True)
-            + (lines[0][17:])
+def diagnostic_lines(
+    report: ReportData, *, width: int = 110, limit: Optional[int] = MAX_BLOCKS
+) -> list[Text]:
+    """The diagnostic rendering as styled ``rich`` lines (see :func:`render_diagnostics`)."""
+    from rich.text import Text
+
+    shown = [f for f in report.findings if not f.baselined()]
+    ordered = sorted(shown, key=lambda f: (_ORDER[f.severity], f.check, f.cause(), f.module or ""))
+    out: list[Text] = []
+    cut = ordered if limit is None else ordered[:limit]
+    for f in cut:
+        out.extend(_block(f, width))
+        out.append(Text())
+    if len(ordered) > len(cut):
+        rest = len(ordered) - len(cut)
+        more = (
+            f"... {rest} more finding(s) not shown: see the JSON or HTML report "
+            "(gradwatch report FILE --html OUT)."
         )
-    return lines
+        out.extend(hanging(Text(more), width, indent=4))
+        out.append(Text())
+    out.extend(hanging(Text().append(coverage_line(report), style="dim"), width))
+    summary = Text(summary_line(report))
+    status = len("gradwatch: ")
+    summary.stylize(  # the status word
+        "bold red" if report.failed else "bold green", status, status + len(report.verdict())
+    )
+    out.extend(hanging(summary, width))
+    return out
 
 
 def render_diagnostics(
@@ -219,25 +240,11 @@ def render_diagnostics(
     Example:
         >>> text = render_diagnostics(report, width=80)  # doctest: +SKIP
     """
-    shown = [f for f in report.findings if not f.baselined()]
-    ordered = sorted(shown, key=lambda f: (_ORDER[f.severity], f.check, f.cause(), f.module or ""))
-    out: list[str] = []
-    cut = ordered if limit is None else ordered[:limit]
-    for f in cut:
-        out.extend(_block(f, width, color))
-        out.append("")
-    if len(ordered) > len(cut):
-        rest = len(ordered) - len(cut)
-        out.extend(
-            _wrap(
-                f"... {rest} more finding(s) not shown: see the JSON or HTML report "
-                "(gradwatch report FILE --html OUT).",
-                width,
-                "",
-                "    ",
-            )
-        )
-        out.append("")
-    out.extend(_paint(line, "2", color) for line in _wrap(coverage_line(report), width, "", "  "))
-    out.extend(_summary(report, width, color))
-    return "\n".join(out) + "\n"
+    from rich.text import Text
+
+    buf = io.StringIO()
+    console = make_console(buf, color=color, width=width)
+    console.print(
+        Text("\n").join(diagnostic_lines(report, width=width, limit=limit)), soft_wrap=True
+    )
+    return buf.getvalue()

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from gradwatch._text import clip, safe
+from gradwatch.checks.registry import ALL_CHECKS
 from gradwatch.errors import ConfigError
 from gradwatch.render.diagnostics import spike_layers
 
@@ -29,6 +30,8 @@ __all__ = ["MissingExtraError", "notebook_html", "render_html", "write_html"]
 log = logging.getLogger("gradwatch")
 
 _PARAMS_SHOWN = 6
+# Checks a config can turn off (gradwatch's own, internal_error and the like, are always on).
+_SILENCEABLE = frozenset(cls.id for cls in ALL_CHECKS)
 _SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
 
 _CSS = """
@@ -40,14 +43,20 @@ h1{font-size:1.6em;margin:0 0 4px}h2{font-size:1.2em;margin:28px 0 8px;border-bo
 .meta{color:#555;font-size:.9em}
 table{border-collapse:collapse;width:100%;font-size:.88em}
 th,td{border:1px solid #ddd;padding:4px 8px;text-align:left;vertical-align:top}
-th{background:#f5f5f5}td.num{text-align:right;font-variant-numeric:tabular-nums}
+td{overflow-wrap:break-word}table.findings{table-layout:fixed}
+col.c-id{width:12em}col.c-params{width:30%}
+.hint{margin-top:6px;padding-left:8px;border-left:3px solid #ddd}
+th{background:#f5f5f5}td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
 .sev-error{color:#c62828;font-weight:700}.sev-warning{color:#ef6c00;font-weight:700}
 .sev-info{color:#1565c0}
-dl.kv{display:grid;grid-template-columns:max-content auto;gap:2px 16px;margin:8px 0}
-dl.kv dt{font-weight:600}dl.kv dd{margin:0}
-img.chart{max-width:100%;height:auto;display:block;margin:8px 0;border:1px solid #eee}
+dl.kv{display:grid;grid-template-columns:max-content minmax(0,1fr);gap:2px 16px;margin:8px 0}
+dl.kv dt{font-weight:600}dl.kv dd{margin:0;overflow-wrap:anywhere}
+.scroll{overflow-x:auto;max-width:100%}
+.chart-box{max-height:85vh;overflow:auto;margin:8px 0;border:1px solid #eee}
+.chart-box img{max-width:100%;height:auto;display:block}
+.how{color:#555;font-size:.85em;margin-top:4px}.how code{white-space:normal}
 .empty{color:#777;font-style:italic}pre{background:#f7f7f7;padding:8px;overflow:auto;font-size:.8em}
-code{font-size:.95em}
+code{font-size:.95em;overflow-wrap:anywhere}
 """
 
 
@@ -60,6 +69,10 @@ _NOTEBOOK_CSS = (
     "table{border-collapse:collapse;font-size:.88em}",
     "th{border:1px solid #ddd;padding:3px 6px;text-align:left;vertical-align:top}",
     "td{border:1px solid #ddd;padding:3px 6px;text-align:left;vertical-align:top}",
+    "td{overflow-wrap:break-word}",
+    "code{overflow-wrap:anywhere}",
+    ".hint{margin-top:4px;padding-left:6px;border-left:3px solid #ddd}",
+    ".how{color:#555;font-size:.85em;margin-top:4px}",
     ".sev-error{color:#c62828;font-weight:700}",
     ".sev-warning{color:#ef6c00;font-weight:700}",
     ".sev-info{color:#1565c0}",
@@ -142,6 +155,24 @@ def _locations_html(f: Finding) -> str:
     return f'<br><small class="loc">{"; ".join(parts)}</small>' if parts else ""
 
 
+def _how(check: str) -> str:
+    """Where to read more about a finding's check, and how to silence it."""
+    e = _e(check)
+    text = f"more: <code>gradwatch explain {e}</code>"
+    if check in _SILENCEABLE:
+        text += f"; silence: <code>--ignore-check {e}</code>"
+    return f'<div class="how">{text}</div>'
+
+
+_HOW_NOTE = (
+    '<p class="how"><code>gradwatch explain &lt;check&gt;</code> tells what a check means and '
+    "how to fix what it found. To silence a check, set <code>checks.&lt;check&gt;.enabled: "
+    "false</code> in the config file or pass <code>--ignore-check &lt;check&gt;</code> to "
+    "<code>gradwatch check</code>; to leave some parameters unjudged, list them in "
+    "<code>ignore</code>.</p>"
+)
+
+
 def _findings(report: ReportData) -> str:
     if not report.findings:
         return '<h2>Findings</h2><p class="empty">No findings.</p>'
@@ -150,17 +181,22 @@ def _findings(report: ReportData) -> str:
         report.findings, key=lambda f: (_SEVERITY_ORDER[f.severity], f.check, f.module or "")
     )
     for f in ordered:
-        steps = f"{f.first_step}&ndash;{f.last_step} (&times;{f.count})"
+        steps = f"steps {f.first_step}&ndash;{f.last_step} (&times;{f.count})"
+        cause = f.cause()
+        said = f"<br><small>cause: <code>{_e(clip(cause, 400))}</code></small>" if cause else ""
+        hint = f'<div class="hint">{_e(clip(f.hint))}</div>' if f.hint else ""
         rows.append(
-            f'<tr><td class="sev-{_e(f.severity)}">{_e(f.severity)}</td><td><code>{_e(f.check)}'
-            f"</code></td><td>{_params_cell(f)}</td><td>{_e(clip(f.message))}{_locations_html(f)}</td>"
-            f"<td>{_e(clip(f.cause(), 400))}</td><td>{_e(clip(f.hint))}</td><td>{steps}</td></tr>"
+            f'<tr><td class="id"><span class="sev-{_e(f.severity)}">{_e(f.severity)}</span><br>'
+            f"<code>{_e(f.check)}</code><br><small>{steps}</small></td>"
+            f"<td>{_params_cell(f)}</td>"
+            f"<td>{_e(clip(f.message))}{said}{_locations_html(f)}{hint}{_how(f.check)}</td></tr>"
         )
-    head = "".join(
-        f"<th>{h}</th>"
-        for h in ("severity", "check", "parameters", "message", "cause", "hint", "steps")
+    head = "".join(f"<th>{h}</th>" for h in ("finding", "parameters", "message and hint"))
+    return (
+        f"<h2>Findings</h2>{_HOW_NOTE}"
+        '<div class="scroll"><table class="findings"><colgroup><col class="c-id">'
+        f'<col class="c-params"><col></colgroup><tr>{head}</tr>{"".join(rows)}</table></div>'
     )
-    return f'<h2>Findings</h2><table class="findings"><tr>{head}</tr>{"".join(rows)}</table>'
 
 
 def _chart(title: str, build: Callable[[ReportData], Any], report: ReportData, empty: str) -> str:
@@ -171,7 +207,8 @@ def _chart(title: str, build: Callable[[ReportData], Any], report: ReportData, e
         body = (
             f'<p class="empty">{_e(empty)}</p>'
             if fig is None
-            else f'<img class="chart" alt="{_e(title)}" src="data:image/png;base64,{figure_png(fig)}">'
+            else '<div class="chart-box"><img class="chart" '
+            f'alt="{_e(title)}" src="data:image/png;base64,{figure_png(fig)}"></div>'
         )
     except Exception as exc:  # one broken chart must not cost the whole report
         log.warning("gradwatch: could not draw %r: %r", title, exc)
@@ -230,7 +267,10 @@ def _layers_table(report: ReportData) -> str:
             f'<td class="num">{_num(layer.update_ratio)}</td>'
             f'<td class="num">{layer.steps_with_grad} / {layer.steps_without_grad}</td></tr>'
         )
-    return f'<h2>Layers</h2><table class="layers"><tr>{head}</tr>{"".join(rows)}</table>'
+    return (
+        f'<h2>Layers</h2><div class="scroll"><table class="layers"><tr>{head}</tr>'
+        f"{''.join(rows)}</table></div>"
+    )
 
 
 def render_html(report: ReportData) -> str:
@@ -240,6 +280,7 @@ def render_html(report: ReportData) -> str:
         MissingExtraError: when matplotlib is not installed (``pip install gradwatch[html]``).
     """
     _require_matplotlib()
+    from gradwatch.render.html_heatmap import norm_heatmap
     from gradwatch.render.html_plots import (
         curvature_bars,
         gradient_flow,
@@ -253,6 +294,9 @@ def render_html(report: ReportData) -> str:
         _findings(report),
         _chart("Gradient flow", gradient_flow, report, "No layer statistics were recorded."),
         _chart("Gradient norm history", norm_timelines, report, "No norm history was recorded."),
+        _chart(
+            "Gradient norm heatmap", norm_heatmap, report, "Fewer than two layers have a history."
+        ),
         _chart("Update ratio", update_ratios, report, "No layer statistics were recorded."),
         *([_chart("Curvature", curvature_bars, report, "")] if report.curvature else []),
         _coverage(report),

@@ -27,13 +27,18 @@ if TYPE_CHECKING:
     from gradwatch.results import LayerStats, ReportData
 
 __all__ = [
+    "CHART_WIDTH",
     "UPDATE_RATIO_RULE",
     "curvature_bars",
     "figure_png",
     "flagged_layers",
     "gradient_flow",
     "layer_order",
+    "layer_ticks",
+    "legend_above",
+    "new_figure",
     "norm_timelines",
+    "per_layer_height",
     "update_ratios",
 ]
 
@@ -41,7 +46,9 @@ __all__ = [
 UPDATE_RATIO_RULE = 1e-3
 #: Layers drawn in the timeline chart besides the flagged ones.
 TOP_K = 8
-_MAX_TICKS = 80
+_MAX_TICKS = 150  # layer labels on a chart (one per 0.17 in row up to the 26 in cap)
+#: Width (inches, at 100 dpi) of every chart: fits the page's 1200 px column.
+CHART_WIDTH = 10.0
 _TOP, _BOTTOM = 0.96, 0.04  # axes fractions for markers of values off a log axis
 _GHOST = GhostParam.id
 _DEAD = DeadParam.id
@@ -91,7 +98,7 @@ def _floor_ceiling(values: Sequence[Optional[float]]) -> tuple[float, float]:
     return min(good) / 10.0, max(good) * 10.0
 
 
-def _new_figure(width: float, height: float) -> tuple[Figure, Axes]:
+def new_figure(width: float, height: float) -> tuple[Figure, Axes]:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -100,50 +107,73 @@ def _new_figure(width: float, height: float) -> tuple[Figure, Axes]:
     return fig, fig.add_subplot()
 
 
-def _layer_ticks(ax: Axes, names: list[str], flags: dict[str, str]) -> None:
+def layer_ticks(ax: Axes, names: list[str], flags: dict[str, str]) -> None:
+    """Layer names down the y axis, first layer on top; ghost/dead ones in their colour."""
     n = len(names)
     every = max(1, math.ceil(n / _MAX_TICKS))
     shown = [i for i in range(n) if i % every == 0 or names[i] in flags]
-    ax.set_xticks(shown)
-    ax.set_xticklabels([_label(names[i]) for i in shown], rotation=90, fontsize=7 if n > 30 else 8)
-    for label, i in zip(ax.get_xticklabels(), shown):
+    ax.set_yticks(shown)
+    ax.set_yticklabels([_label(names[i]) for i in shown], fontsize=7 if n > 40 else 8)
+    for label, i in zip(ax.get_yticklabels(), shown):
         kind = flags.get(names[i])
         if kind is not None:
             label.set_color(_RED if kind == "ghost" else _ORANGE)
             label.set_fontweight("bold")
-    ax.set_xlim(-0.6, n - 0.4)
+    ax.set_ylim(n - 0.4, -0.6)
+    ax.tick_params(axis="x", labeltop=n > 30)  # a tall chart shows its scale at both ends
 
 
-def _mark_missing(ax: Axes, xs: Sequence[float], y: float, color: str, label: str) -> None:
-    """Markers at data ``x`` and axes-fraction ``y`` (values a log axis cannot show)."""
-    if xs:
+def _mark_missing(ax: Axes, ys: Sequence[float], x: float, color: str, label: str) -> None:
+    """Markers at data ``y`` and axes-fraction ``x`` (values a log axis cannot show)."""
+    if ys:
         ax.scatter(
-            xs,
-            [y] * len(xs),
+            [x] * len(ys),
+            ys,
             marker="x",
-            s=40,
+            s=30,
             color=color,
             zorder=5,
             label=label,
-            transform=ax.get_xaxis_transform(),
+            transform=ax.get_yaxis_transform(),
             clip_on=False,
         )
 
 
-def _legend(ax: Axes) -> None:
-    # Outside the plot: a legend inside would hide the markers drawn at the axis edges.
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+def legend_above(ax: Axes) -> None:
+    # Above the plot, under the title: a legend inside would hide the markers drawn at the
+    # axis edges, and one beside a tall chart is out of sight.
+    handles, labels = ax.get_legend_handles_labels()
+    if handles:
+        ax.figure.legend(
+            handles,
+            labels,
+            loc="outside upper center",
+            ncols=min(len(labels), 3),
+            fontsize=8,
+            frameon=False,
+        )
 
 
-def _per_layer_width(n_layers: int) -> float:
-    """Figure width (inches) of a chart with one x position per layer, within 6.5..24."""
-    return min(max(6.5, 0.28 * n_layers + 2.5), 24.0)
+def per_layer_height(n_layers: int) -> float:
+    """Figure height (inches) of a chart with one row per layer: 0.17 in a row, 3..26 in all.
+
+    A row stays readable up to about 140 layers; beyond, rows get thinner and the labels are
+    thinned (every k-th layer and every flagged one).
+    """
+    return min(max(3.0, 1.5 + 0.17 * n_layers), 26.0)
+
+
+def _layer_figure(n_layers: int, title: str) -> tuple[Figure, Axes]:
+    fig, ax = new_figure(CHART_WIDTH, per_layer_height(n_layers))
+    ax.set_title(title, fontsize=10)
+    return fig, ax
 
 
 def gradient_flow(report: ReportData) -> Optional[Figure]:
     """Per-layer mean and max |grad| in forward order on a log axis; ghost/dead layers marked.
 
-    Returns ``None`` when the report has no layers.
+    One row per layer (first layer on top), so the chart grows with the model instead of
+    squeezing it. Returns ``None`` when the report has no layers.
     """
     layers = layer_order(report)
     if not layers:
@@ -153,49 +183,48 @@ def gradient_flow(report: ReportData) -> Optional[Figure]:
     mean = [layer.mean_abs_grad for layer in layers]
     peak = [layer.max_abs_grad for layer in layers]
     floor, ceiling = _floor_ceiling(mean + peak)
-    fig, ax = _new_figure(_per_layer_width(len(layers)), 4.6)
-    xs = list(range(len(layers)))
+    fig, ax = _layer_figure(len(layers), "Gradient flow (layers in forward order)")
+    ys = list(range(len(layers)))
 
     def bars(values: list[Optional[float]]) -> list[float]:
         return [v - floor if v is not None and _finite_pos(v) else 0.0 for v in values]
 
-    ax.bar(xs, bars(peak), bottom=floor, width=0.8, color=_LIGHT, label="max |grad|")
-    ax.bar(xs, bars(mean), bottom=floor, width=0.5, color=_BLUE, label="mean |grad|")
-    ax.set_yscale("log")
-    ax.set_ylim(floor, ceiling)
+    ax.barh(ys, bars(peak), left=floor, height=0.8, color=_LIGHT, label="max |grad|")
+    ax.barh(ys, bars(mean), left=floor, height=0.5, color=_BLUE, label="mean |grad|")
+    ax.set_xscale("log")
+    ax.set_xlim(floor, ceiling)
     nonfinite = [
-        x
-        for x, v, p in zip(xs, mean, peak)
+        y
+        for y, v, p in zip(ys, mean, peak)
         if any(u is not None and not math.isfinite(u) for u in (v, p))
     ]
-    zero = [x for x, v in zip(xs, mean) if v is not None and v == 0.0 and x not in nonfinite]
-    absent = [x for x, v in zip(xs, mean) if v is None]
+    zero = [y for y, v in zip(ys, mean) if v is not None and v == 0.0 and y not in nonfinite]
+    absent = [y for y, v in zip(ys, mean) if v is None]
     _mark_missing(ax, nonfinite, _TOP, _RED, "NaN/Inf")
     _mark_missing(ax, zero, _BOTTOM, _ORANGE, "exactly zero")
     _mark_missing(ax, absent, _BOTTOM, "#757575", "no gradient")
     for kind, color in (("ghost", _RED), ("dead", _ORANGE)):
-        marked = [x for x, name in zip(xs, names) if flags.get(name) == kind]
-        for x in marked:
-            ax.axvspan(x - 0.45, x + 0.45, color=color, alpha=0.12, lw=0)
+        marked = [y for y, name in zip(ys, names) if flags.get(name) == kind]
+        for y in marked:
+            ax.axhspan(y - 0.45, y + 0.45, color=color, alpha=0.12, lw=0)
             ax.text(
-                x,
-                0.1,
+                0.99,
+                y,
                 kind,
-                transform=ax.get_xaxis_transform(),
-                rotation=90,
-                ha="center",
-                va="bottom",
-                fontsize=8,
+                transform=ax.get_yaxis_transform(),
+                ha="right",
+                va="center",
+                fontsize=7,
                 color=color,
                 fontweight="bold",
             )
         if marked:
             ax.scatter([], [], marker="s", color=color, alpha=0.3, label=f"{kind} layer")
-    _layer_ticks(ax, names, flags)
-    ax.set_ylabel("|gradient| (log)")
-    ax.set_title("Gradient flow (layers in forward order)")
-    ax.grid(axis="y", which="major", alpha=0.3)
-    _legend(ax)
+    layer_ticks(ax, names, flags)
+    ax.set_xlabel("|gradient| (log)")
+    ax.set_axisbelow(True)  # grid lines behind the bars
+    ax.grid(axis="x", which="major", alpha=0.3)
+    legend_above(ax)
     return fig
 
 
@@ -210,10 +239,11 @@ def _timeline_layers(report: ReportData, k: int) -> list[LayerStats]:
             return math.inf  # non-finite norms: always worth a line
         return max(finite, default=0.0)
 
-    top = sorted(with_history, key=peak, reverse=True)[:k]
-    chosen = {layer.name for layer in top} | {
-        layer.name for layer in with_history if layer.name in flagged_modules
-    }
+    ranked = sorted(with_history, key=peak, reverse=True)
+    flagged = [layer for layer in ranked if layer.name in flagged_modules]
+    # Every flagged layer up to 2k lines (a legend of 90 lines reads as none: the heatmap
+    # shows them all).
+    chosen = {layer.name for layer in ranked[:k]} | {layer.name for layer in flagged[: 2 * k]}
     return [layer for layer in layer_order(report) if layer.name in chosen]
 
 
@@ -227,7 +257,7 @@ def norm_timelines(report: ReportData, k: int = TOP_K) -> Optional[Figure]:
         return None
     values = [v for layer in layers for _, v in layer.history]
     floor, ceiling = _floor_ceiling(values)
-    fig, ax = _new_figure(10.0, 4.6)
+    fig, ax = new_figure(10.0, 4.6)
     flagged_modules = {f.module for f in report.findings if f.module is not None}
     bad_x: list[int] = []
     zero_x: list[int] = []
@@ -241,8 +271,22 @@ def norm_timelines(report: ReportData, k: int = TOP_K) -> Optional[Figure]:
         ax.plot(steps, norms, style, marker="." if len(steps) < 40 else None, lw=1.3, label=label)
     ax.set_yscale("log")
     ax.set_ylim(floor, ceiling)
-    _mark_missing(ax, sorted(set(bad_x)), _TOP, _RED, "NaN/Inf norm")
-    _mark_missing(ax, sorted(set(zero_x)), _BOTTOM, _ORANGE, "zero norm")
+    for xs, y, color, what in (
+        (bad_x, _TOP, _RED, "NaN/Inf norm"),
+        (zero_x, _BOTTOM, _ORANGE, "zero norm"),
+    ):
+        if xs:
+            ax.scatter(
+                sorted(set(xs)),
+                [y] * len(set(xs)),
+                marker="x",
+                s=40,
+                color=color,
+                zorder=5,
+                label=what,
+                transform=ax.get_xaxis_transform(),
+                clip_on=False,
+            )
     from matplotlib.ticker import MaxNLocator
 
     all_steps = [s for layer in layers for s, _ in layer.history]
@@ -253,14 +297,16 @@ def norm_timelines(report: ReportData, k: int = TOP_K) -> Optional[Figure]:
     ax.set_ylabel("gradient L2 norm (log)")
     ax.set_title(f"Gradient norm per layer (top {k} by norm + flagged)")
     ax.grid(alpha=0.3)
-    _legend(ax)
+    # Beside the plot: one entry per line, which reads down a column.
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     return fig
 
 
 def update_ratios(report: ReportData) -> Optional[Figure]:
-    """|Δw|/|w| of the last step per layer against the 1e-3 rule of thumb.
+    """|Δw|/|w| of the last step per layer against the 1e-3 rule of thumb, one row a layer.
 
-    Returns ``None`` when the report has no layers.
+    Points outside the 1e-4..1e-2 band are orange (a learning rate far too high or too low
+    there). Returns ``None`` when the report has no layers.
     """
     layers = layer_order(report)
     if not layers:
@@ -269,42 +315,45 @@ def update_ratios(report: ReportData) -> Optional[Figure]:
     names = [layer.name for layer in layers]
     ratios = [layer.update_ratio for layer in layers]
     floor, ceiling = _floor_ceiling([*ratios, UPDATE_RATIO_RULE])
-    fig, ax = _new_figure(_per_layer_width(len(layers)), 4.2)
-    xs = list(range(len(layers)))
-    good = [(x, r) for x, r in zip(xs, ratios) if r is not None and _finite_pos(r)]
-    colors = [
-        _ORANGE if r < UPDATE_RATIO_RULE / 10 or r > UPDATE_RATIO_RULE * 10 else _BLUE
-        for _, r in good
-    ]
-    ax.scatter(
-        [x for x, _ in good],
-        [r for _, r in good],
-        s=36,
-        color=colors,
-        zorder=4,
-        label="|Δw| / |w| (last step)",
-    )
-    ax.set_yscale("log")
-    ax.set_ylim(floor, ceiling)
-    ax.axhline(UPDATE_RATIO_RULE, color="#555", ls="--", lw=1, label="1e-3 rule of thumb")
-    ax.axhspan(UPDATE_RATIO_RULE / 10, UPDATE_RATIO_RULE * 10, color="#a5d6a7", alpha=0.2, lw=0)
-    missing = [x for x, r in zip(xs, ratios) if r is None or r == 0.0]
-    bad = [x for x, r in zip(xs, ratios) if r is not None and not math.isfinite(r)]
+    fig, ax = _layer_figure(len(layers), "Update ratio per layer |Δw| / |w| (last step)")
+    low, high = UPDATE_RATIO_RULE / 10, UPDATE_RATIO_RULE * 10
+    good = [(y, r) for y, r in enumerate(ratios) if r is not None and _finite_pos(r)]
+    inside = [(y, r) for y, r in good if low <= r <= high]
+    outside = [(y, r) for y, r in good if not low <= r <= high]
+    for points, color, what in (
+        (inside, _BLUE, "within 1e-4 .. 1e-2"),
+        (outside, _ORANGE, "outside 1e-4 .. 1e-2 (lr too high or too low)"),
+    ):
+        if points:
+            ax.scatter(
+                [r for _, r in points],
+                [y for y, _ in points],
+                s=30,
+                color=color,
+                zorder=4,
+                label=what,
+            )
+    ax.set_xscale("log")
+    ax.set_xlim(floor, ceiling)
+    ax.axvline(UPDATE_RATIO_RULE, color="#555", ls="--", lw=1, label="1e-3 rule of thumb")
+    ax.axvspan(low, high, color="#a5d6a7", alpha=0.2, lw=0)
+    ys = range(len(layers))
+    missing = [y for y, r in zip(ys, ratios) if r is None or r == 0.0]
+    bad = [y for y, r in zip(ys, ratios) if r is not None and not math.isfinite(r)]
     _mark_missing(ax, missing, _BOTTOM, "#757575", "no update measured / zero")
     _mark_missing(ax, bad, _TOP, _RED, "NaN/Inf")
-    _layer_ticks(ax, names, flags)
-    ax.set_ylabel("update ratio (log)")
-    ax.set_title("Update ratio per layer (green band: 1e-4 .. 1e-2)")
-    ax.grid(axis="y", alpha=0.3)
-    _legend(ax)
+    layer_ticks(ax, names, flags)
+    ax.set_xlabel("update ratio (log; green band: 1e-4 .. 1e-2)")
+    ax.grid(axis="x", alpha=0.3)
+    legend_above(ax)
     return fig
 
 
 def curvature_bars(report: ReportData) -> Optional[Figure]:
     """Per-layer Hessian trace per parameter (bars, ± standard error) and top eigenvalue.
 
-    Both on log axes by magnitude; negative values (non-convex directions) in orange.
-    Returns ``None`` when the report has no curvature.
+    Both on log axes by magnitude, one row a layer; negative traces (non-convex directions)
+    in orange. Returns ``None`` when the report has no curvature.
     """
     if report.curvature is None or not report.curvature.layers:
         return None
@@ -314,36 +363,41 @@ def curvature_bars(report: ReportData) -> Optional[Figure]:
     err = [c.trace_stderr / c.numel if c.numel else 0.0 for c in rows]
     eig = [abs(c.top_eigenvalue) for c in rows]
     floor, ceiling = _floor_ceiling([*per, *eig])
-    fig, ax = _new_figure(_per_layer_width(len(rows)), 4.2)
-    xs = list(range(len(rows)))
-    ok = [x for x in xs if _finite_pos(per[x])]
-    ax.bar(
-        ok,
-        [per[x] - floor for x in ok],
-        bottom=floor,
-        width=0.6,
-        color=[_BLUE if rows[x].trace_per_param > 0 else _ORANGE for x in ok],
-        yerr=[min(err[x], per[x] - floor) for x in ok],
-        capsize=2,
-        label="|trace| / numel (± std. error)",
-    )
-    good = [x for x in xs if _finite_pos(eig[x])]
+    fig, ax = _layer_figure(len(rows), "Curvature per layer (Hessian blocks)")
+    ys = range(len(rows))
+    ok = [y for y in ys if _finite_pos(per[y])]
+    for sign, color, what in (
+        (1, _BLUE, "|trace| / numel (± std. error)"),
+        (-1, _ORANGE, "negative trace: |trace| / numel"),
+    ):
+        chosen = [y for y in ok if (rows[y].trace_per_param > 0) == (sign > 0)]
+        if chosen:
+            ax.barh(
+                chosen,
+                [per[y] - floor for y in chosen],
+                left=floor,
+                height=0.6,
+                color=color,
+                xerr=[min(err[y], per[y] - floor) for y in chosen],
+                capsize=2,
+                label=what,
+            )
+    good = [y for y in ys if _finite_pos(eig[y])]
     ax.scatter(
+        [eig[y] for y in good],
         good,
-        [eig[x] for x in good],
         marker="D",
-        s=28,
+        s=24,
         color=_RED,
         zorder=4,
         label="|top eigenvalue|",
     )
-    ax.set_yscale("log")
-    ax.set_ylim(floor, ceiling)
-    _layer_ticks(ax, names, {})
-    ax.set_ylabel("curvature (log)")
-    ax.set_title("Curvature per layer (Hessian blocks; orange: negative)")
-    ax.grid(axis="y", alpha=0.3)
-    _legend(ax)
+    ax.set_xscale("log")
+    ax.set_xlim(floor, ceiling)
+    layer_ticks(ax, names, {})
+    ax.set_xlabel("curvature (log)")
+    ax.grid(axis="x", alpha=0.3)
+    legend_above(ax)
     return fig
 
 

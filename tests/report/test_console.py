@@ -238,7 +238,7 @@ def test_print_style_table_keeps_the_compact_table(every_finding: Report) -> Non
     buf = io.StringIO()
     every_finding.print(buf, style="table")
     out = buf.getvalue()
-    assert out.startswith("gradwatch: FAILED") and "|severity | check" in out
+    assert out.startswith("gradwatch: FAILED") and "| severity | check" in out
 
 
 # -- the compact table (style="table") ----------------------------------------------------
@@ -313,7 +313,7 @@ def test_findings_sorted_by_severity_with_truncated_params() -> None:
     ]
     text = render_text(_report(findings, failed=True, skipped_steps=2), width=140, style="table")
     assert "skipped_steps=2" in text and "(1 error, 1 warning, 1 info)" in text
-    rows = [line for line in text.splitlines() if re.match(r"\|(error|warning|info)\b", line)]
+    rows = [line for line in text.splitlines() if re.match(r"\| (error|warning|info)\b", line)]
     assert [r.split("|")[1].strip() for r in rows] == ["error", "warning", "info"]
     assert "enc.0.weight, enc.1.weight, enc.2.weight +4 more" in text
     assert "enc.3.weight" not in text
@@ -352,3 +352,87 @@ def test_console_config_prints_at_exit(capsys: pytest.CaptureFixture[str]) -> No
 def test_table_rejects_an_unknown_style() -> None:
     with pytest.raises(ValueError, match="style must be one of diagnostic, table"):
         render_text(_report([]), style="fancy")
+
+
+class LongNames(nn.Module):
+    """A ghost and a layer in no optimizer, both with long (real-model-like) names."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Linear(4, 4)
+        self.encoder_attention_output_projection = nn.Linear(4, 4)  # never called: a ghost
+        self.decoder_final_norm_after_residual = nn.Linear(4, 4)  # left out of the opt
+        self.out = nn.Linear(4, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(self.body(x) + self.decoder_final_norm_after_residual(x))
+
+
+@pytest.fixture(scope="module")
+def long_names() -> Report:
+    torch.manual_seed(0)
+    model = LongNames()
+    trained = [p for n, p in model.named_parameters() if not n.startswith("decoder")]
+    opt = torch.optim.SGD(trained, lr=0.1)
+    with gradwatch.watch(model, opt, config={"every_n_steps": 1, "warn": False}) as w:
+        for _ in range(3):
+            opt.zero_grad()
+            model(torch.randn(4, 4)).pow(2).mean().backward()
+            opt.step()
+    return w.report()
+
+
+@pytest.mark.parametrize("width", [80, 60])
+@pytest.mark.parametrize("color", [False, True])
+def test_table_never_splits_a_name_or_a_word(long_names: Report, width: int, color: bool) -> None:
+    assert {f.check for f in long_names.findings} == {"ghost_param", "not_in_optimizer"}
+    text = ANSI.sub("", render_text(long_names, width=width, style="table", color=color))
+    lines = text.splitlines()
+    tokens = text.replace("|", " ").split()
+    names = [n for f in long_names.findings for n in f.params]
+    assert max(len(n) for n in names) == len("encoder_attention_output_projection.weight")
+    for name in names:  # whole, on one line: never folded inside the identifier
+        assert any(name in line for line in lines), (width, name, text)
+    for f in long_names.findings:
+        assert f.check in tokens
+        for word in f.hint.split()[:12]:  # the hint is shortened at 160 characters
+            assert word in tokens, (width, word, text)
+    longest = max(len(line) for line in lines)
+    if width == 80:
+        assert longest <= 80, text  # these names fit 80 columns: nothing sticks out
+    else:  # a name wider than the room widens the table to that name, no more
+        room = 60 - len("| severity | not_in_optimizer |  |")
+        widest = max(len(n) for n in names) + 1  # and its comma
+        assert widest > room and longest <= 60 + (widest - room)
+
+
+def test_table_keeps_five_columns_when_the_names_leave_room(long_names: Report) -> None:
+    text = render_text(long_names, width=160, style="table")
+    head = next(line for line in text.splitlines() if line.startswith("| severity"))
+    assert [h.strip() for h in head.strip("|").split("|")] == [
+        "severity",
+        "check",
+        "parameters",
+        "cause",
+        "hint",
+    ]
+    narrow = render_text(long_names, width=100, style="table")
+    assert "| parameters / cause / hint" in narrow and "cause: not_called" in narrow
+
+
+def test_diagnostic_block_shows_the_cut_and_caps_the_params() -> None:
+    grouped = Finding(
+        check="ghost_param",
+        severity="error",
+        message="30 parameters got no gradient: the output of 'ln_f' was detached",
+        hint="Remove the .detach().",
+        params=[f"h.{i}.mlp.weight" for i in range(30)],
+        module="h",
+        details={"cause": "disconnected", "cut": "[bold]ln_f"},  # markup prints literally
+    )
+    text = render_text(_report([grouped], failed=True), width=80)
+    lines = text.splitlines()
+    assert "      cut: [bold]ln_f" in lines
+    assert lines.index("    cause: disconnected") < lines.index("      cut: [bold]ln_f")
+    flat = " ".join(text.split())
+    assert "h.6.mlp.weight, h.7.mlp.weight +22 more" in flat and "h.8.mlp.weight" not in text

@@ -10,6 +10,7 @@ import re
 import shutil
 import subprocess
 import sys
+from html import unescape as html_unescape
 from pathlib import Path
 
 import pytest
@@ -102,7 +103,12 @@ def test_real_loop_report_has_every_section(ghost_report: Report, tmp_path: Path
     assert "<dt>optimizer steps</dt><dd>12</dd>" in page
     assert "<dt>trainable in an optimizer</dt><dd>8 / 8</dd>" in page
     charts = _charts(page)
-    assert set(charts) == {"Gradient flow", "Gradient norm history", "Update ratio"}
+    assert set(charts) == {
+        "Gradient flow",
+        "Gradient norm history",
+        "Gradient norm heatmap",
+        "Update ratio",
+    }
     for name, pixels in charts.items():
         assert pixels.shape[0] > 200 and pixels.shape[1] > 400, name
         assert float(pixels[..., :3].std()) > 0.05, f"{name} chart is blank"
@@ -118,18 +124,25 @@ def test_layers_drawn_in_forward_order_with_ghost_marked(ghost_report: Report) -
     assert plots.flagged_layers(ghost_report) == {"ghost": "ghost"}
     fig = plots.gradient_flow(ghost_report)
     ax = fig.axes[0]
-    assert [t.get_text() for t in ax.get_xticklabels()] == ["fc1", "fc2", "head", "ghost"]
-    assert ax.get_yscale() == "log"
+    # One row per layer, first layer on top (the y axis is inverted).
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["fc1", "fc2", "head", "ghost"]
+    assert ax.get_ylim()[0] > ax.get_ylim()[1]
+    assert ax.get_xscale() == "log"
     assert [t.get_text() for t in ax.texts] == ["ghost"]
-    assert ax.get_xticklabels()[3].get_color() != ax.get_xticklabels()[0].get_color()
-    heights = [p.get_height() for p in ax.patches[4:8]]  # the mean |grad| bars
-    assert all(h > 0 for h in heights[:3]) and heights[3] == 0.0  # nothing for the ghost
+    assert ax.get_yticklabels()[3].get_color() != ax.get_yticklabels()[0].get_color()
+    lengths = [p.get_width() for p in ax.patches[4:8]]  # the mean |grad| bars
+    assert all(w > 0 for w in lengths[:3]) and lengths[3] == 0.0  # nothing for the ghost
 
 
 def test_update_ratio_chart_has_the_rule_of_thumb(ghost_report: Report) -> None:
     ax = plots.update_ratios(ghost_report).axes[0]
-    assert any(list(line.get_ydata()) == [1e-3, 1e-3] for line in ax.lines)
-    measured = ax.collections[0].get_offsets()
+    assert any(list(line.get_xdata()) == [1e-3, 1e-3] for line in ax.lines)
+    measured = [
+        point
+        for c in ax.collections
+        if c.get_label().startswith(("within", "outside"))
+        for point in c.get_offsets()
+    ]
     assert len(measured) == 3  # fc1, fc2, head; the ghost had no update
     assert "1e-3 rule of thumb" in ax.get_legend_handles_labels()[1]
 
@@ -163,7 +176,7 @@ def test_nonfinite_norms_from_a_real_loop(tmp_path: Path) -> None:
     assert report.by_check("nonfinite_grad")
     assert any(not math.isfinite(v) for layer in report.layers for _, v in layer.history)
     page = report.to_html(tmp_path / "nan.html").read_text()
-    assert len(_charts(page)) == 3 and "chart failed" not in page
+    assert len(_charts(page)) == 4 and "chart failed" not in page
 
 
 def test_nonfinite_zero_and_missing_values_everywhere(tmp_path: Path) -> None:
@@ -193,7 +206,7 @@ def test_nonfinite_zero_and_missing_values_everywhere(tmp_path: Path) -> None:
     ]
     dead = Finding(check="dead_param", severity="warning", message="dead", module="b")
     page = _empty(layers=layers, findings=[dead]).to_html(tmp_path / "x.html").read_text()
-    assert len(_charts(page)) == 3 and "chart failed" not in page
+    assert len(_charts(page)) == 4 and "chart failed" not in page
     assert "<td>dead</td>" in page  # the layer table's flag column
 
 
@@ -210,9 +223,10 @@ def test_many_layers_thin_the_tick_labels() -> None:
         for i in range(400)
     ]
     ghost = Finding(check="ghost_param", severity="error", message="m", module="blocks.333.mlp")
-    ax = plots.gradient_flow(_empty(layers=layers, findings=[ghost])).axes[0]
-    labels = [t.get_text() for t in ax.get_xticklabels()]
-    assert len(labels) <= 81 and "blocks.333.mlp" in labels
+    fig = plots.gradient_flow(_empty(layers=layers, findings=[ghost]))
+    labels = [t.get_text() for t in fig.axes[0].get_yticklabels()]
+    assert len(labels) <= 151 and "blocks.333.mlp" in labels  # thinned
+    assert fig.get_figheight() <= 26.0  # 400 rows are thinner, not a 70-inch page
 
 
 def test_text_is_escaped(tmp_path: Path) -> None:
@@ -242,6 +256,101 @@ def test_missing_matplotlib_names_the_extra(
 def test_directory_target_is_a_config_error(ghost_report: Report, tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="is a directory"):
         ghost_report.to_html(tmp_path)
+
+
+class Deep(nn.Module):
+    """``n`` residual blocks, a ghost head that never runs, and one dead ReLU block."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(nn.Linear(8, 8) for _ in range(n))
+        self.ghost_head_with_a_long_descriptive_name_that_does_not_fit_a_column = nn.Linear(8, 8)
+        self.out = nn.Linear(8, 1)
+        self.dead = n // 3
+        with torch.no_grad():
+            self.blocks[self.dead].bias.fill_(-100.0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for i, block in enumerate(self.blocks):
+            x = x + (torch.relu(block(x)) if i == self.dead else 0.05 * torch.tanh(block(x)))
+        return self.out(x)
+
+
+def _train_deep(n: int, steps: int = 6) -> Report:
+    torch.manual_seed(0)
+    model = Deep(n)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    with gradwatch.watch(model, opt, config={"every_n_steps": 1, "warn": False}) as w:
+        for _ in range(steps):
+            opt.zero_grad()
+            model(torch.randn(8, 8)).pow(2).mean().backward()
+            opt.step()
+    return w.report()
+
+
+@pytest.fixture(scope="module")
+def deep100() -> Report:
+    return _train_deep(100)
+
+
+def test_charts_of_100_layers_grow_a_readable_row_per_layer(deep100: Report) -> None:
+    n = len(deep100.layers)
+    assert n == 102 and {f.check for f in deep100.findings} >= {"ghost_param", "dead_param"}
+    for build in (plots.gradient_flow, plots.update_ratios):
+        fig = build(deep100)
+        labels = [t.get_text() for t in fig.axes[0].get_yticklabels()]
+        assert len(labels) == n  # every layer named, none thinned out
+        assert fig.get_figheight() / n >= 0.15  # >= 15 px a row at 100 dpi: no strip
+        assert fig.get_figheight() <= 26.0
+    small = plots.gradient_flow(_train_deep(24))
+    assert 4.0 <= small.get_figheight() <= 8.0  # 24 layers: a chart, not a strip
+    from gradwatch.render.html_heatmap import norm_heatmap
+
+    heat = norm_heatmap(deep100)
+    image = heat.axes[0].images[0].get_array()
+    with_history = [layer for layer in deep100.layers if layer.history]
+    assert image.shape == (len(with_history), 6)  # a row per layer, a column per step
+    dead = [layer.name for layer in plots.layer_order(deep100) if layer.history].index(
+        f"blocks.{100 // 3}"
+    )
+    # Every norm is a colour but the dead block's exact zeros (no log), marked instead.
+    assert {int(row) for row in image.mask.nonzero()[0]} == {dead}
+    scatter = heat.axes[0].collections[0]  # the dead block's zero norms, marked orange
+    assert scatter.get_label() == "zero norm"
+    assert {int(y) for _, y in scatter.get_offsets()} == {dead}
+
+
+def test_orange_points_are_in_the_legend() -> None:
+    layers = [
+        LayerStats(name=f"l{i}", params=[f"l{i}.w"], numel=4, forward_order=i, update_ratio=r)
+        for i, r in enumerate([1e-3, 2e-3, 0.5, 1e-7])
+    ]
+    ax = plots.update_ratios(_empty(layers=layers)).axes[0]
+    handles, labels = ax.get_legend_handles_labels()
+    outside = [h for h, label in zip(handles, labels) if label.startswith("outside 1e-4")]
+    assert len(outside) == 1 and len(outside[0].get_offsets()) == 2  # 0.5 and 1e-7
+    assert outside[0].get_facecolor()[0][:3] == pytest.approx((0xEF / 255, 0x6C / 255, 0.0))
+    legend = ax.figure.legends[0]
+    assert "outside 1e-4 .. 1e-2 (lr too high or too low)" in [t.get_text() for t in legend.texts]
+
+
+def test_each_finding_says_how_to_explain_and_silence_its_check(tmp_path: Path) -> None:
+    from gradwatch.cli.main import main
+
+    report = _train_deep(4)
+    page = report.to_html(tmp_path / "r.html").read_text(encoding="utf-8")
+    checks = {f.check for f in report.findings}
+    assert checks == {"ghost_param", "dead_param"}
+    for check in checks:
+        assert f"<code>gradwatch explain {check}</code>" in page
+        assert f"<code>--ignore-check {check}</code>" in page
+        assert main(["explain", check]) == 0  # the command the page names works
+        config = GradWatchConfig.model_validate({"checks": {check: {"enabled": False}}})
+        assert not config.check(check).enabled  # the key the page names is real
+    assert "<code>checks.&lt;check&gt;.enabled: false</code>" in page
+    internal = Finding(check="internal_error", severity="error", message="m")
+    own = _empty(findings=[internal]).to_html(tmp_path / "i.html").read_text(encoding="utf-8")
+    assert "gradwatch explain internal_error" in own and "--ignore-check internal" not in own
 
 
 def _chromium() -> str | None:
@@ -293,4 +402,96 @@ def test_report_renders_in_headless_chromium(ghost_report: Report, tmp_path: Pat
         [*flags, "--dump-dom", url], capture_output=True, text=True, timeout=180, check=False
     ).stdout
     assert re.search(r"<title>gradwatch report: FAILED</title>", dom)
-    assert len(IMG.findall(dom)) == 3
+    assert len(IMG.findall(dom)) == 4
+
+
+# Run in the browser on a copy of the page (the report itself runs no script): the page's
+# width against the window's, what sticks out of it outside a scroll container, and each
+# chart's natural and shown size.
+_PROBE = """<script>
+window.addEventListener("load", () => {
+  const width = window.innerWidth;
+  const out = [...document.body.querySelectorAll("*")]
+    .filter((e) => !e.closest(".scroll, .chart-box") && e.getBoundingClientRect().right > width + 0.5)
+    .map((e) => e.tagName + "." + e.className);
+  const charts = [...document.querySelectorAll(".chart-box")].map((box) => {
+    const img = box.querySelector("img");
+    return {alt: img.alt, natural: img.naturalHeight, shown: img.getBoundingClientRect().height,
+            box: box.getBoundingClientRect().height, scrolls: box.scrollHeight > box.clientHeight};
+  });
+  const findings = document.querySelector("table.findings");
+  const probe = document.createElement("pre");
+  probe.id = "probe";
+  probe.textContent = JSON.stringify({
+    scrollWidth: document.documentElement.scrollWidth, innerWidth: width,
+    innerHeight: window.innerHeight, out, charts,
+    findingsWidth: findings.getBoundingClientRect().width,
+    findingsRoom: findings.parentElement.clientWidth,
+  });
+  document.body.appendChild(probe);
+});
+</script>"""
+
+
+def _probe(browser: str, page: Path, width: int, profile: Path) -> dict[str, object]:
+    import json
+
+    probed = page.with_name(f"probe-{width}-{page.name}")
+    probed.write_text(page.read_text(encoding="utf-8").replace("</body>", _PROBE + "</body>"))
+    dom = subprocess.run(
+        [
+            browser,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--no-first-run",
+            "--hide-scrollbars",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            f"--user-data-dir={profile}",
+            f"--window-size={width},1000",
+            "--virtual-time-budget=5000",
+            "--dump-dom",
+            probed.resolve().as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    ).stdout
+    found = re.search(r'<pre id="probe">(.*?)</pre>', dom, re.S)
+    assert found, f"the probe did not run: {dom[-500:]!r}"
+    return json.loads(html_unescape(found.group(1)))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layers", [24, 100])
+def test_nothing_overflows_at_800_and_1400_px_in_chromium(
+    layers: int, deep100: Report, tmp_path: Path
+) -> None:
+    browser = _chromium()
+    if browser is None:
+        pytest.skip("chromium is not installed (bash .ci/browser installs it)")
+    report = deep100 if layers == 100 else _train_deep(layers)
+    page = report.to_html(tmp_path / f"deep{layers}.html")
+    for width in (800, 1400):
+        seen = _probe(browser, page, width, tmp_path / "profile")
+        assert seen["innerWidth"] == width
+        assert seen["scrollWidth"] <= width, seen  # no horizontal scroll bar on the page
+        assert seen["out"] == [], seen  # nothing sticks out of the window
+        assert seen["findingsWidth"] <= seen["findingsRoom"] + 0.5, seen  # no table scroll
+        charts = {c["alt"]: c for c in seen["charts"]}
+        assert set(charts) == {
+            "Gradient flow",
+            "Gradient norm history",
+            "Gradient norm heatmap",
+            "Update ratio",
+        }
+        for name in ("Gradient flow", "Update ratio", "Gradient norm heatmap"):
+            chart = charts[name]
+            # A row a layer at >= 10 px on screen: no strip, whatever the width ...
+            assert chart["shown"] / (layers + 2) >= 10, (width, chart)
+            # ... and a chart taller than most of the window scrolls in its own box.
+            assert chart["box"] <= 0.86 * seen["innerHeight"] + 2, (width, chart)
+            assert chart["scrolls"] == (chart["shown"] > chart["box"] + 2), (width, chart)

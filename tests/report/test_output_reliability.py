@@ -128,7 +128,7 @@ def test_chart_labels_of_long_names_are_bounded() -> None:
     report = train(Named(long), {})
     fig = gradient_flow(report)
     assert fig is not None
-    labels = [t.get_text() for t in fig.axes[0].get_xticklabels()]
+    labels = [t.get_text() for t in fig.axes[0].get_yticklabels()]  # one row a layer
     assert labels and max(len(t) for t in labels) <= 60
 
 
