@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from pydantic import Field, StrictInt
 
 from gradwatch._severity import Severity
+from gradwatch.checks._grouping import by_flow
 from gradwatch.checks._patience import Streaks
 from gradwatch.checks.base import Check, CheckConfig, severity_field
 from gradwatch.checks.docs import CheckDoc
@@ -59,22 +60,12 @@ class DeadParam(Check):
         patience = self.config.patience
         grad_norm = view.grad_norm
         any_zero = 0.0 in grad_norm  # one C-level scan; NaN and None are not zero
+        dead_layers: list[str] = []
         for layer, s in view.layers.items():
             finite = isfinite(s.norm)
             dead = finite and s.nonzero == 0
             if self._layers.hit(layer, dead) >= patience:
-                log.emit(
-                    self.id,
-                    severity=self.severity,
-                    step=view.step,
-                    message=f"layer '{layer}': every gradient exactly zero for {patience}+ "
-                    "observed steps (dead units).",
-                    hint="Dead ReLUs or a saturated activation: lower the learning rate, use "
-                    "LeakyReLU/GELU, check the bias initialisation and the input scale.",
-                    params=view.index.names([view.ids[k] for k in s.positions]),
-                    module=layer,
-                    details={"scope": "layer"},
-                )
+                dead_layers.append(layer)
                 continue
             if dead or not finite:
                 continue
@@ -102,3 +93,31 @@ class DeadParam(Check):
                     module=layer,
                     details={"scope": "param"},
                 )
+        for group in by_flow(dead_layers, view.forward):
+            self._emit_layers(view, group, log)
+
+    def _emit_layers(self, view: StepView, group: list[str], log: FindingLog) -> None:
+        """One finding per dead region: a dead layer and the layers before it that get no
+        gradient through it (linked by the forward's data flow) are one cause, named by the
+        last of them to run (where the zeros start)."""
+        stamps = view.forward.stamps
+        origin = max(group, key=lambda layer: stamps.get(layer, 0))
+        ids = [view.ids[k] for layer in group for k in view.layers[layer].positions]
+        details: dict[str, object] = {"scope": "layer"}
+        said = ""
+        if len(group) > 1:
+            details["layers"] = group
+            said = f", and the {len(group) - 1} layer(s) before it get no gradient through it"
+        log.emit(
+            self.id,
+            severity=self.severity,
+            step=view.step,
+            message=f"layer '{origin}': every gradient exactly zero for "
+            f"{self.config.patience}+ observed steps (dead units){said}.",
+            hint="Dead ReLUs or a saturated activation: lower the learning rate, use "
+            "LeakyReLU/GELU, check the bias initialisation and the input scale.",
+            params=view.index.names(ids),
+            module=origin,
+            details=details,
+            key=origin,
+        )

@@ -75,9 +75,10 @@ def test_dead_relu_layer() -> None:
         model[2].bias.fill_(-100.0)  # every unit of the second layer is negative: dead ReLUs
     report = train(model, torch.optim.SGD(model.parameters(), lr=0.01), steps=4)
     dead = report.by_check("dead_param")
-    modules = {f.module for f in dead if f.severity == "warning"}
-    assert modules == {"0", "2"}  # layer 2 is dead, and layer 0 gets nothing through it
-    assert next(f for f in dead if f.module == "2").params == ["2.weight", "2.bias"]
+    # One cause, one finding: layer 2 is dead, and layer 0 gets nothing through it.
+    (finding,) = [f for f in dead if f.severity == "warning"]
+    assert finding.module == "2" and finding.details["layers"] == ["0", "2"]
+    assert set(finding.params) == {"0.weight", "0.bias", "2.weight", "2.bias"}
     assert "ghost_param" not in fired(report)
 
 
