@@ -47,15 +47,17 @@ def clean_name(name: str) -> str:
         'encoder.weight'
 
     A named model's prefix (``watch({"G": netG, ...})``, :mod:`gradwatch.model.named`) is
-    written ``G:``: ``G:.main.0.weight`` -> ``G:main.0.weight``, ``G:`` (its root) -> ``G``.
+    the first segment, ending in ``:``: ``G:.main.0.weight`` -> ``G:main.0.weight``, ``G:``
+    (its root) -> ``G``. A ``:`` anywhere else is part of a user's name and stays.
 
         >>> clean_name("G:.main._orig_mod.0")
         'G:main.0'
     """
     if ":" in name:
-        head, _, rest = name.partition(":")
-        rest = clean_name(rest[1:] if rest.startswith(".") else rest)
-        return f"{head}:{rest}" if rest else head
+        head, _, rest = name.partition(".")
+        if head.endswith(":"):
+            rest = clean_name(rest)
+            return head + rest if rest else head[:-1]
     if "_" not in name or not any(s in name for s in WRAPPER_SEGMENTS):
         return name  # the common case: one substring scan, no split
     return ".".join(s for s in name.split(".") if s not in WRAPPER_SEGMENTS)
