@@ -9,9 +9,9 @@ terminal only, as rich reads ``NO_COLOR``/``FORCE_COLOR``/``TERM``, and every na
 
 The table never splits an identifier: the severity, check, parameter and cause columns do not
 wrap inside a word, and only the hint column wraps (on word boundaries). When the parameter
-names leave the hint column fewer than ``HINT_MIN`` columns, the table has three columns and
-each row stacks its parameters, cause and hint; a name wider than the whole line widens the
-table rather than being cut.
+names leave the hint column fewer than ``HINT_MIN`` columns, the table has two: the severity
+over the check id, and the parameters, cause and hint stacked (a 55-character name fits 80
+columns); a name wider than the whole line widens the table rather than being cut.
 
 Example:
     >>> print(watcher.report().summary(width=100))  # doctest: +SKIP
@@ -134,10 +134,10 @@ def _table(rows: list[tuple[Finding, str, str]], width: int, plain: bool) -> tup
         show_edge=plain,
         header_style="bold",
     )
-    table.add_column("severity", no_wrap=True, width=sev_w)
-    table.add_column("check", no_wrap=True, width=check_w)
     # Every cell is a Text: a str cell would be parsed as rich markup ("[/INST]" crashes it).
     if wide:
+        table.add_column("severity", no_wrap=True, width=sev_w)
+        table.add_column("check", no_wrap=True, width=check_w)
         params_w = min(params_max, max(name_w, room * 2 // 5, room - hint_max), room - HINT_MIN)
         params_w = max(params_w, name_w, len("parameters"))
         hint_w = min(room - params_w, max(hint_max, len("hint")))
@@ -153,8 +153,11 @@ def _table(rows: list[tuple[Finding, str, str]], width: int, plain: bool) -> tup
                 Text(hint),
             )
         return table, sev_w + check_w + params_w + cause_w + hint_w + rules(5)
-    # Stacked: parameters, cause and hint one under the other in the last column.
-    detail_w = max(width - (sev_w + check_w + rules(3)), name_w, len("cause: ") + cause_w, 20)
+    # Stacked: the severity over the check id, and the parameters, cause and hint one under
+    # the other in the last column (about 60 columns of 80 for the names).
+    id_w = max(sev_w, check_w)
+    detail_w = max(width - (id_w + rules(2)), name_w, len("cause: ") + cause_w, 20)
+    table.add_column("finding", no_wrap=True, width=id_w)
     table.add_column("parameters / cause / hint", width=detail_w, overflow="fold")
     for f, cause, hint in rows:
         detail = Text(_params(f))
@@ -162,8 +165,10 @@ def _table(rows: list[tuple[Finding, str, str]], width: int, plain: bool) -> tup
             detail.append("\ncause: ", style="dim")
             detail.append(cause)
         detail.append("\n" + hint)
-        table.add_row(Text(f.severity, style=_STYLE[f.severity]), Text(safe(f.check)), detail)
-    return table, sev_w + check_w + detail_w + rules(3)
+        finding = Text().append(f.severity, style=_STYLE[f.severity])
+        finding.append("\n" + safe(f.check))
+        table.add_row(finding, detail)
+    return table, id_w + detail_w + rules(2)
 
 
 def _table_parts(report: ReportData, width: int, *, plain: bool) -> tuple[list[Any], int]:
