@@ -68,7 +68,9 @@ class GhostParam(Check):
             "(.detach(), .data, a .item()/.numpy() round trip, an ignored pooler output).",
             "unknown: a functional call or a parameter used outside its module.",
         ),
-        fix="Follow details.cause and the source lines in the finding (defined_at: where the "
+        fix="The layers of one cause are one finding: details.cut names the module whose "
+        "output one .detach() cut off (details.layers: every layer it severed). "
+        "Follow details.cause and the source lines in the finding (defined_at: where the "
         "layer is created; called_at: the line that called it). Call the layer, remove it, "
         "freeze it (requires_grad_(False)) if it is not meant to train, or use "
         "checkpoint(..., use_reentrant=False).",
