@@ -94,6 +94,20 @@ def _calling_trainer() -> Any:
     return None
 
 
+def _finish_progress_bar(trainer: Any) -> None:
+    """Close the Trainer's tqdm training bar now (``ProgressCallback`` closes it again later,
+    a no-op), so that what is printed next starts on a line of its own."""
+    from transformers.trainer_callback import ProgressCallback
+
+    try:
+        for cb in trainer.callback_handler.callbacks:
+            bar = getattr(cb, "training_bar", None) if isinstance(cb, ProgressCallback) else None
+            if bar is not None:
+                bar.close()
+    except Exception:  # a custom progress callback: its bar is its own business
+        return
+
+
 def _console_metric(key: str) -> bool:
     """Whether a logged key is fit for the console: all but gradwatch's per-layer norms."""
     return not key.startswith("gradwatch/grad_norm/")
@@ -223,7 +237,13 @@ class GradWatchCallback(WatchAdapter, TrainerCallback):  # type: ignore[misc]
             history[-1].update(values)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        """Remove the hooks, keep the report, write it and print its summary (main process)."""
+        """Remove the hooks, keep the report, write it and print its summary (main process).
+
+        The summary comes after the Trainer's progress bar: this callback runs before
+        ``ProgressCallback``, whose ``on_train_end`` would close the bar only after it.
+        """
+        if self._found is not None and bool(getattr(state, "is_world_process_zero", True)):
+            _finish_progress_bar(self._found)
         self.close(
             Path(args.output_dir) if args.output_dir else None,
             bool(getattr(state, "is_world_process_zero", True)),

@@ -136,3 +136,49 @@ def test_hf_warning_points_at_the_users_line(tmp_path: Path) -> None:
     for w in ours:
         assert not w.filename.startswith(_framework_dirs()), w.filename
         assert os.path.abspath(w.filename) == os.path.abspath(__file__)  # trainer.train()
+
+
+HF_SCRIPT = """
+import sys
+sys.path.insert(0, {tests!r})
+import torch, transformers
+from test_transformers import CLSHead, Tokens, _config
+from gradwatch.transformers import GradWatchCallback
+
+torch.manual_seed(0)
+args = transformers.TrainingArguments(
+    output_dir=sys.argv[1], use_cpu=True, report_to=[], max_steps=4,
+    per_device_train_batch_size=4, logging_steps=2, save_strategy="no", disable_tqdm=False,
+)
+cb = GradWatchCallback(config={{"every_n_steps": 1}})
+transformers.Trainer(
+    model=CLSHead(_config()), args=args, train_dataset=Tokens(), callbacks=[cb]
+).train()
+"""
+
+
+@pytest.mark.slow
+def test_summary_prints_after_the_tqdm_bar(tmp_path: Path) -> None:
+    """stdout and stderr into one pipe, as a terminal shows them."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "train.py"
+    script.write_text(HF_SCRIPT.format(tests=str(Path(__file__).resolve().parent)))
+    proc = subprocess.run(
+        [sys.executable, "-W", "ignore", str(script), str(tmp_path / "out")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    shown = [part for line in proc.stdout.splitlines() for part in line.split("\r")]
+    bar = [i for i, part in enumerate(shown) if "it/s]" in part or "s/it]" in part]
+    summary = [i for i, part in enumerate(shown) if "gradwatch: FAILED" in part]
+    finding = [i for i, part in enumerate(shown) if "error[ghost_param]" in part]
+    assert bar and summary and finding, proc.stdout[-3000:]
+    assert max(bar) < min(finding) < min(summary), proc.stdout[-3000:]
+    assert not [shown[i] for i in finding if "it/s" in shown[i]]
