@@ -164,6 +164,8 @@ def add_selection(check: argparse.ArgumentParser) -> None:
         metavar="ID,...",
         type=select_ids,
         action="extend",
+        # The self-checks' ids are written out (a test keeps them true): the registry would
+        # import torch for every --help.
         help="run and report only these checks (comma-separated ids; repeatable). Replaces "
         "the config's 'enabled' flags: a selected check runs even where the config turns it "
         "off; gradwatch's own checks (internal_error, param_outside_model) always run",
