@@ -44,7 +44,7 @@ h1{font-size:1.6em;margin:0 0 4px}h2{font-size:1.2em;margin:28px 0 8px;border-bo
 table{border-collapse:collapse;width:100%;font-size:.88em}
 th,td{border:1px solid #ddd;padding:4px 8px;text-align:left;vertical-align:top}
 td{overflow-wrap:break-word}table.findings{table-layout:fixed}
-col.c-id{width:12em}col.c-params{width:30%}
+th.c-id{width:12em}th.c-params{width:30%}
 .hint{margin-top:6px;padding-left:8px;border-left:3px solid #ddd}
 th{background:#f5f5f5}td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
 .sev-error{color:#c62828;font-weight:700}.sev-warning{color:#ef6c00;font-weight:700}
@@ -191,11 +191,13 @@ def _findings(report: ReportData) -> str:
             f"<td>{_params_cell(f)}</td>"
             f"<td>{_e(clip(f.message))}{said}{_locations_html(f)}{hint}{_how(f.check)}</td></tr>"
         )
-    head = "".join(f"<th>{h}</th>" for h in ("finding", "parameters", "message and hint"))
+    # The header's widths set the columns (table-layout: fixed).
+    head = (
+        '<th class="c-id">finding</th><th class="c-params">parameters</th><th>message and hint</th>'
+    )
     return (
         f"<h2>Findings</h2>{_HOW_NOTE}"
-        '<div class="scroll"><table class="findings"><colgroup><col class="c-id">'
-        f'<col class="c-params"><col></colgroup><tr>{head}</tr>{"".join(rows)}</table></div>'
+        f'<div class="scroll"><table class="findings"><tr>{head}</tr>{"".join(rows)}</table></div>'
     )
 
 
