@@ -230,3 +230,29 @@ def test_one_watcher_per_named_model_and_every_hook_removed_on_exit() -> None:
     assert "zero_grad" not in vars(opt_g) and "zero_grad" not in vars(opt_d)
     with gradwatch.watch(netG, opt_g, config=CFG):  # free again
         pass
+
+
+class BroadcastLinear(nn.Linear):
+    """A linear written as multiply-and-sum: no op autocast casts (it escapes bf16)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (x.unsqueeze(-1) * self.weight.t()).sum(-2) + self.bias
+
+
+def test_checks_that_enter_at_the_model_see_each_named_model() -> None:
+    # autocast_bypassed's probe enters at the model: here at G and D, never the container.
+    torch.manual_seed(0)
+    netG = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), BroadcastLinear(16, 8))
+    netD = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+    opt_g, opt_d = adam(netG), adam(netD)
+    with gradwatch.watch({"G": netG, "D": netD}, {"G": opt_g, "D": opt_d}, config=CFG) as w:
+        for _ in range(4):
+            opt_d.zero_grad()
+            opt_g.zero_grad()
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                score = netD(netG(torch.randn(16, 4)))
+            score.float().mean().backward()
+            opt_d.step()
+            opt_g.step()
+    (f,) = w.report().by_check("autocast_bypassed")
+    assert f.module == "G:2" and sorted(f.params) == ["G:2.bias", "G:2.weight"]
