@@ -7,13 +7,16 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from typing import Any, Literal, Optional, Union
 
 import torch
 from torch import Tensor, nn
+
+from gradwatch.model.engines import clean_name
+from gradwatch.model.named import NamedModels, check_name
 
 __all__ = ["Kind", "ParamEntry", "ParamMapError", "Patterns"]
 
@@ -122,8 +125,31 @@ def _matches(names: Sequence[str], patterns: Sequence[str]) -> bool:
     return any(fnmatchcase(n, p) for n in names for p in patterns)
 
 
+ModelLike = Union[nn.Module, Mapping[str, nn.Module]]
+"""A module, or named models (``{"G": netG, "D": netD}``)."""
+
+
+def as_module(model: ModelLike) -> nn.Module:
+    """``model``, or named models (``{"G": netG, "D": netD}``) as one container whose
+    parameters are named ``G:main.0.weight``, as ``gradwatch.watch`` names them."""
+    if isinstance(model, nn.Module):
+        return model
+    if not isinstance(model, Mapping) or not model:
+        raise ParamMapError(
+            f"expected a torch.nn.Module or a dict of named modules, got {type(model).__name__}"
+        )
+    for key, m in model.items():
+        try:
+            check_name(key, "model")
+        except ValueError as exc:
+            raise ParamMapError(str(exc)) from None
+        if not isinstance(m, nn.Module):
+            raise ParamMapError(f"model {key!r} is a {type(m).__name__}, not a torch.nn.Module")
+    return NamedModels(model)
+
+
 def _collect(
-    module: nn.Module,
+    module: ModelLike,
     trainable_only: bool,
     include_buffers: bool,
     include: Optional[Sequence[str]] = None,
@@ -131,12 +157,17 @@ def _collect(
     *,
     check_patterns: bool = True,
 ) -> tuple[list[ParamEntry], list[Tensor]]:
+    module = as_module(module)
+    # named models: "G:.main.0.weight" as "G:main.0.weight"; a plain module's names as they are
+    named_models = isinstance(module, NamedModels)
     groups: dict[int, tuple[list[str], Tensor, Kind]] = {}
     named: list[tuple[str, Tensor, Kind]] = [
         (n, p, "param") for n, p in module.named_parameters(remove_duplicate=False)
     ]
     if include_buffers:
         named += [(n, b, "buffer") for n, b in module.named_buffers(remove_duplicate=False)]
+    if named_models:
+        named = [(clean_name(n), t, kind) for n, t, kind in named]
     for name, tensor, kind in named:
         # Tied tensors are the same object under several names: one entry, all names.
         groups.setdefault(id(tensor), ([], tensor, kind))[0].append(name)

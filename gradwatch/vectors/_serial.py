@@ -11,9 +11,10 @@ from collections.abc import Callable, Sequence
 from typing import Any, Optional, Protocol, TypeVar
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from gradwatch.vectors._layout import (
+    ModelLike,
     ParamEntry,
     ParamMapError,
     _collect,
@@ -122,7 +123,7 @@ def parse_json(text: str | bytes) -> dict[str, Any]:
 
 
 def layout_differences(
-    entries: Sequence[ParamEntry], fingerprint: str, model: nn.Module, options: Options
+    entries: Sequence[ParamEntry], fingerprint: str, model: ModelLike, options: Options
 ) -> list[str]:
     """How ``model``, mapped with ``options``, differs from ``entries`` (empty when it does not).
 
@@ -135,7 +136,7 @@ def layout_differences(
 
 
 def bind_model(
-    entries: Sequence[ParamEntry], fingerprint: str, model: nn.Module, options: Options
+    entries: Sequence[ParamEntry], fingerprint: str, model: ModelLike, options: Options
 ) -> tuple[list[ParamEntry], list[Tensor]]:
     """``model``'s entries (devices and ``requires_grad`` refreshed) and tensors, checked first.
 

@@ -20,9 +20,14 @@ from __future__ import annotations
 import json
 from typing import Any, Optional
 
-from torch import nn
-
-from gradwatch.vectors._layout import ParamEntry, ParamMapError, Patterns, _collect, _patterns
+from gradwatch.vectors._layout import (
+    ModelLike,
+    ParamEntry,
+    ParamMapError,
+    Patterns,
+    _collect,
+    _patterns,
+)
 from gradwatch.vectors._ops import VectorOps
 from gradwatch.vectors._serial import (
     bind_model,
@@ -59,7 +64,7 @@ class ParamMap(VectorOps):
     @classmethod
     def from_module(
         cls,
-        model: nn.Module,
+        model: ModelLike,
         *,
         include: Patterns = None,
         exclude: Patterns = None,
@@ -75,7 +80,8 @@ class ParamMap(VectorOps):
         how an adapter (LoRA weights, a head) travels between copies of a base model.
 
         Args:
-            model: the module to map.
+            model: the module to map, or named models (``{"G": netG, "D": netD}``), whose
+                parameters are then named ``G:main.0.weight`` as in gradwatch's reports.
             include: keep only tensors with a name matching one of these patterns.
             exclude: drop tensors with a name matching one of these patterns.
             trainable_only: skip parameters with ``requires_grad=False``.
@@ -139,7 +145,7 @@ class ParamMap(VectorOps):
         """
         return cls.from_dict(parse_json(text))
 
-    def check_compatible(self, model: nn.Module) -> list[str]:
+    def check_compatible(self, model: ModelLike) -> list[str]:
         """List how ``model``'s layout differs from this map (empty when compatible).
 
         The model is mapped with this map's ``trainable_only``/``include_buffers`` and
@@ -153,7 +159,7 @@ class ParamMap(VectorOps):
         """
         return layout_differences(self._entries, self._fingerprint, model, self._options())
 
-    def bind(self, model: nn.Module) -> ParamMap:
+    def bind(self, model: ModelLike) -> ParamMap:
         """Attach ``model``'s tensors (after checking the layout); returns ``self``.
 
         Raises:
