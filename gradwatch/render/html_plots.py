@@ -47,8 +47,8 @@ UPDATE_RATIO_RULE = 1e-3
 #: Layers drawn in the timeline chart besides the flagged ones.
 TOP_K = 8
 _MAX_TICKS = 150  # layer labels on a chart (one per 0.17 in row up to the 26 in cap)
-#: Width (inches, at 100 dpi) of every chart: fits the page's 1200 px column.
-CHART_WIDTH = 10.0
+#: Width (inches, at 100 dpi) of every chart: 900 px, shown about 1:1 at 800 and at 1400 px.
+CHART_WIDTH = 9.0
 _TOP, _BOTTOM = 0.96, 0.04  # axes fractions for markers of values off a log axis
 _GHOST = GhostParam.id
 _DEAD = DeadParam.id
@@ -113,7 +113,7 @@ def layer_ticks(ax: Axes, names: list[str], flags: dict[str, str]) -> None:
     every = max(1, math.ceil(n / _MAX_TICKS))
     shown = [i for i in range(n) if i % every == 0 or names[i] in flags]
     ax.set_yticks(shown)
-    ax.set_yticklabels([_label(names[i]) for i in shown], fontsize=7 if n > 40 else 8)
+    ax.set_yticklabels([_label(names[i]) for i in shown], fontsize=7 if n > 120 else 8)
     for label, i in zip(ax.get_yticklabels(), shown):
         kind = flags.get(names[i])
         if kind is not None:
@@ -257,7 +257,7 @@ def norm_timelines(report: ReportData, k: int = TOP_K) -> Optional[Figure]:
         return None
     values = [v for layer in layers for _, v in layer.history]
     floor, ceiling = _floor_ceiling(values)
-    fig, ax = new_figure(10.0, 4.6)
+    fig, ax = new_figure(CHART_WIDTH, 4.6)
     flagged_modules = {f.module for f in report.findings if f.module is not None}
     bad_x: list[int] = []
     zero_x: list[int] = []
