@@ -35,6 +35,8 @@ from typing import Any, Callable, Optional
 import torch
 from torch import nn
 
+from gradwatch.capture.forward_scout import ForwardScout
+from gradwatch.model.index import ParamIndex
 from gradwatch.model.locations import _SKIP, call_site
 
 __all__ = ["MAX_NODES", "BackwardRoots", "LooseLeaf", "name_of"]
@@ -118,9 +120,36 @@ class BackwardRoots:
         self._done: set[int] = set()  # leaves judged (loose, or updated elsewhere)
         self._loose: list[LooseLeaf] = []
         self._flags: list[torch.Tensor] = []
-        self.host_nonfinite = False
+        self.host_nonfinite = False  # a float loss an integration handed over was NaN/Inf
+        self._finite: Optional[bool] = None  # the step being decided: its losses' flag
         self.walked = 0  # graph nodes walked so far (for benchmarks)
         _add(self)
+
+    @classmethod
+    def wanted_by(
+        cls,
+        wanted: dict[str, Any],
+        index: ParamIndex,
+        scout: ForwardScout,
+        on_error: Callable[[str, BaseException], None],
+        model: Optional[nn.Module],
+        removers: list[Callable[[], None]],
+    ) -> Optional[BackwardRoots]:
+        """A listener where the enabled checks need the loss (``loss_value``) or loose leaves
+        (``loose_leaves``: the steps to scan), else ``None``. Known leaves: the watched
+        parameters (``index``) and those of unregistered modules the ``scout`` names."""
+        loose = int(wanted.get("loose_leaves", 0))
+        if not loose and "loss_value" not in wanted:
+            return None
+        me = cls(
+            lambda p: index.lookup(p) is not None or scout.follows(p),
+            on_error,
+            loss="loss_value" in wanted,
+            scan_steps=loose,
+            model=model,
+        )
+        removers.append(me.remove)
+        return me
 
     @property
     def scanning(self) -> bool:
@@ -159,6 +188,18 @@ class BackwardRoots:
         device = flags[0].device
         both = [f.to(device) for f in flags]
         return [torch.stack(both).all().reshape(1).float()]
+
+    def read(self, value: float) -> None:
+        """The step's transfer read the window's loss flag (1.0: every loss finite)."""
+        self._finite = value > 0.5
+
+    def verdict(self) -> Optional[bool]:
+        """``False``: a loss of the window was NaN/Inf; ``None``: no loss seen."""
+        finite, self._finite = self._finite, None
+        if self.host_nonfinite:
+            self.host_nonfinite = False
+            return False
+        return finite
 
     def _walk(self, fn: Any) -> None:
         seen: set[int] = {id(fn)}

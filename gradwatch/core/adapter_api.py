@@ -188,7 +188,9 @@ class AdapterAPI:
         Example:
             >>> watcher.note_loss(loss)  # doctest: +SKIP
         """
-        self._pipe.extra.note_loss(loss)
+        roots = self._pipe.extra.roots  # the Tensor.backward listener, if a check needs it
+        if roots is not None:
+            roots.note_loss(loss)
 
     def record_fault(self: _Parts, where: str, exc: BaseException) -> None:
         """Record a failure of an integration's own step as an ``internal_error`` finding.

@@ -65,7 +65,6 @@ class ExtraEvidence:
             self.autocast = AutocastProbe()
         self.roots: Optional[BackwardRoots] = None  # the loss, loose leaves (Tensor.backward)
         self._n_loss = 0
-        self.loss_finite: Optional[bool] = None  # the step being decided: its losses' verdict
         if pipe.dist is not None and "replica_checksums" in self.wanted:  # replica_divergence
             pipe.dist.replicas = ReplicaCheck(pipe.structure.index, pipe.record)
 
@@ -88,7 +87,9 @@ class ExtraEvidence:
             return
         self._newer_installed = True
         index = pipe.structure.index
-        self._install_roots(pipe, index)
+        self.roots = BackwardRoots.wanted_by(
+            self.wanted, index, self.scout, pipe.faults.callback(), pipe.model, pipe.hooks.removers
+        )
         modes = "module_modes" in self.wanted
         wanted = "forward_runs" in self.wanted or self.scout.scanning or modes
         nan_probe = "nan_probe" in self.wanted
@@ -116,27 +117,6 @@ class ExtraEvidence:
                 pipe.scaler.scaler, lambda opt: guard("unscale watch", self.unscaling, opt)
             )
             pipe.hooks.removers.append(self._unscale.remove)
-
-    def _install_roots(self, pipe: Any, index: Any) -> None:
-        """Listen to ``Tensor.backward`` where the loss or loose leaves are needed."""
-        loose = int(self.wanted.get("loose_leaves", 0))
-        loss = "loss_value" in self.wanted
-        if not (loose or loss):
-            return
-        scout = self.scout
-        self.roots = BackwardRoots(
-            lambda p: index.lookup(p) is not None or scout.follows(p),
-            pipe.faults.callback(),
-            loss=loss,
-            scan_steps=loose,
-            model=pipe.model,
-        )
-        pipe.hooks.removers.append(self.roots.remove)
-
-    def note_loss(self, loss: Any) -> None:
-        """An integration saw the step's loss (Lightning's ``on_before_backward``, HF's log)."""
-        if self.roots is not None:
-            self.roots.note_loss(loss)
 
     def _say_compiled(self, wanted: bool, nonfinite: bool) -> None:
         """Under torch.compile the scout stays off: say which checks that leaves blind."""
@@ -243,7 +223,7 @@ class ExtraEvidence:
             scheduler_steps=self._scheduler_steps(track),
             repeated_backward=self.repeated,
             loose=self.roots.take_loose() if self.roots is not None else [],
-            loss_finite=self._loss_verdict(),
+            loss_finite=self.roots.verdict() if self.roots is not None else None,
             # A step the GradScaler skipped still steps the schedule; accelerate steps it once
             # per process.
             scheduler_allowed=(1 + skipped) * (self.pipe.dist.world_size if self.pipe.dist else 1),
@@ -271,17 +251,8 @@ class ExtraEvidence:
         self.repeated = 0
         if len(flags) > self._n_loss and g.extra:
             self.repeated = int(g.extra.pop())
-        self.loss_finite = None
-        if self._n_loss and g.extra:
-            self.loss_finite = bool(g.extra.pop() > 0.5)
-
-    def _loss_verdict(self) -> Optional[bool]:
-        """``False``: a loss of the window was NaN/Inf (``None``: no loss seen)."""
-        verdict = self.loss_finite
-        if self.roots is not None and self.roots.host_nonfinite:
-            self.roots.host_nonfinite = False
-            verdict = False
-        return verdict
+        if self._n_loss and g.extra and self.roots is not None:
+            self.roots.read(g.extra.pop())
 
     def _scheduler_steps(self, track: Track) -> list[tuple[int, bool]]:
         if self.schedulers is None or track.index is None:
