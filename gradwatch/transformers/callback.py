@@ -215,6 +215,8 @@ class GradWatchCallback(WatchAdapter, TrainerCallback):  # type: ignore[misc]
         """
         if logs is None:
             return
+        if self.watcher is not None and not self._emitting and "loss" in logs:
+            self.watcher.note_loss(logs["loss"])  # nonfinite_param: a NaN loss, finite grads
         if self._emitting:  # our own record, on its way to the printers
             for key in [k for k in logs if not _console_metric(k)]:
                 del logs[key]
