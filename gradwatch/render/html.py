@@ -184,6 +184,8 @@ def _findings(report: ReportData) -> str:
         steps = f"steps {f.first_step}&ndash;{f.last_step} (&times;{f.count})"
         cause = f.cause()
         said = f"<br><small>cause: <code>{_e(clip(cause, 400))}</code></small>" if cause else ""
+        if f.details.get("cut"):  # one .detach() cut these parameters off: where
+            said += f"<br><small>cut: <code>{_e(clip(safe(f.details['cut']), 400))}</code></small>"
         hint = f'<div class="hint">{_e(clip(f.hint))}</div>' if f.hint else ""
         rows.append(
             f'<tr><td class="id"><span class="sev-{_e(f.severity)}">{_e(f.severity)}</span><br>'

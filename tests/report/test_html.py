@@ -348,6 +348,15 @@ def test_each_finding_says_how_to_explain_and_silence_its_check(tmp_path: Path) 
         config = GradWatchConfig.model_validate({"checks": {check: {"enabled": False}}})
         assert not config.check(check).enabled  # the key the page names is real
     assert "<code>checks.&lt;check&gt;.enabled: false</code>" in page
+    grouped = Finding(
+        check="ghost_param",
+        severity="error",
+        message="m",
+        params=[f"h.{i}.weight" for i in range(12)],
+        details={"cause": "disconnected", "cut": "ln_<f>"},
+    )
+    cut = _empty(findings=[grouped]).to_html(tmp_path / "g.html").read_text(encoding="utf-8")
+    assert "cut: <code>ln_&lt;f&gt;</code>" in cut  # the module whose output was detached
     internal = Finding(check="internal_error", severity="error", message="m")
     own = _empty(findings=[internal]).to_html(tmp_path / "i.html").read_text(encoding="utf-8")
     assert "gradwatch explain internal_error" in own and "--ignore-check internal" not in own
