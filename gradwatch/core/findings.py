@@ -26,7 +26,14 @@ _OWN = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the gradwa
 #: Frameworks that call the user's code: a warning raised inside their call into the
 #: user's training step points past them, at the user's own line (``trainer.fit()``,
 #: ``trainer.train()``, ``loss.backward()``). Only those already imported are looked up.
-FRAMEWORKS = ("torch", "lightning", "pytorch_lightning", "transformers", "accelerate")
+FRAMEWORKS = (
+    "torch",
+    "lightning",
+    "pytorch_lightning",
+    "lightning_fabric",
+    "transformers",
+    "accelerate",
+)
 
 
 def skipped_prefixes() -> tuple[str, ...]:
