@@ -11,6 +11,7 @@ and a second model trained by an optimizer gradwatch does not watch.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -64,13 +65,15 @@ def test_margin_head_parameter_created_in_the_script() -> None:
     def body(k: int, x: torch.Tensor, y: torch.Tensor) -> None:
         opt.zero_grad()
         logits = nn.functional.normalize(model(x)) @ nn.functional.normalize(W, dim=0)
-        nn.functional.cross_entropy(8 * logits, _labels(y)).backward()
+        nn.functional.cross_entropy(8 * logits, _labels(y)).backward()  # the backward
         opt.step()
 
     (f,) = _loose(run_steps(model, opt, body))
     assert f.severity == "error" and f.params == ["W"] and f.first_step == 1
     assert f.details["parameter"] is True and f.details["shapes"] == [[4, 3]]
-    assert f.details["backward_at"].endswith("test_unregistered_loose.py:67")
+    lines = Path(__file__).read_text().splitlines()
+    (n,) = [i + 1 for i, text in enumerate(lines) if text.endswith("# the backward")]
+    assert f.details["backward_at"].endswith(f"{Path(__file__).name}:{n}")
     assert "'W'" in f.message and "no optimizer" in f.message
 
 
@@ -270,3 +273,47 @@ def test_one_step_is_not_enough_to_call_a_leaf_loose(steps: int) -> None:
         opt.step()
 
     assert not run_steps(model, opt, body, steps=steps).by_check(ID)
+
+
+# -- frameworks that build the optimizer for you ---------------------------------------------
+
+
+class ScaledNet(nn.Module):
+    """DIM -> 1 with a learnable output scale kept as a plain tensor (the bug)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.body = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+        self.scale = torch.ones(1, requires_grad=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x) * self.scale
+
+
+@pytest.mark.filterwarnings("ignore:.*LeafSpec.*:FutureWarning")
+def test_lightning_module_with_a_plain_tensor_scale(tmp_path: Path) -> None:
+    pytest.importorskip("pytorch_lightning")
+    from _regime import lightning_fit
+
+    (f,) = _loose(lightning_fit(ScaledNet(), tmp_path))
+    assert f.params == ["net.scale"] and f.severity == "error"
+
+
+def test_hf_trainer_model_with_a_plain_tensor_scale(tmp_path: Path) -> None:
+    pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    from _regime import LossOf, hf_train
+
+    (f,) = _loose(hf_train(LossOf(ScaledNet()), tmp_path))
+    assert f.params == ["net.scale"]
+
+
+def test_hf_trainer_scale_as_a_parameter_is_silent(tmp_path: Path) -> None:
+    pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    from _regime import LossOf, hf_train
+
+    net = ScaledNet()
+    net.scale = nn.Parameter(net.scale.detach())  # registered: the Trainer's optimizer has it
+    assert not hf_train(LossOf(net), tmp_path).by_check(ID)
