@@ -302,8 +302,8 @@ def _share_note(finding: Finding) -> str:
     if not isinstance(share, (int, float)):
         return ""
     return (
-        f" Most of the model does not train: {int(share * 100)}% of its trainable elements are "
-        "ghosts, stale or in no optimizer (an error whatever the check's default)."
+        f" Most of the model ({int(share * 100)}% of its trainable elements) does not train: "
+        "an error whatever the check's default."
     )
 
 
