@@ -62,16 +62,13 @@ def _user_frame(prefixes: tuple[str, ...]) -> tuple[int, Any]:
 
 
 def _warn(text: str) -> None:
-    """One ``GradWatchWarning``, attributed to the user's line, that never aborts a step.
+    """One ``GradWatchWarning`` at the user's line (the first frame outside gradwatch and
+    :data:`FRAMEWORKS`: ``skip_file_prefixes`` on Python >= 3.12, a ``stacklevel`` before).
 
-    The line is the first frame outside gradwatch and the frameworks that call the user's
-    code (:data:`FRAMEWORKS`): ``skip_file_prefixes`` on Python >= 3.12, the same walk as a
-    ``stacklevel`` before. This runs inside ``optimizer.step()`` and ``loss.backward()``
-    hooks. A filter that turns warnings into errors (``python -W error``, pytest's
-    ``filterwarnings = error``) would raise out of them and stop training, which only
-    ``fail_fast`` may do. The warning it refused is shown instead (``warnings.showwarning``:
-    stderr, or pytest's warnings summary); the finding is in the report, which fails the run
-    as usual.
+    It runs inside ``step()``/``backward()`` hooks: a filter that turns warnings into errors
+    (``-W error``, pytest's ``filterwarnings = error``) would stop training, which only
+    ``fail_fast`` may do. The warning it refused is shown instead (``warnings.showwarning``);
+    the finding is in the report, which fails the run as usual.
     """
     prefixes = skipped_prefixes()
     try:
