@@ -193,13 +193,15 @@ class BackwardRoots:
         """The step's transfer read the window's loss flag (1.0: every loss finite)."""
         self._finite = value > 0.5
 
-    def verdict(self) -> Optional[bool]:
-        """``False``: a loss of the window was NaN/Inf; ``None``: no loss seen."""
+    def verdict(self, skipped: int = 0) -> Optional[bool]:
+        """``False``: a loss of the window was NaN/Inf; ``None``: no loss seen, or the
+        GradScaler skipped ``skipped`` steps of the window (their gradients were not finite
+        either: ``nonfinite_grad``'s and the scaler's, not a loss behind finite gradients)."""
         finite, self._finite = self._finite, None
         if self.host_nonfinite:
             self.host_nonfinite = False
-            return False
-        return finite
+            finite = False
+        return None if skipped else finite
 
     def _walk(self, fn: Any) -> None:
         seen: set[int] = {id(fn)}
@@ -247,10 +249,11 @@ class BackwardRoots:
         while len(self._sighted) >= _MAX_SIGHTED:
             self._sighted.pop(next(iter(self._sighted)))
 
-    def take_loose(self) -> list[LooseLeaf]:
-        """The loose leaves found since the last call (each once)."""
+    def take_loose(self, model_ran: bool = True) -> list[LooseLeaf]:
+        """The loose leaves found since the last call (each once). None while the watched
+        model never ran: what trains is another instance (``not_observed``, one cause)."""
         out, self._loose = self._loose, []
-        return out
+        return out if model_ran else []
 
     def window_closed(self) -> None:
         self.window += 1

@@ -222,8 +222,8 @@ class ExtraEvidence:
             autocast=self._autocast_dtypes(),
             scheduler_steps=self._scheduler_steps(track),
             repeated_backward=self.repeated,
-            loose=self.roots.take_loose() if self.roots is not None else [],
-            loss_finite=self.roots.verdict() if self.roots is not None else None,
+            loose=self.roots.take_loose(bool(tracker.fwd_first)) if self.roots else [],
+            loss_finite=self.roots.verdict(skipped) if self.roots is not None else None,
             # A step the GradScaler skipped still steps the schedule; accelerate steps it once
             # per process.
             scheduler_allowed=(1 + skipped) * (self.pipe.dist.world_size if self.pipe.dist else 1),
