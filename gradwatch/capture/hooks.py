@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import sys
 import weakref
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import torch
 from torch import nn
@@ -19,6 +19,7 @@ from gradwatch.capture.copies import cover_class, uncover_class
 from gradwatch.capture.evidence import Tracker, make_forward_hook, make_param_hooks
 from gradwatch.model.engines import clean_name
 from gradwatch.model.index import ParamIndex
+from gradwatch.model.locations import call_site
 
 __all__ = ["COMPILED_WRAPPER", "HookSet"]
 
@@ -60,6 +61,10 @@ class HookSet:
         self.wanted: set[str] = set()  # layers whose forward hook should come back
         self.removers: list[Callable[[], None]] = []  # other parts' hooks (forward scout, ...)
         self._classes: dict[type, bool] = {}  # module classes whose copies leave hooks out
+        # One-shot hooks on flagged modules that own no parameter (a ghost group's cut): the
+        # line that calls them (``tracker.want_call``); ``None``: not found in the model.
+        self._callers: dict[str, Optional[RemovableHandle]] = {}
+        self._root: Optional[weakref.ref[nn.Module]] = None
 
     def add(self, handle: RemovableHandle) -> None:
         """Keep ``handle`` (e.g. an optimizer step hook) for removal."""
@@ -120,6 +125,7 @@ class HookSet:
         Every module class of the model is covered: its copies carry none of gradwatch's
         hooks (``capture/copies.py``), the scout's and the NaN probe's included.
         """
+        self._root = weakref.ref(model)
         for cls in {type(m) for m in model.modules()} - self._classes.keys():
             self._classes[cls] = cover_class(cls)
         for name, mod in model.named_modules():
@@ -166,6 +172,39 @@ class HookSet:
         for layer in self.wanted:
             self.hook_forward(layer)
         self.wanted.clear()
+        if self.tracker.want_call and self._root is not None:
+            self._hook_callers()
+
+    def _hook_callers(self) -> None:
+        """A one-shot forward hook on each flagged module without a layer hook (the
+        ``nn.Sequential`` whose output one ``.detach()`` cut off): the line that calls it,
+        where the cut usually is."""
+        root = self._root() if self._root is not None else None
+        tracker = self.tracker
+        for name in [n for n in tracker.want_call if n not in self._modules]:
+            if name in self._callers or root is None:
+                continue
+            try:
+                mod: Optional[nn.Module] = root.get_submodule(name)
+            except AttributeError:  # a wrapper's name, or a module gone
+                mod = None
+            if mod is None:
+                self._callers[name] = None
+                continue
+
+            def record(module: nn.Module, args: Any, output: Any, name: str = name) -> None:
+                try:
+                    site = call_site()
+                    if site is not None:
+                        tracker.called_at[name] = site
+                    tracker.want_call.discard(name)
+                    handle = self._callers.get(name)
+                    if handle is not None:
+                        handle.remove()
+                except Exception as exc:
+                    self._on_error("forward hook", exc)
+
+            self._callers[name] = mod.register_forward_hook(ForwardStamp(record, mod))
 
     def trim(self, keep_layers: set[str]) -> None:
         """After ``trim_hooks_after`` steps keep hooks only where they found something to watch.
@@ -191,6 +230,10 @@ class HookSet:
         """Remove every handle (idempotent)."""
         for h in [*self.other, *self.forward.values(), *self.param.values(), *self.pre.values()]:
             h.remove()
+        for c in self._callers.values():
+            if c is not None:
+                c.remove()
+        self._callers.clear()
         self.other.clear()
         self.forward.clear()
         self.param.clear()

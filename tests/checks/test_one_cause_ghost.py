@@ -9,6 +9,7 @@ independent branches are two findings, two causes are two findings.
 from __future__ import annotations
 
 import warnings
+from pathlib import Path
 
 import torch
 from _loops import ghosts, train
@@ -104,6 +105,9 @@ def _image_loss(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> t
     return F.mse_loss(model(x), batch[1].repeat(x.shape[0] // batch[1].shape[0], 1))
 
 
+_SOURCE = Path(__file__).read_text(encoding="utf-8").splitlines()
+
+
 def _trainable(model: nn.Module) -> dict[str, nn.Parameter]:
     return {n: p for n, p in model.named_parameters() if p.requires_grad}
 
@@ -138,6 +142,9 @@ def test_detached_cnn_features_are_one_ghost() -> None:
     (finding,) = report.by_check("ghost_param")
     assert finding.details["cut"] == "backbone"
     assert set(finding.params) == {n for n in _trainable(model) if n.startswith("backbone.")}
+    # the line that calls the cut module: where the .detach() is
+    line = next(k for k, text in enumerate(_SOURCE, 1) if "self.backbone(x).detach()" in text)
+    assert finding.details["called_at"].endswith(f"test_one_cause_ghost.py:{line}")
 
 
 class TwoTowers(nn.Module):
