@@ -66,6 +66,8 @@ class GhostParam(Check):
             "reentrant torch.utils.checkpoint whose inputs do not require grad.",
             "disconnected: it ran with gradients on, but its output never reached the loss "
             "(.detach(), .data, a .item()/.numpy() round trip, an ignored pooler output).",
+            "not_in_model: the optimizer holds a tensor that is no longer in the model (a "
+            "layer replaced after the optimizer was built: details.replaced names it).",
             "unknown: a functional call or a parameter used outside its module.",
         ),
         fix="The layers of one cause are one finding: details.cut names the module whose "
