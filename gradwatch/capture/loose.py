@@ -61,7 +61,9 @@ def _backward(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
 
 def _add(listener: BackwardRoots) -> None:
     global _original
-    if torch.Tensor.backward is not _backward:
+    # Once in place, the wrapper stays in any chain another library built on top of it (a
+    # pass-through while nobody listens): wrapping again would call itself through theirs.
+    if _original is None:
         _original = torch.Tensor.backward
         functools.update_wrapper(_backward, _original)
         torch.Tensor.backward = _backward  # type: ignore[method-assign]

@@ -65,7 +65,7 @@ class ModeCalls:
         if self._on:
             return
         self._on = True
-        if nn.Module.train is not _train:
+        if _original is None:  # in place already (maybe under another library's wrapper)
             _original = nn.Module.train
             nn.Module.train = _train  # type: ignore[method-assign,assignment]
         _listeners.append(weakref.ref(self))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -317,3 +318,35 @@ def test_hf_trainer_scale_as_a_parameter_is_silent(tmp_path: Path) -> None:
     net = ScaledNet()
     net.scale = nn.Parameter(net.scale.detach())  # registered: the Trainer's optimizer has it
     assert not hf_train(LossOf(net), tmp_path).by_check(ID)
+
+
+def test_another_wrapper_of_tensor_backward_on_top_is_kept_working() -> None:
+    """A library that wraps ``Tensor.backward`` after gradwatch: closing and watching again
+    neither recurses nor loses it."""
+    calls: list[int] = []
+    real = torch.Tensor.backward
+    model = _net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    W = nn.Parameter(torch.randn(4, 3))
+    with gradwatch.watch(model, opt):
+        below = torch.Tensor.backward
+
+        def theirs(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            calls.append(1)
+            return below(self, *args, **kwargs)
+
+        torch.Tensor.backward = theirs  # type: ignore[method-assign]
+    try:
+
+        def body(k: int, x: torch.Tensor, y: torch.Tensor) -> None:
+            opt.zero_grad()
+            (model(x) @ W).pow(2).mean().backward()
+            opt.step()
+
+        (f,) = _loose(run_steps(model, opt, body))
+        assert f.params == ["W"] and len(calls) == 4
+    finally:
+        torch.Tensor.backward = below  # type: ignore[method-assign]
+    with gradwatch.watch(model, opt):
+        pass  # gradwatch's wrapper on top again: the last exit puts torch's own back
+    assert torch.Tensor.backward is real
