@@ -36,7 +36,6 @@ import torch
 from torch import nn
 
 from gradwatch.capture.forward_scout import ForwardScout
-from gradwatch.model.index import ParamIndex
 from gradwatch.model.locations import _SKIP, call_site
 
 __all__ = ["MAX_NODES", "BackwardRoots", "LooseLeaf", "name_of"]
@@ -129,28 +128,38 @@ class BackwardRoots:
 
     @classmethod
     def wanted_by(
-        cls,
-        wanted: dict[str, Any],
-        index: ParamIndex,
-        scout: ForwardScout,
-        on_error: Callable[[str, BaseException], None],
-        model: Optional[nn.Module],
-        removers: list[Callable[[], None]],
+        cls, wanted: dict[str, Any], pipe: Any, scout: ForwardScout
     ) -> Optional[BackwardRoots]:
         """A listener where the enabled checks need the loss (``loss_value``) or loose leaves
-        (``loose_leaves``: the steps to scan), else ``None``. Known leaves: the watched
-        parameters (``index``) and those of unregistered modules the ``scout`` names."""
+        (``loose_leaves``: the steps to scan), else ``None``; removed with ``pipe``'s hooks.
+
+        ``pipe`` (the step pipeline, typed loosely: no import circle) says what is known: its
+        watched parameters, and those of unregistered modules the ``scout`` names. Under a
+        sharding engine (FSDP1's flat parameters, FSDP2's unsharded ones) autograd's leaves
+        are the engine's own tensors, never the watched ones: no leaf is judged there.
+        """
         loose = int(wanted.get("loose_leaves", 0))
         if not loose and "loss_value" not in wanted:
             return None
+        wpipe = weakref.ref(pipe)
+
+        def known(p: torch.Tensor) -> bool:
+            pl = wpipe()
+            return (
+                pl is None
+                or pl.sharded is not None
+                or pl.structure.index.lookup(p) is not None
+                or scout.follows(p)
+            )
+
         me = cls(
-            lambda p: index.lookup(p) is not None or scout.follows(p),
-            on_error,
+            known,
+            pipe.faults.callback(),
             loss="loss_value" in wanted,
             scan_steps=loose,
-            model=model,
+            model=pipe.model,
         )
-        removers.append(me.remove)
+        pipe.hooks.removers.append(me.remove)
         return me
 
     @property

@@ -87,9 +87,7 @@ class ExtraEvidence:
             return
         self._newer_installed = True
         index = pipe.structure.index
-        self.roots = BackwardRoots.wanted_by(
-            self.wanted, index, self.scout, pipe.faults.callback(), pipe.model, pipe.hooks.removers
-        )
+        self.roots = BackwardRoots.wanted_by(self.wanted, pipe, self.scout)
         modes = "module_modes" in self.wanted
         wanted = "forward_runs" in self.wanted or self.scout.scanning or modes
         nan_probe = "nan_probe" in self.wanted
