@@ -90,6 +90,8 @@ class LooseLeaf:
     """An ``nn.Parameter`` (a head or module kept outside the model), or a plain tensor."""
     backward_at: Optional[str]
     """The ``backward()`` line whose graph reached it (``train.py:42``)."""
+    in_eval: bool = False
+    """A parameter of a module in eval mode (a teacher run without ``no_grad``)."""
 
 
 @dataclass
@@ -280,22 +282,23 @@ class BackwardRoots:
 # -- naming ----------------------------------------------------------------------------------
 
 
-def _in(value: Any, leaf: torch.Tensor, path: str, depth: int) -> Optional[tuple[str, str]]:
-    """``(name, owner)`` of ``leaf`` inside ``value`` (a tensor, module, container, object)."""
+def _in(value: Any, leaf: torch.Tensor, path: str, depth: int) -> Optional[tuple[str, str, bool]]:
+    """``(name, owner, in a module in eval mode)`` of ``leaf`` inside ``value`` (a tensor,
+    module, container, object)."""
     if value is leaf:
-        return path, path
+        return path, path, False
     if isinstance(value, torch.Tensor) or depth > 2:
         return None
     if isinstance(value, nn.Module):
         for pname, p in value.named_parameters():
             if p is leaf:
-                owner = f"{path}.{pname.rsplit('.', 1)[0]}" if "." in pname else path
-                return f"{path}.{pname}", owner
+                # one module kept outside the model is one cause: named by what holds it
+                return f"{path}.{pname}", path, not value.training
         for mname, mod in value.named_modules():
             for attr, v in vars(mod).items():
                 if v is leaf:
                     where = f"{path}.{mname}" if mname else path
-                    return f"{where}.{attr}", where
+                    return f"{where}.{attr}", where, False
         return None
     if isinstance(value, (list, tuple)):
         for k, v in enumerate(value[:64]):
@@ -338,7 +341,7 @@ def name_of(leaf: torch.Tensor, model: Optional[nn.Module]) -> LooseLeaf:
     locals, ``self``'s attributes, its module's globals), else its shape."""
     found = _in(model, leaf, "model", 0) if model is not None else None
     if found is not None:  # ``model.temperature``: a plain attribute, not a Parameter
-        found = (found[0].removeprefix("model."), found[1].removeprefix("model."))
+        found = (found[0].removeprefix("model."), found[1].removeprefix("model."), False)
     frames = _user_frames() if found is None else []
     for frame in frames:
         for scope in (frame.f_locals, frame.f_globals):
@@ -356,5 +359,5 @@ def name_of(leaf: torch.Tensor, model: Optional[nn.Module]) -> LooseLeaf:
     parameter = isinstance(leaf, nn.Parameter)
     if found is None:
         kind = "Parameter" if parameter else "tensor"
-        found = (f"<{kind} of shape {list(shape)}>",) * 2
-    return LooseLeaf(found[0], found[1], shape, parameter, call_site())
+        found = (f"<{kind} of shape {list(shape)}>",) * 2 + (False,)
+    return LooseLeaf(found[0], found[1], shape, parameter, call_site(), found[2])

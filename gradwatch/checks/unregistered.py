@@ -69,6 +69,7 @@ class UnregisteredParam(Check):
     inputs (adversarial examples, saliency, gradient-penalty interpolates) are new each step;
     a tensor an optimizer gradwatch does not watch updates changes version: neither fires.
     Named by the attribute or variable holding it, else by its shape and ``backward()`` line.
+    The parameters of a module in eval mode (a teacher run without ``no_grad``) are a warning.
     """
 
     id = "unregistered_param"
@@ -97,6 +98,8 @@ class UnregisteredParam(Check):
         silence=(
             "Tensors that require grad as inputs on purpose (adversarial examples, saliency, "
             "gradient penalties) are new objects each step and are never reported.",
+            "A module in eval mode kept outside the model (a teacher run without "
+            "`torch.no_grad()`) is a warning: run it under `no_grad` to silence it.",
             "`loose_tensors: false` turns the loose-leaf search off (`scan_steps: 0` both).",
         ),
     )
@@ -150,16 +153,24 @@ class UnregisteredParam(Check):
             at = f" (its gradient comes from the backward() at {first.backward_at})"
             at = at if first.backward_at else ""
             shapes = ", ".join(str(list(leaf.shape)) for leaf in leaves[:3])
+            teacher = all(leaf.in_eval for leaf in leaves)  # a module in eval: not to train?
             log.emit(
                 self.id,
-                severity=self.severity,
+                severity="warning" if teacher and self.severity == "error" else self.severity,
                 step=view.step,
                 message=f"'{owner}': {len(names)} {what}(s) of shape {shapes} get gradients from "
                 f"the loss, step after step{at}, but are in no watched model and no optimizer: "
                 "nothing ever updates them (and no model state_dict saves them).",
-                hint=f"Pass '{owner}' to the optimizer (e.g. AdamW([*model.parameters(), "
-                "*extra])), or make it an nn.Parameter / submodule of the model; if it must "
-                "not train, create it with requires_grad=False or use it under torch.no_grad().",
+                hint=(
+                    f"'{owner}' is in eval mode: a teacher or reference model? Run it under "
+                    f"torch.no_grad() (or {owner}.requires_grad_(False)): its gradients cost "
+                    "memory and time for nothing."
+                    if teacher
+                    else f"Pass '{owner}' to the optimizer (e.g. AdamW([*model.parameters(), "
+                    "*extra])), or make it an nn.Parameter / submodule of the model; if it "
+                    "must not train, create it with requires_grad=False or use it under "
+                    "torch.no_grad()."
+                ),
                 params=names,
                 module=None,
                 key=f"loose:{owner}",
@@ -168,5 +179,6 @@ class UnregisteredParam(Check):
                     "shapes": [list(leaf.shape) for leaf in leaves],
                     "parameter": first.parameter,
                     "backward_at": first.backward_at,
+                    "in_eval": teacher,
                 },
             )

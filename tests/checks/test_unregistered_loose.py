@@ -350,3 +350,42 @@ def test_another_wrapper_of_tensor_backward_on_top_is_kept_working() -> None:
     with gradwatch.watch(model, opt):
         pass  # gradwatch's wrapper on top again: the last exit puts torch's own back
     assert torch.Tensor.backward is real
+
+
+def test_teacher_in_eval_without_no_grad_is_a_warning() -> None:
+    """Distillation whose teacher runs outside ``torch.no_grad()``: its parameters get
+    gradients nobody uses (a warning: memory and time, not a model that fails to train)."""
+    model = _net()
+    teacher = _net().eval()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def body(k: int, x: torch.Tensor, y: torch.Tensor) -> None:
+        opt.zero_grad()
+        soft = nn.functional.softmax(teacher(x), dim=-1)  # no torch.no_grad()
+        nn.functional.cross_entropy(model(x), soft).backward()
+        opt.step()
+
+    (f,) = _loose(run_steps(model, opt, body))
+    assert f.severity == "warning" and f.details["in_eval"] is True
+    assert sorted(f.params) == [
+        "teacher.0.bias",
+        "teacher.0.weight",
+        "teacher.2.bias",
+        "teacher.2.weight",
+    ]
+    assert "torch.no_grad()" in f.hint
+
+
+def test_teacher_under_no_grad_is_silent() -> None:
+    model = _net()
+    teacher = _net().eval()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def body(k: int, x: torch.Tensor, y: torch.Tensor) -> None:
+        opt.zero_grad()
+        with torch.no_grad():
+            soft = nn.functional.softmax(teacher(x), dim=-1)
+        nn.functional.cross_entropy(model(x), soft).backward()
+        opt.step()
+
+    assert not run_steps(model, opt, body).by_check(ID)
