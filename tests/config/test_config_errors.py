@@ -224,7 +224,10 @@ def test_a_non_module_is_a_one_line_error(model: Any) -> None:
     with pytest.raises(ConfigError) as err:
         gradwatch.watch(model)
     text = str(err.value)
-    assert text == f"watch() needs a torch.nn.Module, got {type(model).__name__}"
+    assert text == (
+        "watch() needs a torch.nn.Module or a dict of named modules "
+        f"({{'G': netG, 'D': netD}}), got {type(model).__name__}"
+    )
 
 
 @pytest.mark.parametrize(
@@ -246,7 +249,7 @@ def test_a_model_without_trainable_parameters_is_a_one_line_error(model: nn.Modu
     [
         (42, "not int"),
         ("sgd", "not str"),
-        ({"lr": 0.1}, "not dict"),
+        ({"lr": 0.1}, "optimizer 'lr' is a float"),  # a dict is named optimizers
         (nn.Linear(1, 1), "not Linear"),
         (torch.optim.SGD, "not type"),
         ([None], "optimizer[0] is a NoneType"),
