@@ -264,7 +264,7 @@ def test_check_curvature_adds_it_to_the_report_and_the_html(
     html = tmp_path / "report.html"
     assert main(["report", str(out), "--html", str(html)]) == 0
     page = html.read_text()
-    assert "<h2>Curvature</h2><img" in page
+    assert '<h2>Curvature</h2><div class="chart-box"><img' in page  # drawn, not "chart failed"
     # Without --curvature, no section and no field.
     plain = tmp_path / "plain.json"
     assert main(["check", CLEAN, "--json", str(plain)]) == 0
