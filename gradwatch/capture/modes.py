@@ -35,6 +35,7 @@ from torch import nn
 from gradwatch.capture.evidence import Tracker
 from gradwatch.capture.mode_calls import ModeCalls
 from gradwatch.model.engines import clean_name
+from gradwatch.model.named import NamedModels, member_of
 
 __all__ = ["FLAG_ATTRS", "ModeSnapshot", "ModeWatch", "ignored_freeze_flags"]
 
@@ -130,6 +131,9 @@ class ModeWatch:
         self._eval_at_start: Optional[bool] = None
         self._pending: Optional[ModeSnapshot] = None
         self._pending_seq = 0
+        self._named = False  # several named models: each is a root of its own
+        self._root_eval_seq = 0  # named models: the latest forward entered in a model in eval
+        self._root_eval_snap: Optional[ModeSnapshot] = None
         self.flags: list[tuple[str, str]] = []
         self.calls = ModeCalls()  # where eval() was called on the watched modules
 
@@ -138,6 +142,7 @@ class ModeWatch:
         if self._eval_at_start is None:
             self._eval_at_start = not model.training
         self._root = weakref.ref(model)
+        self._named = isinstance(model, NamedModels)
         self.calls.watch(model)
         holds: dict[int, bool] = {}  # id(module) -> its subtree holds trainable params
         mods = dict(model.named_modules())
@@ -180,20 +185,35 @@ class ModeWatch:
         if not self._candidates and not self._root_relevant:
             return
         root = self._root() if self._root is not None else None
-        root_eval = not entered.training or (root is not None and not root.training)
-        snap = self._judge(root_eval)
+        if self._named:
+            # Named models (a GAN's G and D) are each a root the loop calls: one of them in
+            # eval is a root in eval, even when the step's last forward entered another.
+            snap = self._judge(not entered.training, self._member(root, entered))
+            if snap.root_eval:
+                self._root_eval_snap, self._root_eval_seq = snap, self.tracker.now()
+        else:
+            snap = self._judge(not entered.training or (root is not None and not root.training))
         if snap != self._pending:
             self._pending = snap
         self._pending_seq = self.tracker.now()
 
-    def _judge(self, root_eval: bool) -> ModeSnapshot:
+    @staticmethod
+    def _member(root: Optional[nn.Module], entered: nn.Module) -> Optional[str]:
+        """The name of the named model ``entered`` is (``None`` if it is none of them)."""
+        if isinstance(root, NamedModels):
+            for name in root.names:
+                if root.model(name) is entered:
+                    return name
+        return None
+
+    def _judge(self, root_eval: bool, member: Optional[str] = None) -> ModeSnapshot:
         evals: list[str] = []
         tops: dict[str, None] = {}
         frozen_training: list[str] = []
         for c in self._candidates:
             mod = c.ref()
-            if mod is None:
-                continue
+            if mod is None or (member is not None and member_of(c.name) != member):
+                continue  # gone, or in another named model than the one the forward entered
             if c.kind == "frozen_norm":
                 if mod.training and not root_eval:
                     frozen_training.append(c.name)
@@ -216,6 +236,8 @@ class ModeWatch:
         if root_eval and (evals or self._root_relevant):
             named = tuple(evals[:_MAX_NAMED]) or ("(root)",)
             root = self._root() if self._root is not None else None
+            if member is not None and isinstance(root, NamedModels):
+                root = root.model(member)  # the named model in eval: where its eval() was
             site = self.calls.eval_site(root)
             sites = (("(root)", site),) if site else ()
             return ModeSnapshot(True, named, (), bool(self._eval_at_start), sites)
@@ -251,4 +273,6 @@ class ModeWatch:
         """The state of the latest training forwards, if one ran since event ``start``."""
         if self._pending is None or self._pending_seq <= start:
             return None
+        if self._root_eval_snap is not None and self._root_eval_seq > start:
+            return self._root_eval_snap  # a named model in eval (a root) ran since ``start``
         return self._pending
