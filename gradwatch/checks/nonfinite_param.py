@@ -132,7 +132,7 @@ class NonfiniteParam(Check):
             )
 
     def _loss(self, view: StepView, log: FindingLog) -> None:
-        where = f" at optimizer[{view.optimizer}]'s step" if view.optimizer is not None else ""
+        where = f" at {view.optimizer_name}'s step" if view.optimizer is not None else ""
         log.emit(
             self.id,
             severity=self.severity,
