@@ -19,6 +19,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 import traceback
 import warnings
 from datetime import timedelta
@@ -42,7 +43,7 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-SPAWN_TRIES = 3
+SPAWN_TRIES = 5
 
 
 def spawn_gloo(fn: Any, *args: Any, nprocs: int = WORLD) -> None:
@@ -60,6 +61,7 @@ def spawn_gloo(fn: Any, *args: Any, nprocs: int = WORLD) -> None:
         except mp.ProcessExitedException as exc:
             if exc.signal_name is None or attempt == SPAWN_TRIES - 1:
                 raise
+            time.sleep(1.0 + attempt)  # let the aborted ranks' sockets and shared memory go
 
 
 class Net(nn.Module):
