@@ -19,6 +19,19 @@ def batches(n: int, seed: int = 0, dim: int = DIM) -> list[tuple[torch.Tensor, t
     return [(torch.randn(16, dim, generator=g), torch.randn(16, 1, generator=g)) for _ in range(n)]
 
 
+class EncoderDecoder(nn.Module):
+    """An encoder and a decoder with dropout: the model whose decoder a helper puts in eval."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.encoder = nn.Sequential(nn.Linear(DIM, 16), nn.ReLU())
+        self.decoder = nn.Sequential(nn.Linear(16, 16), nn.Dropout(0.3), nn.Linear(16, 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.decoder(self.encoder(x))
+
+
 def plain_loop(
     model: nn.Module,
     opt: torch.optim.Optimizer,

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import torch
-from _regime import DIM, LossOf, hf_train, lightning_fit, plain_loop
+from _regime import DIM, EncoderDecoder, LossOf, hf_train, lightning_fit, plain_loop
 from torch import nn
 
 import gradwatch
@@ -99,17 +99,6 @@ def test_inference_wrapper_left_on() -> None:
 
     (f,) = plain_loop(model, opt, after_step=demo).by_check(ID)
     assert f.details["eval_called_at"].endswith(_line("predictor"))
-
-
-class EncoderDecoder(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.encoder = nn.Sequential(nn.Linear(DIM, 16), nn.ReLU())
-        self.decoder = nn.Sequential(nn.Linear(16, 16), nn.Dropout(0.3), nn.Linear(16, 1))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.decoder(self.encoder(x))
 
 
 def test_sampling_helper_names_the_submodule_eval_line() -> None:

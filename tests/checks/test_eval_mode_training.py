@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 import torch
-from _regime import DIM, LossOf, hf_train, lightning_fit, plain_loop, problems
+from _regime import DIM, EncoderDecoder, LossOf, hf_train, lightning_fit, plain_loop, problems
 from torch import nn
 
 from gradwatch.checks.eval_mode import EvalModeTraining
@@ -21,17 +21,6 @@ def _mlp(p: float = 0.2) -> nn.Sequential:
     return nn.Sequential(
         nn.Linear(DIM, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Dropout(p), nn.Linear(16, 1)
     )
-
-
-class EncoderDecoder(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.encoder = nn.Sequential(nn.Linear(DIM, 16), nn.ReLU())
-        self.decoder = nn.Sequential(nn.Linear(16, 16), nn.Dropout(0.3), nn.Linear(16, 1))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.decoder(self.encoder(x))
 
 
 class DropPath(nn.Module):
