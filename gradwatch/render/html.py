@@ -204,7 +204,7 @@ def _findings(report: ReportData) -> str:
 
 
 def _chart(title: str, build: Callable[[ReportData], Any], report: ReportData, empty: str) -> str:
-    from gradwatch.render.html_plots import figure_png
+    from gradwatch.render.html_axes import figure_png
 
     try:
         fig = build(report)
@@ -236,7 +236,7 @@ def _coverage(report: ReportData) -> str:
 
 
 def _layers_table(report: ReportData) -> str:
-    from gradwatch.render.html_plots import flagged_layers, layer_order
+    from gradwatch.render.html_axes import flagged_layers, layer_order
 
     layers = layer_order(report)
     if not layers:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Optional
 
-from gradwatch.render.html_plots import (
+from gradwatch.render.html_axes import (
     CHART_WIDTH,
     flagged_layers,
     layer_order,

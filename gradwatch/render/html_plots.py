@@ -1,44 +1,45 @@
 """The HTML report's charts: matplotlib ``Figure`` objects built from a report.
 
-Charts are drawn on ``matplotlib.figure.Figure`` with the Agg canvas, never through
-``pyplot``: the report must not open windows, pick a GUI backend, or leave figures in
-pyplot's global registry of the user's process.
-
-Every chart accepts NaN/Inf and zero values (a NaN gradient is exactly what a report may
-be about): on log axes those are drawn as markers on the axis floor or ceiling.
+One function per chart, each ``None`` when the report has nothing to draw. What they share
+(the Agg figure, never ``pyplot``; the layer axis; markers for NaN/Inf and zero values a log
+axis cannot show; the PNG encoding) is in :mod:`gradwatch.render.html_axes`.
 """
 
 from __future__ import annotations
 
-import base64
-import io
 import math
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Optional
 
-from gradwatch._text import safe
-from gradwatch.checks.dead import DeadParam
-from gradwatch.checks.ghost import GhostParam
+from gradwatch.render.html_axes import (
+    AXIS_BOTTOM,
+    AXIS_TOP,
+    BLUE,
+    CHART_WIDTH,
+    LIGHT,
+    ORANGE,
+    RED,
+    chart_label,
+    finite_pos,
+    flagged_layers,
+    floor_ceiling,
+    layer_figure,
+    layer_order,
+    layer_ticks,
+    legend_above,
+    mark_missing,
+    new_figure,
+)
 
 if TYPE_CHECKING:
-    from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
     from gradwatch.results import LayerStats, ReportData
 
 __all__ = [
-    "CHART_WIDTH",
     "UPDATE_RATIO_RULE",
     "curvature_bars",
-    "figure_png",
-    "flagged_layers",
     "gradient_flow",
-    "layer_order",
-    "layer_ticks",
-    "legend_above",
-    "new_figure",
     "norm_timelines",
-    "per_layer_height",
     "update_ratios",
 ]
 
@@ -46,127 +47,6 @@ __all__ = [
 UPDATE_RATIO_RULE = 1e-3
 #: Layers drawn in the timeline chart besides the flagged ones.
 TOP_K = 8
-_MAX_TICKS = 150  # layer labels on a chart (one per 0.17 in row up to the 26 in cap)
-#: Width (inches, at 100 dpi) of every chart: 900 px, shown about 1:1 at 800 and at 1400 px.
-CHART_WIDTH = 9.0
-_TOP, _BOTTOM = 0.96, 0.04  # axes fractions for markers of values off a log axis
-_GHOST = GhostParam.id
-_DEAD = DeadParam.id
-_RED, _ORANGE, _BLUE, _LIGHT = "#c62828", "#ef6c00", "#1565c0", "#90caf9"
-
-
-_LABEL = 60  # characters of a layer name on a chart: a 20,000-character one took seconds
-
-
-def _label(name: str) -> str:
-    """A layer name as a chart label: shortened, control bytes shown, ``$`` not mathtext."""
-    text = safe(name)
-    if len(text) > _LABEL:
-        half = (_LABEL - 1) // 2
-        text = text[:half] + "\u2026" + text[-half:]
-    return text.replace("$", r"\$")
-
-
-def _finite_pos(x: Optional[float]) -> bool:
-    return x is not None and math.isfinite(x) and x > 0
-
-
-def layer_order(report: ReportData) -> list[LayerStats]:
-    """Layers in forward order (first forward call), then those never run in report order."""
-    ranked = list(enumerate(report.layers))
-    ranked.sort(key=lambda t: (t[1].forward_order is None, t[1].forward_order or 0, t[0]))
-    return [layer for _, layer in ranked]
-
-
-def flagged_layers(report: ReportData) -> dict[str, str]:
-    """``{module: "ghost" | "dead"}`` for layers with a ghost/dead finding (ghost wins)."""
-    out: dict[str, str] = {}
-    for f in report.findings:
-        if f.module is None:
-            continue
-        if f.check == _GHOST:
-            out[f.module] = "ghost"
-        elif f.check == _DEAD:
-            out.setdefault(f.module, "dead")
-    return out
-
-
-def _floor_ceiling(values: Sequence[Optional[float]]) -> tuple[float, float]:
-    good = [v for v in values if v is not None and _finite_pos(v)]
-    if not good:
-        return 1e-8, 1.0
-    return min(good) / 10.0, max(good) * 10.0
-
-
-def new_figure(width: float, height: float) -> tuple[Figure, Axes]:
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(width, height), dpi=100, layout="constrained")
-    FigureCanvasAgg(fig)
-    return fig, fig.add_subplot()
-
-
-def layer_ticks(ax: Axes, names: list[str], flags: dict[str, str]) -> None:
-    """Layer names down the y axis, first layer on top; ghost/dead ones in their colour."""
-    n = len(names)
-    every = max(1, math.ceil(n / _MAX_TICKS))
-    shown = [i for i in range(n) if i % every == 0 or names[i] in flags]
-    ax.set_yticks(shown)
-    ax.set_yticklabels([_label(names[i]) for i in shown], fontsize=7 if n > 120 else 8)
-    for label, i in zip(ax.get_yticklabels(), shown):
-        kind = flags.get(names[i])
-        if kind is not None:
-            label.set_color(_RED if kind == "ghost" else _ORANGE)
-            label.set_fontweight("bold")
-    ax.set_ylim(n - 0.4, -0.6)
-    ax.tick_params(axis="x", labeltop=n > 30)  # a tall chart shows its scale at both ends
-
-
-def _mark_missing(ax: Axes, ys: Sequence[float], x: float, color: str, label: str) -> None:
-    """Markers at data ``y`` and axes-fraction ``x`` (values a log axis cannot show)."""
-    if ys:
-        ax.scatter(
-            [x] * len(ys),
-            ys,
-            marker="x",
-            s=30,
-            color=color,
-            zorder=5,
-            label=label,
-            transform=ax.get_yaxis_transform(),
-            clip_on=False,
-        )
-
-
-def legend_above(ax: Axes) -> None:
-    # Above the plot, under the title: a legend inside would hide the markers drawn at the
-    # axis edges, and one beside a tall chart is out of sight.
-    handles, labels = ax.get_legend_handles_labels()
-    if handles:
-        ax.figure.legend(
-            handles,
-            labels,
-            loc="outside upper center",
-            ncols=min(len(labels), 3),
-            fontsize=8,
-            frameon=False,
-        )
-
-
-def per_layer_height(n_layers: int) -> float:
-    """Figure height (inches) of a chart with one row per layer: 0.17 in a row, 3..26 in all.
-
-    A row stays readable up to about 140 layers; beyond, rows get thinner and the labels are
-    thinned (every k-th layer and every flagged one).
-    """
-    return min(max(3.0, 1.5 + 0.17 * n_layers), 26.0)
-
-
-def _layer_figure(n_layers: int, title: str) -> tuple[Figure, Axes]:
-    fig, ax = new_figure(CHART_WIDTH, per_layer_height(n_layers))
-    ax.set_title(title, fontsize=10)
-    return fig, ax
 
 
 def gradient_flow(report: ReportData) -> Optional[Figure]:
@@ -182,15 +62,15 @@ def gradient_flow(report: ReportData) -> Optional[Figure]:
     names = [layer.name for layer in layers]
     mean = [layer.mean_abs_grad for layer in layers]
     peak = [layer.max_abs_grad for layer in layers]
-    floor, ceiling = _floor_ceiling(mean + peak)
-    fig, ax = _layer_figure(len(layers), "Gradient flow (layers in forward order)")
+    floor, ceiling = floor_ceiling(mean + peak)
+    fig, ax = layer_figure(len(layers), "Gradient flow (layers in forward order)")
     ys = list(range(len(layers)))
 
     def bars(values: list[Optional[float]]) -> list[float]:
-        return [v - floor if v is not None and _finite_pos(v) else 0.0 for v in values]
+        return [v - floor if v is not None and finite_pos(v) else 0.0 for v in values]
 
-    ax.barh(ys, bars(peak), left=floor, height=0.8, color=_LIGHT, label="max |grad|")
-    ax.barh(ys, bars(mean), left=floor, height=0.5, color=_BLUE, label="mean |grad|")
+    ax.barh(ys, bars(peak), left=floor, height=0.8, color=LIGHT, label="max |grad|")
+    ax.barh(ys, bars(mean), left=floor, height=0.5, color=BLUE, label="mean |grad|")
     ax.set_xscale("log")
     ax.set_xlim(floor, ceiling)
     nonfinite = [
@@ -200,10 +80,10 @@ def gradient_flow(report: ReportData) -> Optional[Figure]:
     ]
     zero = [y for y, v in zip(ys, mean) if v is not None and v == 0.0 and y not in nonfinite]
     absent = [y for y, v in zip(ys, mean) if v is None]
-    _mark_missing(ax, nonfinite, _TOP, _RED, "NaN/Inf")
-    _mark_missing(ax, zero, _BOTTOM, _ORANGE, "exactly zero")
-    _mark_missing(ax, absent, _BOTTOM, "#757575", "no gradient")
-    for kind, color in (("ghost", _RED), ("dead", _ORANGE)):
+    mark_missing(ax, nonfinite, AXIS_TOP, RED, "NaN/Inf")
+    mark_missing(ax, zero, AXIS_BOTTOM, ORANGE, "exactly zero")
+    mark_missing(ax, absent, AXIS_BOTTOM, "#757575", "no gradient")
+    for kind, color in (("ghost", RED), ("dead", ORANGE)):
         marked = [y for y, name in zip(ys, names) if flags.get(name) == kind]
         for y in marked:
             ax.axhspan(y - 0.45, y + 0.45, color=color, alpha=0.12, lw=0)
@@ -256,24 +136,24 @@ def norm_timelines(report: ReportData, k: int = TOP_K) -> Optional[Figure]:
     if not layers:
         return None
     values = [v for layer in layers for _, v in layer.history]
-    floor, ceiling = _floor_ceiling(values)
+    floor, ceiling = floor_ceiling(values)
     fig, ax = new_figure(CHART_WIDTH, 4.6)
     flagged_modules = {f.module for f in report.findings if f.module is not None}
     bad_x: list[int] = []
     zero_x: list[int] = []
     for layer in layers:
-        steps = [s for s, v in layer.history if _finite_pos(v)]
-        norms = [v for _, v in layer.history if _finite_pos(v)]
+        steps = [s for s, v in layer.history if finite_pos(v)]
+        norms = [v for _, v in layer.history if finite_pos(v)]
         bad_x += [s for s, v in layer.history if not math.isfinite(v)]
         zero_x += [s for s, v in layer.history if v == 0.0]
         style = "--" if layer.name in flagged_modules else "-"
-        label = _label(layer.name) + (" (flagged)" if layer.name in flagged_modules else "")
+        label = chart_label(layer.name) + (" (flagged)" if layer.name in flagged_modules else "")
         ax.plot(steps, norms, style, marker="." if len(steps) < 40 else None, lw=1.3, label=label)
     ax.set_yscale("log")
     ax.set_ylim(floor, ceiling)
     for xs, y, color, what in (
-        (bad_x, _TOP, _RED, "NaN/Inf norm"),
-        (zero_x, _BOTTOM, _ORANGE, "zero norm"),
+        (bad_x, AXIS_TOP, RED, "NaN/Inf norm"),
+        (zero_x, AXIS_BOTTOM, ORANGE, "zero norm"),
     ):
         if xs:
             ax.scatter(
@@ -314,15 +194,15 @@ def update_ratios(report: ReportData) -> Optional[Figure]:
     flags = flagged_layers(report)
     names = [layer.name for layer in layers]
     ratios = [layer.update_ratio for layer in layers]
-    floor, ceiling = _floor_ceiling([*ratios, UPDATE_RATIO_RULE])
-    fig, ax = _layer_figure(len(layers), "Update ratio per layer |Δw| / |w| (last step)")
+    floor, ceiling = floor_ceiling([*ratios, UPDATE_RATIO_RULE])
+    fig, ax = layer_figure(len(layers), "Update ratio per layer |Δw| / |w| (last step)")
     low, high = UPDATE_RATIO_RULE / 10, UPDATE_RATIO_RULE * 10
-    good = [(y, r) for y, r in enumerate(ratios) if r is not None and _finite_pos(r)]
+    good = [(y, r) for y, r in enumerate(ratios) if r is not None and finite_pos(r)]
     inside = [(y, r) for y, r in good if low <= r <= high]
     outside = [(y, r) for y, r in good if not low <= r <= high]
     for points, color, what in (
-        (inside, _BLUE, "within 1e-4 .. 1e-2"),
-        (outside, _ORANGE, "outside 1e-4 .. 1e-2 (lr too high or too low)"),
+        (inside, BLUE, "within 1e-4 .. 1e-2"),
+        (outside, ORANGE, "outside 1e-4 .. 1e-2 (lr too high or too low)"),
     ):
         if points:
             ax.scatter(
@@ -340,8 +220,8 @@ def update_ratios(report: ReportData) -> Optional[Figure]:
     ys = range(len(layers))
     missing = [y for y, r in zip(ys, ratios) if r is None or r == 0.0]
     bad = [y for y, r in zip(ys, ratios) if r is not None and not math.isfinite(r)]
-    _mark_missing(ax, missing, _BOTTOM, "#757575", "no update measured / zero")
-    _mark_missing(ax, bad, _TOP, _RED, "NaN/Inf")
+    mark_missing(ax, missing, AXIS_BOTTOM, "#757575", "no update measured / zero")
+    mark_missing(ax, bad, AXIS_TOP, RED, "NaN/Inf")
     layer_ticks(ax, names, flags)
     ax.set_xlabel("update ratio (log; green band: 1e-4 .. 1e-2)")
     ax.grid(axis="x", alpha=0.3)
@@ -362,13 +242,13 @@ def curvature_bars(report: ReportData) -> Optional[Figure]:
     per = [abs(c.trace_per_param) for c in rows]
     err = [c.trace_stderr / c.numel if c.numel else 0.0 for c in rows]
     eig = [abs(c.top_eigenvalue) for c in rows]
-    floor, ceiling = _floor_ceiling([*per, *eig])
-    fig, ax = _layer_figure(len(rows), "Curvature per layer (Hessian blocks)")
+    floor, ceiling = floor_ceiling([*per, *eig])
+    fig, ax = layer_figure(len(rows), "Curvature per layer (Hessian blocks)")
     ys = range(len(rows))
-    ok = [y for y in ys if _finite_pos(per[y])]
+    ok = [y for y in ys if finite_pos(per[y])]
     for sign, color, what in (
-        (1, _BLUE, "|trace| / numel (± std. error)"),
-        (-1, _ORANGE, "negative trace: |trace| / numel"),
+        (1, BLUE, "|trace| / numel (± std. error)"),
+        (-1, ORANGE, "negative trace: |trace| / numel"),
     ):
         chosen = [y for y in ok if (rows[y].trace_per_param > 0) == (sign > 0)]
         if chosen:
@@ -382,13 +262,13 @@ def curvature_bars(report: ReportData) -> Optional[Figure]:
                 capsize=2,
                 label=what,
             )
-    good = [y for y in ys if _finite_pos(eig[y])]
+    good = [y for y in ys if finite_pos(eig[y])]
     ax.scatter(
         [eig[y] for y in good],
         good,
         marker="D",
         s=24,
-        color=_RED,
+        color=RED,
         zorder=4,
         label="|top eigenvalue|",
     )
@@ -399,10 +279,3 @@ def curvature_bars(report: ReportData) -> Optional[Figure]:
     ax.grid(axis="x", alpha=0.3)
     legend_above(ax)
     return fig
-
-
-def figure_png(fig: Any) -> str:
-    """The figure as a base64 PNG string (for a ``data:`` URI)."""
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=100, facecolor="white")
-    return base64.b64encode(buf.getvalue()).decode("ascii")

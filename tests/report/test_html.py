@@ -21,6 +21,7 @@ import gradwatch
 from gradwatch import ConfigError, Finding, GradWatchConfig, LayerStats, Report
 
 mpimg = pytest.importorskip("matplotlib.image")
+from gradwatch.render import html_axes  # noqa: E402
 from gradwatch.render import html_plots as plots  # noqa: E402
 
 NAN, INF = float("nan"), float("inf")
@@ -115,13 +116,13 @@ def test_real_loop_report_has_every_section(ghost_report: Report, tmp_path: Path
 
 
 def test_layers_drawn_in_forward_order_with_ghost_marked(ghost_report: Report) -> None:
-    assert [layer.name for layer in plots.layer_order(ghost_report)] == [
+    assert [layer.name for layer in html_axes.layer_order(ghost_report)] == [
         "fc1",
         "fc2",
         "head",
         "ghost",
     ]
-    assert plots.flagged_layers(ghost_report) == {"ghost": "ghost"}
+    assert html_axes.flagged_layers(ghost_report) == {"ghost": "ghost"}
     fig = plots.gradient_flow(ghost_report)
     ax = fig.axes[0]
     # One row per layer, first layer on top (the y axis is inverted).
@@ -310,7 +311,7 @@ def test_charts_of_100_layers_grow_a_readable_row_per_layer(deep100: Report) -> 
     image = heat.axes[0].images[0].get_array()
     with_history = [layer for layer in deep100.layers if layer.history]
     assert image.shape == (len(with_history), 6)  # a row per layer, a column per step
-    dead = [layer.name for layer in plots.layer_order(deep100) if layer.history].index(
+    dead = [layer.name for layer in html_axes.layer_order(deep100) if layer.history].index(
         f"blocks.{100 // 3}"
     )
     # Every norm is a colour but the dead block's exact zeros (no log), marked instead.
