@@ -145,6 +145,16 @@ def make_param_hooks(
     Closures hold a weak reference to the parameter: a hook that holds its own parameter
     is never freed (the C++ side keeps it out of reach of the garbage collector).
     """
+    return _pre_hook(tracker, i, pref, on_error), _post_hook(tracker, i, on_arrival, on_error)
+
+
+def _pre_hook(
+    tracker: Tracker,
+    i: int,
+    pref: weakref.ref[torch.Tensor],
+    on_error: Callable[[str, BaseException], None],
+) -> Callable[[torch.Tensor], None]:
+    """Parameter ``i``'s tensor pre-accumulation hook: was ``.grad`` reset since the step?"""
     t = tracker
 
     def pre(grad_in: Optional[torch.Tensor]) -> None:
@@ -177,6 +187,18 @@ def make_param_hooks(
         except Exception as exc:
             on_error("pre-accumulate hook", exc)
         return None
+
+    return pre
+
+
+def _post_hook(
+    tracker: Tracker,
+    i: int,
+    on_arrival: Callable[[], None],
+    on_error: Callable[[str, BaseException], None],
+) -> Callable[[torch.Tensor], None]:
+    """Parameter ``i``'s post-accumulate-grad hook: did a gradient arrive, and when?"""
+    t = tracker
 
     def post(p: torch.Tensor) -> None:
         try:
@@ -224,7 +246,7 @@ def make_param_hooks(
         except Exception as exc:
             on_error("post-accumulate hook", exc)
 
-    return pre, post
+    return post
 
 
 def _never_compiling() -> bool:
