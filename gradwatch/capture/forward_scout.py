@@ -22,6 +22,7 @@ Nothing here syncs with the device: flags stay 0-dim tensors until the step's ga
 from __future__ import annotations
 
 import weakref
+from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 import torch
@@ -30,8 +31,13 @@ from torch.utils.hooks import RemovableHandle
 
 from gradwatch.capture.evidence import Tracker
 from gradwatch.capture.nan_probe import NanProbe, _not_eager, _Owned
+from gradwatch.model.locations import call_site
 
-__all__ = ["ForwardScout", "container_paths"]
+__all__ = ["BUILT_IN_FORWARD", "ForwardScout", "container_paths"]
+
+BUILT_IN_FORWARD = " built inside forward"
+"""In the name of a module that did not outlive the forward that called it (``nn.Linear(d,
+d)(h)`` in ``forward``): ``<Linear built inside forward at net.py:25>``."""
 
 OnError = Callable[[str, BaseException], None]
 
@@ -71,6 +77,17 @@ def container_paths(model: nn.Module) -> dict[int, str]:
     return {k: v for k, v in out.items() if k not in registered}
 
 
+@dataclass
+class _Called:
+    """An unregistered module called in the model's forward, as seen when it ran."""
+
+    module: weakref.ref[nn.Module]
+    cls: str
+    params: list[tuple[str, weakref.ref[nn.Parameter]]]
+    site: Optional[str]  # the line that called it
+    built: bool = False  # gone once the forward returned: built inside it
+
+
 class ForwardScout(NanProbe):
     """Forward-pass evidence of one watched model (see the module docstring)."""
 
@@ -87,10 +104,13 @@ class ForwardScout(NanProbe):
         self._global: Optional[RemovableHandle] = None
         self.scanning = scan_steps > 0
         self._registered: set[int] = set()
-        self._new: dict[int, weakref.ref[nn.Module]] = {}
-        self._judged: set[int] = set()  # modules whose parameters were looked at
-        # unregistered parameters waiting for a gradient: id -> (param, module, name in module)
-        self._waiting: dict[int, tuple[weakref.ref[torch.Tensor], weakref.ref[nn.Module], str]] = {}
+        self._new: list[_Called] = []  # unregistered modules this forward called
+        self._new_ids: dict[int, weakref.ref[nn.Module]] = {}
+        # modules whose parameters were looked at (a weakref: a module built in each forward
+        # is a new object that may get a dead one's id)
+        self._judged: dict[int, weakref.ref[nn.Module]] = {}
+        # unregistered parameters waiting for a gradient: id -> (param, module, its name)
+        self._waiting: dict[int, tuple[weakref.ref[nn.Parameter], _Called, str]] = {}
         self._grad_hooks: dict[int, RemovableHandle] = {}
         self._got: set[int] = set()
         self._reported: set[int] = set()  # unregistered parameters already returned
@@ -99,6 +119,11 @@ class ForwardScout(NanProbe):
         self.on_outer: Optional[Callable[[nn.Module], None]] = None
 
     # -- installing ------------------------------------------------------------------------
+
+    @property
+    def installed(self) -> bool:
+        """Whether its entry hooks are on a model (:meth:`install` ran)."""
+        return self._model is not None
 
     def install(self, model: nn.Module, known: Callable[[torch.Tensor], bool]) -> None:
         """Hook the model's entry points (once). ``known(p)``: ``p`` is a watched parameter."""
@@ -179,27 +204,48 @@ class ForwardScout(NanProbe):
                 return
             key = id(module)
             # The common case (a registered module) costs one set lookup.
-            if key in me._registered or key in me._judged or not module._parameters:
+            if key in me._registered or not module._parameters:
                 return
-            me._new[key] = weakref.ref(module)
+            for ref in (me._new_ids.get(key), me._judged.get(key)):
+                if ref is not None and ref() is module:
+                    return
+            # Its parameters now, while they live: a layer built inside forward is gone by
+            # the time the forward returns (only the graph keeps its parameters); and the
+            # line that called it (read once per module object, during the scan only).
+            params = [
+                (n, weakref.ref(p))
+                for n, p in module._parameters.items()
+                if p is not None and p.requires_grad
+            ]
+            mref = weakref.ref(module)
+            if not params:  # frozen: never this bug
+                me._judged[key] = mref
+                return
+            me._new.append(_Called(mref, type(module).__name__, params, call_site()))
+            me._new_ids[key] = mref
 
         return seen
 
     def _adopt(self) -> None:
         """Judge the modules that ran in the forward without being registered in the model."""
-        new, self._new = self._new, {}
+        new, self._new = self._new, []
+        self._new_ids.clear()
         model = self._model() if self._model is not None else None
         if model is None:
             return
         self._registered = {id(m) for m in model.modules()}  # the model may have grown
         wself = weakref.ref(self)
-        for key, mref in new.items():
-            mod = mref()
-            if mod is None or key in self._registered:
-                continue
-            self._judged.add(key)
-            for pname, p in mod._parameters.items():
-                if p is None or not p.requires_grad or self._known(p) or id(p) in self._waiting:
+        for called in new:
+            mod = called.module()
+            if mod is not None:
+                if id(mod) in self._registered:
+                    continue
+                self._judged[id(mod)] = called.module
+            else:  # it did not outlive the forward: built inside it
+                called.built = True
+            for pname, pref in called.params:
+                p = pref()
+                if p is None or self._known(p) or id(p) in self._waiting:
                     continue
                 pid = id(p)
 
@@ -208,7 +254,7 @@ class ForwardScout(NanProbe):
                     if me is not None:
                         me._got.add(pid)
 
-                self._waiting[pid] = (weakref.ref(p), mref, pname)
+                self._waiting[pid] = (pref, called, pname)
                 self._grad_hooks[pid] = p.register_post_accumulate_grad_hook(got)
 
     def take_unregistered(self) -> list[tuple[str, str]]:
@@ -230,11 +276,17 @@ class ForwardScout(NanProbe):
                 handle.remove()
             if entry is None:
                 continue
-            _, mref, pname = entry
-            mod = mref()
-            cls = type(mod).__name__ if mod is not None else "Module"
+            _, called, pname = entry
+            mod, cls = called.module(), called.cls
             where = paths.get(id(mod)) if mod is not None else None
-            out.append((f"{where}.{pname}" if where else f"<{cls} outside the model>.{pname}", cls))
+            if where is None:
+                at = f" at {called.site}" if called.site else ""
+                where = (
+                    f"<{cls}{BUILT_IN_FORWARD}{at}>"
+                    if called.built
+                    else f"<{cls} outside the model>"
+                )
+            out.append((f"{where}.{pname}", cls))
         return out
 
     def follows(self, p: torch.Tensor) -> bool:

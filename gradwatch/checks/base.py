@@ -16,6 +16,7 @@ from gradwatch._severity import Severity
 from gradwatch.capture.facts import Fact
 from gradwatch.checks.views import RunView, StepView, StructureView
 from gradwatch.errors import GradWatchError
+from gradwatch.sources.registry import unknown_needs
 
 if TYPE_CHECKING:
     from gradwatch.checks.docs import CheckDoc
@@ -104,13 +105,10 @@ class Check:
     doc: ClassVar[Optional[CheckDoc]] = None
     #: The kinds of :class:`~gradwatch.capture.facts.Fact` it judges (see :meth:`on_fact`).
     facts: ClassVar[frozenset[str]] = frozenset()
-    #: Evidence it needs beyond every step's gradients (the run gathers only what an
-    #: enabled check names): ``"forward_runs"`` (whether and how the model's forward ran),
-    #: ``"module_scan"`` (modules run but not registered), ``"nan_probe"`` (where a NaN is
-    #: born), ``"unscale_watch"`` (gradients edited while scaled), ``"discarded_passes"``
-    #: (micro-batches reset before the step), ``"zero_grad_watch"`` (gradients edited after
-    #: the step, seen at ``zero_grad``), ``"scheduler_counts"`` (LR schedulers' steps),
-    #: ``"backward_probe"`` (a repeated backward of one loss).
+    #: Evidence it needs beyond every step's gradients: names served by the evidence
+    #: sources (``gradwatch.sources.registry.NEEDS``; each source's module docstring says
+    #: what its names give). The run builds only the sources an enabled check names; a
+    #: name no source serves is a ``TypeError`` when the class is defined.
     needs: ClassVar[frozenset[str]] = frozenset()
     #: Whether the layers of its findings keep their forward hooks once the others are
     #: trimmed (``trim_hooks_after``): a ghost's cause comes from them.
@@ -121,6 +119,10 @@ class Check:
     #: error whatever its own severity (see ``FindingLog.escalate``). Such findings carry
     #: ``details.numel``, the element count of their parameters.
     counts_toward_share: ClassVar[bool] = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        unknown_needs(cls.needs, f"check {cls.__name__}")
 
     @classmethod
     def default_severity(cls) -> str:

@@ -90,6 +90,9 @@ class WindowEvidence:
     loss_finite: Optional[bool] = None
     """``False``: a loss backpropagated (or reported by an integration) in the window was
     NaN/Inf; ``None``: no loss seen (``loss_value``)."""
+    records: dict[str, Any] = field(default_factory=dict)
+    """Source name -> the record an evidence source hands the checks
+    (:meth:`gradwatch.sources.EvidenceSource.record`), for the sources that have one."""
 
 
 @dataclass

@@ -29,6 +29,8 @@ from gradwatch.core.steps import StepPipeline
 from gradwatch.errors import GradWatchError
 from gradwatch.report import Report
 from gradwatch.results import Finding
+from gradwatch.sources.calls import BackwardCallsSource
+from gradwatch.sources.loss import LossSource
 
 __all__ = [
     "STATE_VERSION",
@@ -87,7 +89,7 @@ class AdapterAPI:
         """
         state = pipeline_state(self._pipe, self.report())
         pipe = self._pipe
-        if self._attached and not self._closed and "resume_state" in pipe.extra.wanted:
+        if self._attached and not self._closed and pipe.sources.wants("resume_state"):
             state["resume"] = snapshot(
                 ((info.name, p) for info, p in pipe.structure.index.live()),
                 pipe.structure.optimizers,
@@ -145,7 +147,7 @@ class AdapterAPI:
         remove a hook while it runs them), and they go at exit with the others."""
         resume, self._resume = self._resume, None
         pipe = self._pipe
-        if resume is None or "resume_state" not in pipe.extra.wanted:
+        if resume is None or not pipe.sources.wants("resume_state"):
             return
         wself = weakref.ref(self)
         done: list[bool] = []
@@ -170,7 +172,9 @@ class AdapterAPI:
         Example:
             >>> watcher.note_backward_requested()  # doctest: +SKIP
         """
-        self._pipe.extra.note_backward_call()
+        calls = self._pipe.sources.get(BackwardCallsSource)
+        if calls is not None:
+            calls.note()
 
     def note_loss(self: _Parts, loss: Any) -> None:
         """An integration saw this step's loss: a NaN/Inf loss behind finite gradients is a
@@ -188,9 +192,9 @@ class AdapterAPI:
         Example:
             >>> watcher.note_loss(loss)  # doctest: +SKIP
         """
-        roots = self._pipe.extra.roots  # the Tensor.backward listener, if a check needs it
-        if roots is not None:
-            roots.note_loss(loss)
+        source = self._pipe.sources.get(LossSource)  # the Tensor.backward listener, if wanted
+        if source is not None:
+            source.note_loss(loss)
 
     def record_fault(self: _Parts, where: str, exc: BaseException) -> None:
         """Record a failure of an integration's own step as an ``internal_error`` finding.

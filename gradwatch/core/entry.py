@@ -343,6 +343,6 @@ def _open_window(pipe: StepPipeline, k: int) -> None:
     track.fingerprint = track.frozen_fp = None
     track.start = pipe.tracker.now()
     track.backward_at_start = pipe.backward_passes
-    pipe.extra.window_closed(k)
+    pipe.sources.window_closed(k)
     track.steps += 1
     pipe.steps += 1

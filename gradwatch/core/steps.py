@@ -15,6 +15,7 @@ from torch import nn
 from gradwatch.capture.evidence import Tracker, make_cause
 from gradwatch.capture.facts import FOREIGN_TENSORS, SKIPPED_STEPS, Fact
 from gradwatch.capture.flow import layer_namer
+from gradwatch.capture.forward_scout import ForwardScout
 from gradwatch.capture.hooks import HookSet
 from gradwatch.capture.idle import idle_optimizers
 from gradwatch.capture.in_backward import written_arrive
@@ -25,7 +26,6 @@ from gradwatch.capture.window import Gathered, Track
 from gradwatch.checks import RunView, StepView, StructureView
 from gradwatch.checks.views import ForwardOrder, WindowEvidence
 from gradwatch.config import GradWatchConfig
-from gradwatch.core.extra_evidence import ExtraEvidence
 from gradwatch.core.faults import Faults
 from gradwatch.core.findings import FindingLog, Judges
 from gradwatch.core.gather import gather, layer_samples
@@ -38,6 +38,7 @@ from gradwatch.distributed.sync import DistSync
 from gradwatch.measure.fingerprint import Fingerprint, fingerprint
 from gradwatch.model.index import ParamIndex
 from gradwatch.model.optimizers import compensates, group_index, group_lr, group_members
+from gradwatch.sources import SourceSet, StepState
 
 __all__ = ["FIRST_OBSERVED", "StepPipeline"]
 
@@ -112,8 +113,11 @@ class StepPipeline:
         self.dist = dist
         self.steps = 0
         self.backward_passes = 0
-        self.extra = ExtraEvidence(self)
-        self.scout = self.extra.scout
+        wanted = judges.evidence()  # what the enabled checks need, with their settings
+        self.scout = ForwardScout(
+            self.tracker, faults.callback(), int(wanted.get("module_scan", 0))
+        )
+        self.sources = SourceSet(self, wanted)
         self.step_calls = 0  # outer optimizer steps entered (judged or not)
         self.hand_written = 0  # steps that found gradients no backward pass made
         self.nesting = StepNesting()
@@ -131,13 +135,17 @@ class StepPipeline:
             return
         view = self.structure.sync(self.model, self.hooks, step)
         adopt_engine(self, step)
-        self.extra.install()
+        self.sources.install()
         if view is not None:
             self._on_structure(view, step)
 
     def record(self, fact: Fact) -> None:
         """A fact the run saw: the checks that judge its kind do."""
         self.judges.fact(fact)
+
+    def needing(self, need: str) -> list[str]:
+        """The ids of the enabled checks that need ``need`` (for the sources' messages)."""
+        return self.judges.needing(need)
 
     def _on_structure(self, view: StructureView, step: int) -> None:
         self.judges.structure(view)
@@ -223,7 +231,7 @@ class StepPipeline:
             self.sync(step=track.steps)
             track = structure.track_of(track.index) or track
         readable = self.reading.before_gather(self, track)
-        probe = self.extra.probe_flags(track)
+        device_values = self.sources.device_values(track)
         with torch.profiler.record_function("gradwatch::step"), torch.no_grad():
             g = gather(
                 track,
@@ -233,15 +241,16 @@ class StepPipeline:
                 last_hooked=self.hooks.last_hooked,
                 scaler_scale=self.scaler.scale_tensor(),
                 arrival=forward_arrival(self.sharded, structure.index, self.tracker, track.start),
-                extra=[*self.scout.pending_flags(), *probe],
+                extra=device_values,
             )
-        self.extra.took_probe(g, probe)
+        state = StepState(track, g)
+        self.sources.read(state, g.extra)
         self.reading.after_gather(g, track, readable, structure.tracks)
-        trace = self.scout.interpret(g.extra) if self.scout.armed else None
-        skipped = self.scaler.note(g.scale)
-        _note_skips(self, skipped, track.steps, trace)
+        state.skipped = skipped = self.scaler.note(g.scale)
+        _note_skips(self, skipped, track.steps, state.trace)
         _note_hand_written(self, track, g)
-        view = self._view(track, g, observed, self.extra.window(track, g, trace, skipped))
+        fields, records = self.sources.window(state)
+        view = self._view(track, g, observed, WindowEvidence(**fields, records=records))
         self.judges.step(view)
         if observed and _on_cadence(self, track):
             several = sum(1 for t in structure.tracks if t.index is not None) > 1
@@ -257,10 +266,10 @@ class StepPipeline:
         track.fingerprint = track.frozen_fp = None
         track.start = self.tracker.now()
         track.backward_at_start = self.backward_passes
-        self.extra.window_closed(track.index)
+        self.sources.window_closed(track.index)
         track.steps += 1
         self.steps += 1
-        self.scout.after_step(self.steps)
+        self.sources.after_step(self.steps)
         self.faults.step = self.steps
         _adjust_hooks(self)
         self.findings.raise_fail_fast()
@@ -323,7 +332,7 @@ class StepPipeline:
     def check_scaler(self) -> None:
         """At exit: account for a skip of the very last step."""
         skipped = self.scaler.note_current()
-        _note_skips(self, skipped, self.steps, self.extra.exit_trace(skipped))
+        _note_skips(self, skipped, self.steps, self.sources.at_exit(skipped))
 
     def finish(self, faults: list[str]) -> None:
         """The run is over: checks judge it as a whole once."""
