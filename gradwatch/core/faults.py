@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 import logging
+import signal
 import traceback
 import weakref
-from typing import Any, Callable
+from types import CodeType, TracebackType
+from typing import Any, Callable, Optional
 
 from gradwatch.capture.facts import FAULT, Fact, Report
 from gradwatch.config import GradWatchConfig
@@ -20,8 +23,11 @@ class Faults:
     """Runs gradwatch's own steps guarded and records each failing place once.
 
     ``GradWatchError`` (``fail_fast``) and ``GradWatchWarning`` (``warnings`` as errors) are
-    the user's to see and pass through; anything else is an ``internal_error`` finding and
-    training goes on (unless ``on_internal_error: raise``).
+    the user's to see and pass through, and so is whatever a signal handler raised (a
+    ``Preempted`` from SIGTERM, a ``TimeoutError`` from ``signal.alarm``: the handler runs in
+    whichever Python frame the main thread is in, often one of gradwatch's hooks); anything
+    else is an ``internal_error`` finding and training goes on (unless
+    ``on_internal_error: raise``).
     """
 
     def __init__(self, config: GradWatchConfig) -> None:
@@ -50,8 +56,11 @@ class Faults:
             return None
 
     def error(self, where: str, exc: BaseException) -> None:
-        """Record a failure of gradwatch's ``where`` (one finding per place)."""
-        if self.config.on_internal_error == "raise":
+        """Record a failure of gradwatch's ``where`` (one finding per place).
+
+        Re-raises ``exc`` when it is the user's, not gradwatch's: raised by a signal handler.
+        """
+        if self.config.on_internal_error == "raise" or raised_by_signal_handler(exc):
             raise exc
         if where in self.where:
             return
@@ -80,6 +89,51 @@ class Faults:
                 me.error(where, exc)
 
         return on_error
+
+
+def raised_by_signal_handler(exc: BaseException) -> bool:
+    """Whether ``exc`` was raised inside a Python signal handler installed now.
+
+    A handler runs on top of the frame it interrupted, so its frame is in the exception's
+    traceback (between the place that caught it and the place that raised it). Only an
+    exception's way out pays for this: the handlers are read here, never per step.
+    """
+    codes = _handler_codes()
+    tb: Optional[TracebackType] = exc.__traceback__
+    while codes and tb is not None:
+        if tb.tb_frame.f_code in codes:
+            return True
+        tb = tb.tb_next
+    return False
+
+
+def _handler_codes() -> set[CodeType]:
+    """The code objects of the Python signal handlers installed for any signal."""
+    codes: set[CodeType] = set()
+    for signum in signal.valid_signals():
+        try:
+            handler = signal.getsignal(signum)
+        except (ValueError, OSError):  # not readable here
+            continue
+        code = _code_of(handler)
+        if code is not None:
+            codes.add(code)
+    return codes
+
+
+def _code_of(handler: Any) -> Optional[CodeType]:
+    """The code a handler runs: a function, a bound method, a ``functools.partial`` of one,
+    or an object with ``__call__`` (``SIG_DFL``/``SIG_IGN``/``None``/C callables: none)."""
+    for _ in range(8):  # partials of partials, bounded
+        if isinstance(handler, functools.partial):
+            handler = handler.func
+        else:
+            break
+    func = getattr(handler, "__func__", handler)  # a bound method's function
+    code = getattr(func, "__code__", None)
+    if code is None and callable(handler) and not isinstance(handler, type):
+        code = getattr(type(handler).__call__, "__code__", None)
+    return code if isinstance(code, CodeType) else None
 
 
 # An exception's first line is enough for a message; torch's dispatcher errors run to pages
