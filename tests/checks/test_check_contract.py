@@ -1,11 +1,16 @@
 """The contract every registered check keeps, one parametrized test per clause.
 
-Each check in :data:`gradwatch.checks.ALL_CHECKS` has a unique snake_case id that is its entry
-in the config, typed by its own ``Config``; its default severity (its Config's ``severity``
-default, written in its module only) is SPEC's; it is documented; ``enabled: false`` keeps it
-from being built and a severity override reaches its findings; it is silent on clean realistic
-training loops; and a buggy loop gives at most one finding per (check, layer). Real torch
-training throughout, no mocks (the only stand-in is a spy that records which checks a watcher
+Every expectation comes from the registry (:data:`gradwatch.checks.registry.ALL_CHECKS` and
+``SELF_CHECKS``: each class's ``id``, ``Config``, ``default_severity()``, ``doc``, ``needs``
+and ``facts``) or from SPEC.md, the contract, whose tables of check ids and default
+severities are parsed here (``../shared/SPEC.md`` from the repository root, as in CI). Each
+check has a unique snake_case id that is its entry in the config, typed by its own
+``Config``; its default severity (its Config's ``severity`` default, written in its module
+only) is SPEC's; it is documented; the evidence it needs is what it asks the run for, and
+each kind of fact has one check to judge it; ``enabled: false`` keeps it from being built
+and a severity override reaches its findings; it is silent on clean realistic training
+loops; and a buggy loop gives at most one finding per (check, layer). Real torch training
+throughout, no mocks (the only stand-in is a spy that records which checks a watcher
 builds).
 """
 
@@ -14,6 +19,7 @@ from __future__ import annotations
 import inspect
 import re
 from collections import Counter
+from pathlib import Path
 from typing import Any, Callable, get_args
 
 import pytest
@@ -22,6 +28,7 @@ from torch import nn
 
 import gradwatch
 from gradwatch._severity import Severity
+from gradwatch.capture import facts as fact_kinds
 from gradwatch.checks import ALL_CHECKS, Check
 from gradwatch.checks.base import CheckConfig
 from gradwatch.checks.docs import DOCS
@@ -29,44 +36,58 @@ from gradwatch.checks.explain import explain_text
 from gradwatch.checks.registry import SELF_CHECKS
 from gradwatch.config import ChecksConfig, GradWatchConfig
 
-# SPEC.md §2 and §5: the stable ids and their default severities.
-SPEC_SEVERITY = {
-    "ghost_param": "error",
-    "missing_zero_grad": "error",
-    "step_without_grad": "error",
-    "nonfinite_grad": "error",
-    "exploding_grad": "warning",
-    "vanishing_grad": "warning",
-    "dead_param": "warning",
-    "stale_param": "warning",
-    "not_in_optimizer": "warning",
-    "frozen_in_optimizer": "info",
-    "loss_disconnected": "error",
-    "double_update": "error",
-    "unregistered_param": "error",
-    "frozen_param_updated": "error",
-    "clipped_while_scaled": "error",
-    "not_observed": "error",
-    # §6
-    "nonfinite_param": "error",
-    "eval_mode_training": "error",
-    "frozen_stats_updated": "warning",
-    "freeze_not_applied": "error",
-    "autocast_bypassed": "warning",
-    "clip_after_step": "error",
-    "scheduler_misstepped": "warning",
-    "double_backward": "error",
-    "resume_mismatch": "error",
-    "replica_divergence": "error",
-}
+SPEC = Path(__file__).resolve().parents[2].parent / "shared" / "SPEC.md"
+# SPEC sections whose checks are being built this round: their ids are judged once
+# registered, and may be missing until then.
+BEING_BUILT = frozenset({"7"})
 # Every observed step, and gradwatch's own faults raised, so a broken check cannot hide.
 CFG: dict[str, Any] = {"every_n_steps": 1, "on_internal_error": "raise"}
 OTHER = {"error": "warning", "warning": "error", "info": "warning"}  # an override != default
 
 CHECKS = pytest.mark.parametrize("cls", ALL_CHECKS, ids=[c.id for c in ALL_CHECKS])
+EVERY_CHECK = pytest.mark.parametrize(
+    "cls", [*ALL_CHECKS, *SELF_CHECKS], ids=[c.id for c in [*ALL_CHECKS, *SELF_CHECKS]]
+)
+SNAKE = r"[a-z][a-z0-9]*(_[a-z0-9]+)*"
+_SECTION = re.compile(r"##\s+(\d+)\.")
+_TABLE_HEAD = ["id", "fires when", "default severity"]
 
 
-def _default(cls: type[Check]) -> str:
+def spec_checks(text: str) -> dict[str, tuple[str, str]]:
+    """``{id: (section, default severity)}`` from SPEC's tables of checks.
+
+    A table of checks is one whose header is ``| id | fires when | default severity |``;
+    the section is the number of the ``## N.`` heading above it.
+    """
+    out: dict[str, tuple[str, str]] = {}
+    section, in_table = "", False
+    for line in text.splitlines():
+        heading = _SECTION.match(line)
+        if heading:
+            section = heading.group(1)
+        if not line.startswith("|"):
+            in_table = False
+            continue
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if cells == _TABLE_HEAD:
+            in_table = True
+        elif in_table and not set(cells[0]) <= set("-: "):
+            check_id = cells[0].strip("`")
+            assert check_id not in out, f"SPEC lists {check_id} twice"
+            out[check_id] = (section, cells[-1])
+    return out
+
+
+@pytest.fixture(scope="module")
+def spec() -> dict[str, tuple[str, str]]:
+    if not SPEC.is_file():
+        pytest.fail(f"the contract is SPEC.md, and it is not at {SPEC} (CI checks out ../shared)")
+    found = spec_checks(SPEC.read_text(encoding="utf-8"))
+    assert found, f"no table of checks in {SPEC}"
+    return found
+
+
+def _config_default(cls: type[Check]) -> str:
     default = cls.Config.model_fields["severity"].default
     assert isinstance(default, str)
     return default
@@ -140,14 +161,12 @@ def _buggy_run(config: dict[str, Any] | None = None) -> gradwatch.Report:
     torch.manual_seed(0)
     model = _Buggy()
     body = model.body
-    opt = torch.optim.AdamW(
-        [
-            {"params": [*body[0].parameters(), *body[2].parameters(), *model.aux.parameters()]},
-            {"params": list(body[4].parameters()), "lr": 0.0},  # stale_param
-            {"params": list(model.frozen.parameters())},
-        ],
-        lr=1e-3,
-    )
+    groups: list[dict[str, Any]] = [
+        {"params": [*body[0].parameters(), *body[2].parameters(), *model.aux.parameters()]},
+        {"params": list(body[4].parameters()), "lr": 0.0},  # stale_param
+        {"params": list(model.frozen.parameters())},
+    ]
+    opt = torch.optim.AdamW(groups, lr=1e-3)
     # No zero_grad (missing_zero_grad); a max_norm every layer exceeds (exploding_grad).
     cfg = {"checks": {"exploding_grad": {"max_norm": 1e-6}}}
     for check_id, settings in (config or {}).get("checks", {}).items():
@@ -191,12 +210,26 @@ def test_ids_are_unique_and_config_follows_the_registry() -> None:
     ids = [cls.id for cls in ALL_CHECKS]
     assert len(ids) == len(set(ids))
     assert list(ChecksConfig.model_fields) == ids
-    assert set(SPEC_SEVERITY) <= set(ids), "a check of SPEC §2/§5 is not registered"
+    assert not {cls.id for cls in SELF_CHECKS} & set(ids)
+
+
+def test_specs_checks_are_registered(spec: dict[str, tuple[str, str]]) -> None:
+    assert {severity for _, severity in spec.values()} <= set(get_args(Severity))
+    registered = {cls.id for cls in ALL_CHECKS}
+    missing = sorted(
+        f"{check_id} (§{section})"
+        for check_id, (section, _) in spec.items()
+        if check_id not in registered and section not in BEING_BUILT
+    )
+    assert not missing, f"checks of SPEC.md that are not registered: {missing}"
+    for built in BEING_BUILT:
+        ids = {check_id for check_id, (section, _) in spec.items() if section == built}
+        assert ids - registered, f"every check of SPEC §{built} is registered: not BEING_BUILT"
 
 
 @CHECKS
 def test_id_is_a_config_entry_of_its_own_model(cls: type[Check]) -> None:
-    assert re.fullmatch(r"[a-z][a-z0-9]*(_[a-z0-9]+)*", cls.id), cls.id
+    assert re.fullmatch(SNAKE, cls.id), cls.id
     field = ChecksConfig.model_fields[cls.id]
     assert field.annotation is cls.Config
     assert cls.Config is not CheckConfig and issubclass(cls.Config, CheckConfig)
@@ -205,11 +238,14 @@ def test_id_is_a_config_entry_of_its_own_model(cls: type[Check]) -> None:
 
 
 @CHECKS
-def test_default_severity_is_written_once_and_is_specs(cls: type[Check]) -> None:
-    default = _default(cls)
-    assert default in get_args(Severity)
-    assert default == SPEC_SEVERITY.get(cls.id), f"{cls.id}: not SPEC's default severity"
-    assert cls.default_severity() == default
+def test_default_severity_is_written_once_and_is_specs(
+    cls: type[Check], spec: dict[str, tuple[str, str]]
+) -> None:
+    default = cls.default_severity()
+    assert default == _config_default(cls) and default in get_args(Severity)
+    assert cls.id in spec, f"{cls.id} is in no table of checks of SPEC.md"
+    section, specs = spec[cls.id]
+    assert default == specs, f"{cls.id}: default severity {default}, SPEC §{section}: {specs}"
     # Its module's Config states it; its doc does not repeat it (explain reads the Config).
     assert "severity" in inspect.get_annotations(cls.Config)
     assert cls.doc is not None and cls.doc.severity is None
@@ -226,7 +262,7 @@ def test_documented_in_its_module(cls: type[Check]) -> None:
     assert doc.summary.strip() and doc.why.strip() and doc.fix.strip()
     assert doc.causes and all(c.strip() for c in doc.causes)
     text = explain_text(cls.id)
-    assert text and text.startswith(f"{cls.id} (default severity: {_default(cls)})\n")
+    assert text and text.startswith(f"{cls.id} (default severity: {cls.default_severity()})\n")
 
 
 def test_gradwatchs_own_checks_document_themselves_too() -> None:
@@ -234,7 +270,7 @@ def test_gradwatchs_own_checks_document_themselves_too() -> None:
         assert cls.doc is not None and cls.doc.severity is None, cls.id
         assert cls.id not in DOCS and cls.id not in ChecksConfig.model_fields
         text = explain_text(cls.id)
-        assert text and text.startswith(f"{cls.id} (default severity: {_default(cls)})\n")
+        assert text and text.startswith(f"{cls.id} (default severity: {cls.default_severity()})\n")
 
 
 def test_ids_without_a_check_class_keep_their_severity_in_docs() -> None:
@@ -243,6 +279,30 @@ def test_ids_without_a_check_class_keep_their_severity_in_docs() -> None:
         assert check_id not in registered
         assert doc.severity in get_args(Severity), check_id
         assert (explain_text(check_id) or "").startswith(f"{check_id} (default severity: ")
+
+
+# -- evidence and facts ----------------------------------------------------------------------
+
+
+@EVERY_CHECK
+def test_asks_the_run_for_the_evidence_it_needs(cls: type[Check]) -> None:
+    """What ``needs`` names is what ``evidence()`` asks for (with each its setting)."""
+    assert isinstance(cls.needs, frozenset)
+    assert all(isinstance(n, str) and re.fullmatch(SNAKE, n) for n in cls.needs), cls.needs
+    asked = cls(cls.Config(), GradWatchConfig()).evidence()
+    assert set(cls.needs) <= set(asked), f"{cls.id} needs {sorted(cls.needs - set(asked))}"
+
+
+def test_each_kind_of_fact_has_one_check_to_judge_it() -> None:
+    """A fact no check declares is lost; one that two checks declare is two findings."""
+    kinds = {
+        value
+        for value in (getattr(fact_kinds, name) for name in fact_kinds.__all__)
+        if isinstance(value, str)
+    }
+    judges = Counter(kind for cls in [*ALL_CHECKS, *SELF_CHECKS] for kind in cls.facts)
+    assert set(judges) <= kinds, f"facts no lower layer records: {sorted(set(judges) - kinds)}"
+    assert {kind: judges[kind] for kind in kinds if judges[kind] != 1} == {}
 
 
 # -- configurable ----------------------------------------------------------------------------
@@ -279,7 +339,7 @@ def test_enabled_false_keeps_it_from_being_built(
 def test_severity_override_reaches_the_check(
     cls: type[Check], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    other = OTHER[_default(cls)]
+    other = OTHER[cls.default_severity()]
     built = _built_checks(monkeypatch, {"checks": {cls.id: {"severity": other}}})
     assert built[cls.id].severity == other
     assert all(c.severity == type(c).default_severity() for i, c in built.items() if i != cls.id)
@@ -287,7 +347,7 @@ def test_severity_override_reaches_the_check(
 
 def test_config_applies_to_findings(buggy_report: gradwatch.Report) -> None:
     """A severity override is the severity of the findings; enabled: false removes them."""
-    defaults = {cls.id: _default(cls) for cls in ALL_CHECKS}
+    defaults = {cls.id: cls.default_severity() for cls in ALL_CHECKS}
     for check_id in BUGS:  # none of these bugs is a case with a severity of its own
         assert {f.severity for f in buggy_report.by_check(check_id)} == {defaults[check_id]}
     overridden = _buggy_run({"checks": {i: {"severity": OTHER[defaults[i]]} for i in BUGS}})
