@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import Field, StrictBool, StrictInt
 
 from gradwatch._severity import Severity
+from gradwatch.capture.forward_scout import BUILT_IN_FORWARD
 from gradwatch.checks.base import Check, CheckConfig, severity_field
 from gradwatch.checks.docs import CheckDoc
 from gradwatch.checks.views import StepView
@@ -122,12 +123,15 @@ class UnregisteredParam(Check):
             classes[where] = cls
         for where, names in by_module.items():
             container = where.split("[", 1)[0] if "[" in where else None
+            built = BUILT_IN_FORWARD in where and where.startswith("<")
+            if built:
+                self._built(view, log, where, names, classes[where])
+                continue
             fix = (
                 f"Register it: replace the plain container '{container}' with nn.ModuleList / "
                 "nn.ModuleDict (or nn.Sequential)"
                 if container
-                else "Create the layer in __init__ as an attribute of the model (a new layer "
-                "built inside forward is random at every call)"
+                else "Create the layer in __init__ as an attribute of the model"
             )
             log.emit(
                 self.id,
@@ -141,6 +145,31 @@ class UnregisteredParam(Check):
                 module=where,
                 details={"module_class": classes[where], "container": container},
             )
+
+    def _built(
+        self, view: StepView, log: FindingLog, where: str, names: list[str], cls: str
+    ) -> None:
+        """A layer created inside ``forward``: a new random one at every call."""
+        site = where.rsplit(" at ", 1)[1].rstrip(">") if " at " in where else None
+        at = f" at {site}" if site else ""
+        log.emit(
+            self.id,
+            severity=self.severity,
+            step=view.step,
+            message=f"A {cls} is built inside the model's forward{at} and gets gradients: a "
+            f"new, randomly initialised {cls} at every call, so its {len(names)} "
+            "parameter(s) are never trained (in no optimizer, no state_dict).",
+            hint=f"Create the {cls} once in __init__ (self.<name> = nn.{cls}(...)) and call "
+            "it in forward; then rebuild the optimizer from model.parameters().",
+            params=names,
+            module=where,
+            details={
+                "module_class": cls,
+                "container": None,
+                "cause": "built_in_forward",
+                "called_at": site,
+            },
+        )
 
     def _loose(self, view: StepView, log: FindingLog) -> None:
         by_owner: dict[str, list[Any]] = {}
