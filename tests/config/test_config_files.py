@@ -20,6 +20,31 @@ def test_shipped_configs_load() -> None:
     assert ci.checks.dead_param.patience == 2
 
 
+def test_default_yaml_is_the_default_config_written_out() -> None:
+    """Every key with its default: regenerated here, so a new field or check cannot be missed."""
+    import yaml
+
+    from gradwatch.config._dump import default_yaml
+
+    text = (CONFIGS / "default.yaml").read_text(encoding="utf-8")
+    assert text == default_yaml(), (
+        "configs/default.yaml is out of date: python -m gradwatch.config._dump configs/default.yaml"
+    )
+    # Any YAML reader gets the defaults back (not only gradwatch's, which reads 1e-7 as a float).
+    assert yaml.safe_load(text) == GradWatchConfig().model_dump(mode="json")
+
+
+@pytest.mark.parametrize(
+    "value", [None, True, 0, 10_000.0, 1e-7, 2.5e12, "error", "yes", "a: b", "", ["x.*", "no"], {}]
+)
+def test_default_yaml_values_read_back_as_written(value: object) -> None:
+    import yaml
+
+    from gradwatch.config._dump import _scalar
+
+    assert yaml.safe_load(f"key: {_scalar(value)}") == {"key": value}
+
+
 @pytest.mark.parametrize("suffix", [".json", ".toml", ".yaml"])
 def test_every_format(tmp_path: Path, suffix: str) -> None:
     text = {
