@@ -6,12 +6,12 @@ and ``facts``) or from SPEC.md, the contract, whose tables of check ids and defa
 severities are parsed here (``../shared/SPEC.md`` from the repository root, as in CI). Each
 check has a unique snake_case id that is its entry in the config, typed by its own
 ``Config``; its default severity (its Config's ``severity`` default, written in its module
-only) is SPEC's; it is documented; the evidence it needs is what it asks the run for, and
-each kind of fact has one check to judge it; ``enabled: false`` keeps it from being built
-and a severity override reaches its findings; it is silent on clean realistic training
-loops; and a buggy loop gives at most one finding per (check, layer). Real torch training
-throughout, no mocks (the only stand-in is a spy that records which checks a watcher
-builds).
+only) is SPEC's; it is documented; the evidence it needs is what it asks the run for and
+what a source serves, and each kind of fact has one check to judge it; ``enabled: false``
+keeps it from being built and a severity override reaches its findings; it is silent on
+clean realistic training loops; and a buggy loop gives at most one finding per (check,
+layer). Real torch training throughout, no mocks (the only stand-in is a spy that records
+which checks a watcher builds).
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from gradwatch.checks.docs import DOCS
 from gradwatch.checks.explain import explain_text
 from gradwatch.checks.registry import SELF_CHECKS
 from gradwatch.config import ChecksConfig, GradWatchConfig
+from gradwatch.sources.registry import NEEDS
 
 SPEC = Path(__file__).resolve().parents[2].parent / "shared" / "SPEC.md"
 # SPEC sections whose checks are being built this round: their ids are judged once
@@ -286,11 +287,13 @@ def test_ids_without_a_check_class_keep_their_severity_in_docs() -> None:
 
 @EVERY_CHECK
 def test_asks_the_run_for_the_evidence_it_needs(cls: type[Check]) -> None:
-    """What ``needs`` names is what ``evidence()`` asks for (with each its setting)."""
+    """What ``needs`` names, ``evidence()`` asks for (each with its setting), and a source
+    serves (:data:`gradwatch.sources.registry.NEEDS`)."""
     assert isinstance(cls.needs, frozenset)
     assert all(isinstance(n, str) and re.fullmatch(SNAKE, n) for n in cls.needs), cls.needs
-    asked = cls(cls.Config(), GradWatchConfig()).evidence()
-    assert set(cls.needs) <= set(asked), f"{cls.id} needs {sorted(cls.needs - set(asked))}"
+    asked = set(cls(cls.Config(), GradWatchConfig()).evidence())
+    assert set(cls.needs) <= asked, f"{cls.id} needs {sorted(cls.needs - asked)}"
+    assert asked <= set(NEEDS), f"{cls.id} asks for {sorted(asked - set(NEEDS))}: no source"
 
 
 def test_each_kind_of_fact_has_one_check_to_judge_it() -> None:
