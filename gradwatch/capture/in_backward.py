@@ -19,7 +19,7 @@ from typing import Callable
 from gradwatch.capture.evidence import Tracker, task_id
 from gradwatch.capture.window import Gathered, Track
 
-__all__ = ["read_in_backward", "written_arrive"]
+__all__ = ["note_hand_written", "read_in_backward", "written_arrive"]
 
 
 def read_in_backward(tracker: Tracker, track: Track, on_arrival: Callable[[], None]) -> None:
@@ -52,3 +52,35 @@ def written_arrive(t: Tracker, g: Gathered) -> None:
             seen[i] += 1
             missing[i] -= 1
             t.last_seq[i] = t.now()
+
+
+def note_hand_written(
+    tracker: Tracker, track: Track, g: Gathered, backward_passes: int, exact: bool
+) -> bool:
+    """Mark the gradients no backward pass made: a ``.grad`` the last step did not leave, on
+    a parameter no gradient arrived at (``torch.func.grad``/``torch.autograd.grad`` results
+    written by hand, where no hook sees them). ``g.assigned``: there is such a ``.grad``
+    (``loss_disconnected``: not a cut-off loss). ``g.written``: the non-zero ones, each a
+    gradient: no ghost (zeros written for a layer that did not run are still a ghost).
+
+    Returns whether the step found some and had no backward pass at all (``no_backward``).
+    ``exact``: not under DDP, where the reducer writes the average into a parameter this
+    rank's backward did not reach (find_unused_parameters): no arrival here, the rank
+    exchange says where it arrived (a ghost on one rank is named by its rank).
+    """
+    if all(g.arrived):  # the usual step: one C call
+        return False
+    snap = tracker.snap_ref
+    new = [gr is not None and snap[i]() is not gr for i, gr in zip(g.ids, g.grads)]
+    g.assigned = any(new)
+    if not g.assigned:
+        return False
+    written = [
+        f and not a and n is not None and n != 0.0 for f, a, n in zip(new, g.arrived, g.grad_norm)
+    ]
+    if not any(written):
+        return False
+    g.written = written
+    if exact:
+        written_arrive(tracker, g)
+    return backward_passes == track.backward_at_start

@@ -7,6 +7,8 @@ from typing import Any, Optional
 
 import torch
 
+from gradwatch.capture.facts import SKIPPED_STEPS, Fact
+
 __all__ = ["ScalerWatch"]
 
 
@@ -45,3 +47,11 @@ class ScalerWatch:
         """:meth:`note` on the current scale (at exit: the last step's skip)."""
         scale = self.scale_tensor()
         return self.note(float(scale)) if scale is not None else 0
+
+    def skip_fact(self, skipped: int, step: int, trace: Optional[dict[str, Any]]) -> Optional[Fact]:
+        """Steps the scaler skipped (inf/NaN gradients) as a fact for the checks to judge, with
+        the NaN probe's ``trace`` of the window (``None`` when nothing was skipped)."""
+        if not skipped:
+            return None
+        details = {"skipped": skipped, "total": self.skipped, "trace": trace}
+        return Fact(SKIPPED_STEPS, step=step, key="grad_scaler", message="", details=details)

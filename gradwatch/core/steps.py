@@ -13,12 +13,12 @@ import torch
 from torch import nn
 
 from gradwatch.capture.evidence import Tracker, make_cause
-from gradwatch.capture.facts import FOREIGN_TENSORS, SKIPPED_STEPS, Fact
+from gradwatch.capture.facts import FOREIGN_TENSORS, Fact
 from gradwatch.capture.flow import layer_namer
 from gradwatch.capture.forward_scout import ForwardScout
 from gradwatch.capture.hooks import HookSet
 from gradwatch.capture.idle import idle_optimizers
-from gradwatch.capture.in_backward import written_arrive
+from gradwatch.capture.in_backward import note_hand_written
 from gradwatch.capture.scaler import ScalerWatch
 from gradwatch.capture.step_reading import StepReading
 from gradwatch.capture.unwatched import StepNesting, UnwatchedUpdates
@@ -31,12 +31,10 @@ from gradwatch.core.findings import FindingLog, Judges
 from gradwatch.core.gather import gather, layer_samples
 from gradwatch.core.layers import LayerRecorder
 from gradwatch.core.structure import Structure, group_signature
-from gradwatch.distributed.fsdp1_flat import FlatLayout, shard_pieces
+from gradwatch.distributed.fsdp1_flat import FlatLayout, fingerprint_track
 from gradwatch.distributed.gather import merge_shards
 from gradwatch.distributed.layout import adopt_engine, forward_arrival, late_sharding
 from gradwatch.distributed.sync import DistSync
-from gradwatch.measure.fingerprint import Fingerprint, fingerprint
-from gradwatch.model.index import ParamIndex
 from gradwatch.model.optimizers import compensates, group_index, group_lr, group_members
 from gradwatch.sources import SourceSet, StepState
 
@@ -59,29 +57,6 @@ def _read(track: Track, i: int, fn: Callable[[Any, torch.Tensor], Any], default:
 def _on_cadence(pipe: StepPipeline, track: Track) -> bool:
     """A step of the statistics cadence (``every_n_steps``): the sinks' metrics are recorded."""
     return track.steps % pipe.config.every_n_steps == 0
-
-
-def _fingerprint_track(track: Track) -> None:
-    """Fingerprints, not copies: a few numbers per tensor (measure/fingerprint.py)."""
-    if track.sharded is not None:  # this rank's pieces (views), never a gather or a copy
-        spans = track.flat_spans
-        track.pieces = shard_pieces(track.params, track.ids, spans)
-        track.frozen_pieces = shard_pieces(track.frozen, track.frozen_ids, spans)
-        track.fingerprint = _fingerprint(track.pieces)
-        track.frozen_fp = _fingerprint(track.frozen_pieces) if track.frozen else None
-        return
-    if track.frozen and not ParamIndex.any_uninitialized(track.frozen):
-        track.frozen_fp = _fingerprint(track.frozen)
-    if not track.params or ParamIndex.any_uninitialized(track.params):
-        return  # no update ratio while a lazy parameter has no values yet
-    track.fingerprint = _fingerprint(track.params)
-
-
-def _fingerprint(params: list[torch.Tensor]) -> Optional[Fingerprint]:
-    try:
-        return fingerprint(params)
-    except (RuntimeError, TypeError, NotImplementedError):
-        return None  # a tensor type it cannot read (a sharded subclass): no update ratio
 
 
 class StepPipeline:
@@ -143,6 +118,10 @@ class StepPipeline:
         """A fact the run saw: the checks that judge its kind do."""
         self.judges.fact(fact)
 
+    def _record(self, fact: Optional[Fact]) -> None:
+        if fact is not None:
+            self.judges.fact(fact)
+
     def needing(self, need: str) -> list[str]:
         """The ids of the enabled checks that need ``need`` (for the sources' messages)."""
         return self.judges.needing(need)
@@ -199,7 +178,7 @@ class StepPipeline:
         """Optimizer ``k`` is about to step: keep what the update ratio needs."""
         track = self.structure.track_of(k)
         if track is not None and self.observed(track):
-            _fingerprint_track(track)
+            fingerprint_track(track)
 
     def after_step(self, k: int) -> None:
         """Optimizer ``k`` stepped: judge the window that ends here."""
@@ -247,10 +226,11 @@ class StepPipeline:
         self.sources.read(state, g.extra)
         self.reading.after_gather(g, track, readable, structure.tracks)
         state.skipped = skipped = self.scaler.note(g.scale)
-        _note_skips(self, skipped, track.steps, state.trace)
-        _note_hand_written(self, track, g)
+        self._record(self.scaler.skip_fact(skipped, track.steps, state.trace))
+        if note_hand_written(self.tracker, track, g, self.backward_passes, exact=self.dist is None):
+            self.hand_written += 1
         fields, records = self.sources.window(state)
-        view = self._view(track, g, observed, WindowEvidence(**fields, records=records))
+        view = _step_view(self, track, g, observed, WindowEvidence(**fields, records=records))
         self.judges.step(view)
         if observed and _on_cadence(self, track):
             several = sum(1 for t in structure.tracks if t.index is not None) > 1
@@ -274,65 +254,12 @@ class StepPipeline:
         _adjust_hooks(self)
         self.findings.raise_fail_fast()
 
-    def _view(self, track: Track, g: Gathered, observed: bool, window: WindowEvidence) -> StepView:
-        """The step's view, built once: the gathered reads, the ranks' exchange, the window."""
-        index = self.structure.index
-        tracker = self.tracker
-        start = track.start
-        wanted = self.hooks.wanted
-        numel = [index.params[i].numel for i in g.ids] if observed else []
-        cause = make_cause(index, tracker, start, wanted)
-
-        ranks = None
-        ex = None
-        if self.dist is not None:  # one all_gather: which rank missed what, and why
-            device = track.params[0].device if track.params else None
-            ex = self.dist.exchange(
-                g.ids, g.arrived, cause, tracker, device, g.shard, track.steps, track
-            )
-            ranks, g.arrived = ex.ranks_missing, ex.arrived
-            if ex.payload is not None:  # sharded: per-rank shard sums -> global values
-                merge_shards(g, ex.payload, observed, numel, tracker, index)
-        return StepView(
-            step=track.steps,
-            optimizer=track.index,
-            index=index,
-            ids=g.ids,
-            arrived=g.arrived,
-            has_grad=g.has_grad,
-            grad_norm=g.grad_norm,
-            nonfinite=g.nonfinite,
-            order=g.order,
-            backward_in_window=self.backward_passes > track.backward_at_start,
-            observed=observed,
-            cause=ex.cause if ex is not None else cause,
-            seen=[tracker.seen[i] for i in g.ids],
-            missing=[tracker.missing[i] for i in g.ids],
-            dirty=g.dirty,
-            cleared=g.cleared,
-            written=g.written,
-            numel=numel,
-            ranks_missing=ranks,
-            world_size=self.dist.world_size if self.dist is not None else 1,
-            scaler=self.scaler.scaler is not None,
-            layers=layer_samples(g, numel, track) if observed else {},
-            received=lambda i: tracker.last_seq[i] > 0,
-            frozen_changed=g.frozen_changed,
-            group_lr=lambda i: _read(track, i, group_lr, None),
-            group_of=lambda i: _read(track, i, group_index, None),
-            group_ids=lambda g: group_members(track.ref() if track.ref else None, g, index.lookup),
-            moved_frac=g.stats.get("moved_frac") if g.stats is not None else None,
-            compensated=lambda i: _read(track, i, compensates, False),
-            forward=ForwardOrder(tracker.fwd_grad, tracker.links),
-            window=window,
-        )
-
     # -- the scaler ------------------------------------------------------------------------
 
     def check_scaler(self) -> None:
         """At exit: account for a skip of the very last step."""
         skipped = self.scaler.note_current()
-        _note_skips(self, skipped, self.steps, self.sources.at_exit(skipped))
+        self._record(self.scaler.skip_fact(skipped, self.steps, self.sources.at_exit(skipped)))
 
     def finish(self, faults: list[str]) -> None:
         """The run is over: checks judge it as a whole once."""
@@ -342,6 +269,62 @@ class StepPipeline:
         self.model = None
         self.nesting.clear()
         self.structure.release()
+
+
+def _step_view(
+    self: StepPipeline, track: Track, g: Gathered, observed: bool, window: WindowEvidence
+) -> StepView:
+    """The step's view, built once: the gathered reads, the ranks' exchange, the window."""
+    index = self.structure.index
+    tracker = self.tracker
+    start = track.start
+    wanted = self.hooks.wanted
+    numel = [index.params[i].numel for i in g.ids] if observed else []
+    cause = make_cause(index, tracker, start, wanted)
+
+    ranks = None
+    ex = None
+    if self.dist is not None:  # one all_gather: which rank missed what, and why
+        device = track.params[0].device if track.params else None
+        ex = self.dist.exchange(
+            g.ids, g.arrived, cause, tracker, device, g.shard, track.steps, track
+        )
+        ranks, g.arrived = ex.ranks_missing, ex.arrived
+        if ex.payload is not None:  # sharded: per-rank shard sums -> global values
+            merge_shards(g, ex.payload, observed, numel, tracker, index)
+    return StepView(
+        step=track.steps,
+        optimizer=track.index,
+        index=index,
+        ids=g.ids,
+        arrived=g.arrived,
+        has_grad=g.has_grad,
+        grad_norm=g.grad_norm,
+        nonfinite=g.nonfinite,
+        order=g.order,
+        backward_in_window=self.backward_passes > track.backward_at_start,
+        observed=observed,
+        cause=ex.cause if ex is not None else cause,
+        seen=[tracker.seen[i] for i in g.ids],
+        missing=[tracker.missing[i] for i in g.ids],
+        dirty=g.dirty,
+        cleared=g.cleared,
+        written=g.written,
+        numel=numel,
+        ranks_missing=ranks,
+        world_size=self.dist.world_size if self.dist is not None else 1,
+        scaler=self.scaler.scaler is not None,
+        layers=layer_samples(g, numel, track) if observed else {},
+        received=lambda i: tracker.last_seq[i] > 0,
+        frozen_changed=g.frozen_changed,
+        group_lr=lambda i: _read(track, i, group_lr, None),
+        group_of=lambda i: _read(track, i, group_index, None),
+        group_ids=lambda g: group_members(track.ref() if track.ref else None, g, index.lookup),
+        moved_frac=g.stats.get("moved_frac") if g.stats is not None else None,
+        compensated=lambda i: _read(track, i, compensates, False),
+        forward=ForwardOrder(tracker.fwd_grad, tracker.links),
+        window=window,
+    )
 
 
 def _adjust_hooks(pipe: StepPipeline) -> None:
@@ -356,42 +339,6 @@ def _adjust_hooks(pipe: StepPipeline) -> None:
         and pipe.steps >= limit
     ):
         pipe.hooks.trim(pipe.judges.hooked_modules(pipe.findings.findings()))
-
-
-def _note_skips(pipe: StepPipeline, skipped: int, step: int, trace: Optional[dict] = None) -> None:
-    """Steps the GradScaler skipped (inf/NaN gradients): a fact for the checks to judge."""
-    if not skipped:
-        return
-    details = {"skipped": skipped, "total": pipe.scaler.skipped, "trace": trace}
-    pipe.record(Fact(SKIPPED_STEPS, step=step, key="grad_scaler", message="", details=details))
-
-
-def _note_hand_written(pipe: StepPipeline, track: Track, g: Gathered) -> None:
-    """Mark the gradients no backward pass made: a ``.grad`` the last step did not leave, on
-    a parameter no gradient arrived at (``torch.func.grad``/``torch.autograd.grad`` results
-    written by hand, where no hook sees them). ``g.assigned``: there is such a ``.grad``
-    (``loss_disconnected``: not a cut-off loss). ``g.written``: the non-zero ones, each a
-    gradient: no ghost (zeros written for a layer that did not run are still a ghost). A step
-    that found some and had no backward pass at all is counted (``no_backward``)."""
-    if all(g.arrived):  # the usual step: one C call
-        return
-    snap = pipe.tracker.snap_ref
-    new = [gr is not None and snap[i]() is not gr for i, gr in zip(g.ids, g.grads)]
-    g.assigned = any(new)
-    if not g.assigned:
-        return
-    written = [
-        f and not a and n is not None and n != 0.0 for f, a, n in zip(new, g.arrived, g.grad_norm)
-    ]
-    if any(written):
-        g.written = written
-        if pipe.backward_passes == track.backward_at_start:
-            pipe.hand_written += 1
-        if pipe.dist is None:
-            # Under DDP the reducer writes the average into a parameter this rank's backward
-            # did not reach (find_unused_parameters): that is no arrival here, the rank
-            # exchange says where it arrived (a ghost on one rank is named by its rank).
-            written_arrive(pipe.tracker, g)
 
 
 def run_view(pipe: StepPipeline, faults: list[str]) -> RunView:

@@ -31,6 +31,8 @@ from typing import TYPE_CHECKING, Any, Optional
 import torch
 from torch import nn
 
+from gradwatch.capture.window import Track
+from gradwatch.measure.fingerprint import Fingerprint, fingerprint
 from gradwatch.model.engines import clean_name, local
 from gradwatch.model.index import ROOT, ParamIndex
 
@@ -42,6 +44,7 @@ __all__ = [
     "FlatLayout",
     "Original",
     "adopt",
+    "fingerprint_track",
     "grad_pieces",
     "read_flat",
     "shard_pieces",
@@ -243,3 +246,26 @@ def grad_pieces(
         span = spans.get(i) if spans else None
         out.append(lg if span is None else lg.reshape(-1)[span[0] : span[0] + span[1]])
     return out
+
+
+def fingerprint_track(track: Track) -> None:
+    """Fingerprints, not copies: a few numbers per tensor (measure/fingerprint.py)."""
+    if track.sharded is not None:  # this rank's pieces (views), never a gather or a copy
+        spans = track.flat_spans
+        track.pieces = shard_pieces(track.params, track.ids, spans)
+        track.frozen_pieces = shard_pieces(track.frozen, track.frozen_ids, spans)
+        track.fingerprint = _fingerprint(track.pieces)
+        track.frozen_fp = _fingerprint(track.frozen_pieces) if track.frozen else None
+        return
+    if track.frozen and not ParamIndex.any_uninitialized(track.frozen):
+        track.frozen_fp = _fingerprint(track.frozen)
+    if not track.params or ParamIndex.any_uninitialized(track.params):
+        return  # no update ratio while a lazy parameter has no values yet
+    track.fingerprint = _fingerprint(track.params)
+
+
+def _fingerprint(params: list[torch.Tensor]) -> Optional[Fingerprint]:
+    try:
+        return fingerprint(params)
+    except (RuntimeError, TypeError, NotImplementedError):
+        return None  # a tensor type it cannot read (a sharded subclass): no update ratio
