@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from gradwatch._severity import Severity
+from gradwatch.checks._grouping import by_subtree, label
 from gradwatch.checks.base import Check, CheckConfig, severity_field
 from gradwatch.checks.docs import CheckDoc
 from gradwatch.checks.views import StepView
@@ -54,15 +55,30 @@ class DoubleBackward(Check):
         n = view.window.repeated_backward
         if not n or view.optimizer is None:
             return
+        # The parameters the window's gradients reached: the repeated loss's graph (and any
+        # other loss backpropagated into the same step), grouped by the highest module whose
+        # parameters all got it (a frozen backbone the loss never reached is not the head).
+        reached = [i for i, a in zip(view.ids, view.arrived) if a]
+        model = [info.idx for info in view.index.params if not info.outside_model]
+        groups = by_subtree(view.index, reached, model)
+        where = ", ".join(label(m) for m in list(groups)[:3])
+        more = f" and {len(groups) - 3} more" if len(groups) > 3 else ""
+        one = next(iter(groups)) if len(groups) == 1 else None
         log.emit(
             self.id,
             severity=self.severity,
             step=view.step,
             message=f"the same loss was backpropagated {n + 1} times into the gradients of "
-            f"{view.optimizer_name}.step() (retain_graph=True and a repeated "
-            "backward()): the step used a multiple of the gradient.",
+            f"{view.optimizer_name}.step() (retain_graph=True and a repeated backward()): "
+            f"{len(reached)} parameter(s) of {where}{more} got {n + 1}x their gradient.",
             hint="Call backward() once per loss: remove the repeated call (a helper that "
             "already calls it, a logging backward), or zero_grad() between them.",
+            params=view.index.names(reached),
+            module=one or None,
             key=f"optimizer[{view.optimizer}]",
-            details={"optimizer": view.optimizer, "repeated_backward_passes": n},
+            details={
+                "optimizer": view.optimizer,
+                "repeated_backward_passes": n,
+                "modules": list(groups),
+            },
         )
