@@ -1,4 +1,5 @@
-"""Assemble a :class:`~gradwatch.Report` from the watching core's state."""
+"""The run's end: the checks judge the whole run once (:func:`finish`), and a
+:class:`~gradwatch.Report` is assembled from the watching core's state."""
 
 from __future__ import annotations
 
@@ -6,11 +7,14 @@ import torch
 
 from gradwatch._severity import at_least
 from gradwatch._version import __version__
+from gradwatch.capture.idle import idle_optimizers
+from gradwatch.checks import RunView
 from gradwatch.core.layers import LayerTrack
 from gradwatch.core.steps import StepPipeline
+from gradwatch.distributed.layout import late_sharding
 from gradwatch.report import Coverage, LayerStats, Report
 
-__all__ = ["build_report"]
+__all__ = ["build_report", "finish", "run_view"]
 
 
 def build_report(pipe: StepPipeline) -> Report:
@@ -54,3 +58,41 @@ def build_report(pipe: StepPipeline) -> Report:
         layers=layers,
         coverage=Coverage(**structure.coverage),
     )
+
+
+def finish(pipe: StepPipeline, faults: list[str]) -> None:
+    """The run is over: checks judge it as a whole once."""
+    pipe.judges.run(run_view(pipe, faults))
+
+
+def run_view(pipe: StepPipeline, faults: list[str]) -> RunView:
+    """What the whole run showed, for the checks that judge it once at the end."""
+    if pipe.model is not None:  # a short run may never have re-read the layout
+        late_sharding(pipe.sharded, pipe.model, pipe.record, pipe.steps)
+    tracker = pipe.tracker
+    return RunView(
+        steps=pipe.steps,
+        backward_passes=pipe.backward_passes,
+        step_calls=pipe.step_calls,
+        forward_ran=bool(tracker.fwd_first),
+        forward_ran_with_grad=bool(tracker.fwd_grad),
+        has_optimizer=bool(pipe.structure.optimizers),
+        faults=faults,
+        hand_written_steps=pipe.hand_written,
+        skipped_steps=pipe.scaler.skipped,
+        unreached=_unreached(pipe) if pipe.steps == 0 and pipe.backward_passes else [],
+        idle_optimizers=idle_optimizers(tracker, pipe.structure.tracks, pipe.structure.index.names),
+        optimizer_name=pipe.structure.index.optimizer_label,
+    )
+
+
+def _unreached(pipe: StepPipeline) -> list[str]:
+    """Trainable optimizer parameters no backward pass reached, in a run without a step."""
+    seq = pipe.tracker.last_seq
+    ids = [
+        i
+        for track in pipe.structure.tracks
+        for i, p in zip(track.ids, track.params)
+        if p.requires_grad and i < len(seq) and seq[i] == 0
+    ]
+    return pipe.structure.index.names(ids)

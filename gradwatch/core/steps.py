@@ -17,13 +17,12 @@ from gradwatch.capture.facts import FOREIGN_TENSORS, Fact
 from gradwatch.capture.flow import layer_namer
 from gradwatch.capture.forward_scout import ForwardScout
 from gradwatch.capture.hooks import HookSet
-from gradwatch.capture.idle import idle_optimizers
 from gradwatch.capture.in_backward import note_hand_written
 from gradwatch.capture.scaler import ScalerWatch
 from gradwatch.capture.step_reading import StepReading
 from gradwatch.capture.unwatched import StepNesting, UnwatchedUpdates
 from gradwatch.capture.window import Gathered, Track
-from gradwatch.checks import RunView, StepView, StructureView
+from gradwatch.checks import StepView, StructureView
 from gradwatch.checks.views import ForwardOrder, WindowEvidence
 from gradwatch.config import GradWatchConfig
 from gradwatch.core.faults import Faults
@@ -33,7 +32,7 @@ from gradwatch.core.layers import LayerRecorder
 from gradwatch.core.structure import Structure, group_signature
 from gradwatch.distributed.fsdp1_flat import FlatLayout, fingerprint_track
 from gradwatch.distributed.gather import merge_shards
-from gradwatch.distributed.layout import adopt_engine, forward_arrival, late_sharding
+from gradwatch.distributed.layout import adopt_engine, forward_arrival
 from gradwatch.distributed.sync import DistSync
 from gradwatch.model.optimizers import compensates, group_index, group_lr, group_members
 from gradwatch.sources import SourceSet, StepState
@@ -178,6 +177,10 @@ class StepPipeline:
         """Optimizer ``k`` is about to step: keep what the update ratio needs."""
         track = self.structure.track_of(k)
         if track is not None and self.observed(track):
+            model = self.model
+            if track.steps and model is not None and self.structure.may_have_changed(model):
+                self.sync(step=track.steps)  # frozen step by step: today's frozen set moves
+                track = self.structure.track_of(k) or track
             fingerprint_track(track)
 
     def after_step(self, k: int) -> None:
@@ -261,10 +264,6 @@ class StepPipeline:
         skipped = self.scaler.note_current()
         self._record(self.scaler.skip_fact(skipped, self.steps, self.sources.at_exit(skipped)))
 
-    def finish(self, faults: list[str]) -> None:
-        """The run is over: checks judge it as a whole once."""
-        self.judges.run(run_view(self, faults))
-
     def release(self) -> None:
         self.model = None
         self.nesting.clear()
@@ -339,36 +338,3 @@ def _adjust_hooks(pipe: StepPipeline) -> None:
         and pipe.steps >= limit
     ):
         pipe.hooks.trim(pipe.judges.hooked_modules(pipe.findings.findings()))
-
-
-def run_view(pipe: StepPipeline, faults: list[str]) -> RunView:
-    """What the whole run showed, for the checks that judge it once at the end."""
-    if pipe.model is not None:  # a short run may never have re-read the layout
-        late_sharding(pipe.sharded, pipe.model, pipe.record, pipe.steps)
-    tracker = pipe.tracker
-    return RunView(
-        steps=pipe.steps,
-        backward_passes=pipe.backward_passes,
-        step_calls=pipe.step_calls,
-        forward_ran=bool(tracker.fwd_first),
-        forward_ran_with_grad=bool(tracker.fwd_grad),
-        has_optimizer=bool(pipe.structure.optimizers),
-        faults=faults,
-        hand_written_steps=pipe.hand_written,
-        skipped_steps=pipe.scaler.skipped,
-        unreached=_unreached(pipe) if pipe.steps == 0 and pipe.backward_passes else [],
-        idle_optimizers=idle_optimizers(tracker, pipe.structure.tracks, pipe.structure.index.names),
-        optimizer_name=pipe.structure.index.optimizer_label,
-    )
-
-
-def _unreached(pipe: StepPipeline) -> list[str]:
-    """Trainable optimizer parameters no backward pass reached, in a run without a step."""
-    seq = pipe.tracker.last_seq
-    ids = [
-        i
-        for track in pipe.structure.tracks
-        for i, p in zip(track.ids, track.params)
-        if p.requires_grad and i < len(seq) and seq[i] == 0
-    ]
-    return pipe.structure.index.names(ids)

@@ -17,6 +17,7 @@ Example:
 
 from __future__ import annotations
 
+import threading
 import weakref
 from collections.abc import Sequence
 from pathlib import Path
@@ -25,7 +26,8 @@ from typing import Any, Callable, Optional, Union
 from torch import nn
 
 from gradwatch.capture.backward import BackwardEnds
-from gradwatch.capture.evidence import Tracker
+from gradwatch.capture.evidence import Tracker, task_id
+from gradwatch.capture.facts import UNOBSERVABLE, Fact
 from gradwatch.capture.hooks import HookSet
 from gradwatch.capture.resets import sweep_resets
 from gradwatch.capture.scaler import ScalerWatch
@@ -33,13 +35,15 @@ from gradwatch.checks import ALL_CHECKS, Check
 from gradwatch.checks.registry import SELF_CHECKS
 from gradwatch.config import GradWatchConfig
 from gradwatch.core.adapter_api import AdapterAPI
-from gradwatch.core.build_report import build_report
+from gradwatch.core.build_report import build_report, finish
 from gradwatch.core.entry import (
     ModelArg,
     OptimizerArg,
     OptimizerEntry,
     check_model,
+    check_sinks,
     claim,
+    note_unwatched_params,
     read_models,
     read_optimizers,
     release,
@@ -47,12 +51,12 @@ from gradwatch.core.entry import (
 from gradwatch.core.faults import Faults
 from gradwatch.core.findings import FindingLog, Judges, call_site
 from gradwatch.core.layers import LayerRecorder
-from gradwatch.core.persist import ReportRefresher
+from gradwatch.core.persist import ReportRefresher, write_outputs
 from gradwatch.core.steps import StepPipeline
 from gradwatch.core.structure import Structure
 from gradwatch.distributed.layout import hook_backward, report_layout
 from gradwatch.distributed.sync import DistSync
-from gradwatch.errors import GradWatchError, GradWatchWarning
+from gradwatch.errors import GradWatchError
 from gradwatch.model.locations import Locations
 from gradwatch.report import Report
 from gradwatch.report_io import check_report_path, write_watched_report
@@ -147,7 +151,7 @@ class Watcher(AdapterAPI, OptimizerEntry):
             self._log,
             self._faults,
             ScalerWatch(scaler),
-            LayerRecorder(self.config.history, sinks),
+            LayerRecorder(self.config.history, check_sinks(sinks)),
             dist,
         )
         self._pipe.sharded = models.engine
@@ -208,11 +212,11 @@ class Watcher(AdapterAPI, OptimizerEntry):
         model = self._model
         assert model is not None
         check_model(model, self._names)
-        check_report_path(self.config.report_path)  # now, not after the whole run
-        claim(model, self)  # one watcher per model
+        _claim(self, model)
         self._attached = True
         try:
-            self._pipe.sync(step=0)
+            # A parameter that refuses hooks is contained here as it is at a later sync.
+            self._faults.guard("attach", self._pipe.sync, 0)
             self._restore_saved_state()  # load_state_dict() before attach
             _attach_sharded(self, model)
             for wrapper in (r() for r in self._wrappers):
@@ -237,7 +241,8 @@ class Watcher(AdapterAPI, OptimizerEntry):
         try:
             # Never let bookkeeping at exit hide the user's own error (or skip the unhooking).
             faults.guard("exit", self._pipe.check_scaler)
-            faults.guard("exit", self._pipe.finish, sorted(faults.where))
+            faults.guard("exit", note_unwatched_params, self._pipe)
+            faults.guard("exit", finish, self._pipe, sorted(faults.where))
         finally:
             self._refresher.uninstall()
             self._hooks.remove_all()
@@ -251,8 +256,9 @@ class Watcher(AdapterAPI, OptimizerEntry):
                 self._pipe.release()
         self._pipe.recorder.close_sinks(faults.guard)
         known = self._refresh_final(known)
-        faults.guard("report writing", _write_outputs, self._final, self.config, self._rank0)
+        faults.guard("report writing", write_outputs, self._final, self.config, self._rank0)
         self._refresh_final(known)
+        self._refresher.release()  # its last write is done: another watcher may write it now
 
     def _refresh_final(self, known: int) -> int:
         """Rebuild the final report when faults were recorded since ``known`` were."""
@@ -289,28 +295,22 @@ class Watcher(AdapterAPI, OptimizerEntry):
 
     def _end_callback(self) -> Callable[[], None]:
         wself = weakref.ref(self)
+        ends = _TaskEnds()
 
         def on_end() -> None:
             me = wself()
-            if me is not None and not me._closed:
-                me._on_backward_end()
+            if me is not None and not me._closed and ends.first(task_id()):
+                with ends.lock:  # threads' backward passes end one at a time
+                    me._faults.guard("backward end", _backward_end, me)
 
         return on_end
-
-    def _on_backward_end(self) -> None:
-        try:
-            self._pipe.backward_end()
-            if not self._pipe.structure.optimizers:
-                self._refresh()
-        except (GradWatchError, GradWatchWarning):
-            raise
-        except Exception as exc:
-            self._faults.error("backward end", exc)
 
     # -- report ----------------------------------------------------------------------------
 
     def report(self) -> Report:
         """The :class:`~gradwatch.Report` so far (callable during or after the loop)."""
+        if not self._attached:
+            _never_entered(self)
         if self._closed and self._final is not None:
             return self._final
         return self._build_report()
@@ -319,19 +319,57 @@ class Watcher(AdapterAPI, OptimizerEntry):
         return build_report(self._pipe)
 
 
+def _claim(w: Watcher, model: nn.Module) -> None:
+    """One watcher per model, one live watcher per report file (checked now, not at exit)."""
+    check_report_path(w.config.report_path)
+    claim(model, w)
+    try:
+        w._refresher.claim()
+    except BaseException:
+        release(model, w)
+        raise
+
+
+def _backward_end(w: Watcher) -> None:
+    """A backward pass of the user's ended (once per pass, see :class:`_TaskEnds`)."""
+    w._pipe.backward_end()
+    if not w._pipe.structure.optimizers:
+        w._refresh()
+
+
+class _TaskEnds:
+    """The autograd graph tasks whose end was handled: one end per backward pass.
+
+    Backward passes run by several threads at once interleave their gradients' arrivals, so
+    one pass's end can be queued twice; its graph task id tells the second apart.
+    """
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self._seen: dict[int, None] = {}  # the latest ids, oldest first (ids only grow)
+
+    def first(self, gid: int) -> bool:
+        with self.lock:
+            if gid >= 0 and gid in self._seen:
+                return False
+            self._seen[gid] = None
+            if len(self._seen) > 256:
+                del self._seen[next(iter(self._seen))]
+            return True
+
+
+def _never_entered(w: Watcher) -> None:
+    """``w = watch(...)`` without ``with``: the report says nothing was watched (no pass)."""
+    if not any(f.details.get("reason") == "never_entered" for f in w._log.findings()):
+        message = "This watcher was never entered: no hook was installed, nothing was checked."
+        hint = "Use `with gradwatch.watch(model, optimizer) as w:` around the training loop "
+        hint += "(or call w.attach() before it and w.close() after it)."
+        w._pipe.record(Fact(UNOBSERVABLE, 0, "never_entered", message, hint))
+
+
 def _attach_sharded(w: Watcher, model: nn.Module) -> None:
     """Sharded engines: backward-pass evidence FSDP1 needs, and what the layout hides."""
     pipe = w._pipe
     on_arrival, on_error = w._arrival_callback(), w._faults.callback()
     hook_backward(pipe.sharded, model, w._flat, w._hooks.add, on_arrival, on_error)
     report_layout(pipe.sharded, pipe.record, pipe.structure.index, pipe.flat)
-
-
-def _write_outputs(final: Optional[Report], config: GradWatchConfig, rank0: bool) -> None:
-    """At exit: the JSON report where the config asks, the console summary on rank 0."""
-    if final is None:
-        return
-    if config.report_path is not None:
-        write_watched_report(final, config.report_path)
-    if config.console and rank0:
-        final.print()

@@ -14,21 +14,11 @@ from __future__ import annotations
 
 from typing import Callable
 
-import pytest
 import torch
 from _loops import batches
 from torch import nn
 
 import gradwatch
-
-# The step pipeline fingerprints the frozen parameters before the layout change of the step
-# is read (``core/steps.py``'s ``before_step``); a re-sync there when
-# ``structure.may_have_changed`` is what this needs (issue 43, left to the owners of
-# ``core/steps.py``).
-pytestmark = pytest.mark.xfail(
-    reason="needs core/steps.py before_step to re-read a layout changed since the last step",
-    strict=True,
-)
 
 Choose = Callable[[int, nn.Module], None]
 
