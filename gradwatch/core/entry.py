@@ -32,6 +32,7 @@ from typing import Any, Callable, Optional, Protocol, Union
 import torch
 from torch import nn
 
+from gradwatch.capture.facts import UNOBSERVABLE, Fact
 from gradwatch.capture.hooks import HookSet
 from gradwatch.core.faults import Faults
 from gradwatch.core.steps import StepPipeline
@@ -48,7 +49,9 @@ __all__ = [
     "OptimizerArg",
     "OptimizerEntry",
     "check_model",
+    "check_sinks",
     "claim",
+    "note_unwatched_params",
     "read_models",
     "read_optimizers",
     "release",
@@ -193,6 +196,33 @@ def check_model(model: nn.Module, names: Sequence[str]) -> None:
             else f"{type(model).__name__} has"
         )
         raise ConfigError(f"{what} no trainable parameters (none with requires_grad=True)")
+
+
+def check_sinks(sinks: Any) -> list[Any]:
+    """``watch()``'s ``sinks``: a sequence of objects with a callable ``log_metrics``."""
+    if isinstance(sinks, (str, bytes)) or not isinstance(sinks, Sequence):
+        raise ConfigError(f"sinks must be a list of sink objects, not {type(sinks).__name__}")
+    for k, sink in enumerate(sinks):
+        if not callable(getattr(sink, "log_metrics", None)):
+            raise ConfigError(f"sinks[{k}] ({type(sink).__name__}) has no log_metrics method")
+    return list(sinks)
+
+
+def note_unwatched_params(pipe: StepPipeline) -> None:
+    """At exit: parameters replaced by never-watched ones (``model.apply(reinit)``) fail it."""
+    model, index = pipe.model, pipe.structure.index
+    new = [
+        clean_name(n)
+        for n, p in (model.named_parameters() if model is not None else ())
+        if p.requires_grad and not index.uninitialized(p) and index.lookup(p) is None
+    ]
+    shown = ", ".join(new[:5]) + (", ..." if len(new) > 5 else "")
+    message = f"{len(new)} trainable parameter(s) were replaced during the run by tensors "
+    message += f"gradwatch never watched ({shown}): what trained them was not checked."
+    hint = "Re-initialise in place (reset_parameters(), torch.nn.init on the parameters), or "
+    hint += "watch the new optimizer: watcher.add_optimizer(opt) right after building it."
+    if new:
+        pipe.record(Fact(UNOBSERVABLE, pipe.steps, "params_replaced", message, hint, new))
 
 
 def claim(model: nn.Module, watcher: object) -> None:

@@ -1,5 +1,9 @@
 """Keep ``report_path`` current during the run, so a preempted job still leaves a report.
 
+One live watcher writes one file: a second one entered with the same ``report_path`` is a
+:class:`~gradwatch.errors.ConfigError` (whichever exited last would win, so a failed run's
+file could say ``failed: false``).
+
 The file is rewritten atomically when a finding appears or changes severity, every
 ``report_every_n_steps`` steps, and on SIGTERM (cluster preemption, time limits) before the
 user's own handler runs. SIGKILL cannot be caught: the last refresh is what remains.
@@ -10,10 +14,21 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import weakref
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
-__all__ = ["ReportRefresher"]
+from gradwatch.errors import ConfigError
+from gradwatch.report_io import write_watched_report
+
+if TYPE_CHECKING:
+    from gradwatch.config import GradWatchConfig
+    from gradwatch.report import Report
+
+__all__ = ["ReportRefresher", "write_outputs"]
+
+# The real path of each report file -> the refresher of the live watcher that writes it.
+_WRITERS: weakref.WeakValueDictionary[str, ReportRefresher] = weakref.WeakValueDictionary()
 
 
 class ReportRefresher:
@@ -27,6 +42,27 @@ class ReportRefresher:
         self._written_at = 0
         self._previous: Any = None
         self._installed = False
+        self._claimed: Optional[str] = None
+
+    def claim(self) -> None:
+        """Be the one live writer of the report file (until :meth:`release`)."""
+        if self.path is None:
+            return
+        key = os.path.realpath(self.path)
+        other = _WRITERS.get(key)
+        if other is not None and other is not self:
+            raise ConfigError(
+                f"report_path {os.fspath(self.path)!r} is the report of another live watcher: "
+                "give each watcher its own report_path, or exit the other first"
+            )
+        _WRITERS[key] = self
+        self._claimed = key
+
+    def release(self) -> None:
+        """Give the report file up: the watcher wrote it for the last time."""
+        key, self._claimed = self._claimed, None
+        if key is not None and _WRITERS.get(key) is self:
+            del _WRITERS[key]
 
     def install(self) -> None:
         """Handle SIGTERM (main thread only: Python allows signal handlers nowhere else)."""
@@ -67,3 +103,13 @@ class ReportRefresher:
                 self.uninstall()
                 signal.signal(signal.SIGTERM, signal.SIG_DFL)
                 os.kill(os.getpid(), signal.SIGTERM)
+
+
+def write_outputs(final: Optional[Report], config: GradWatchConfig, rank0: bool) -> None:
+    """At exit: the JSON report where the config asks, the console summary on rank 0."""
+    if final is None:
+        return
+    if config.report_path is not None:
+        write_watched_report(final, config.report_path)
+    if config.console and rank0:
+        final.print()
