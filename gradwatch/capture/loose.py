@@ -26,8 +26,6 @@ from __future__ import annotations
 
 import functools
 import math
-import sys
-import types
 import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
@@ -36,14 +34,13 @@ import torch
 from torch import nn
 
 from gradwatch.capture.forward_scout import ForwardScout
-from gradwatch.model.locations import _SKIP, call_site
+from gradwatch.capture.leaf_names import LooseLeaf, name_of
 
 __all__ = ["MAX_NODES", "BackwardRoots", "LooseLeaf", "name_of"]
 
 MAX_NODES = 100_000  # graph nodes walked per backward, at most
 _MAX_SIGHTED = 256  # unwatched leaves followed at once (fresh inputs are forgotten)
 _MAX_FLAGS = 16  # loss flags kept per window (more are folded into one)
-_FRAMES = 4  # user frames searched for a loose leaf's name
 
 _original: Optional[Callable[..., Any]] = None
 _listeners: list[weakref.ref[BackwardRoots]] = []
@@ -75,23 +72,6 @@ def _drop(listener: BackwardRoots) -> None:
     if not _listeners and _original is not None and torch.Tensor.backward is _backward:
         torch.Tensor.backward = _original  # type: ignore[method-assign]
         _original = None
-
-
-@dataclass
-class LooseLeaf:
-    """A leaf that persists across steps, gets gradients, and is in no model or optimizer."""
-
-    name: str
-    """The best name found: ``criterion.weight``, ``self.log_scale``, ``W``, or its shape."""
-    owner: str
-    """What to fix: the module or object holding it, or the tensor's own name."""
-    shape: tuple[int, ...]
-    parameter: bool
-    """An ``nn.Parameter`` (a head or module kept outside the model), or a plain tensor."""
-    backward_at: Optional[str]
-    """The ``backward()`` line whose graph reached it (``train.py:42``)."""
-    in_eval: bool = False
-    """A parameter of a module in eval mode (a teacher run without ``no_grad``)."""
 
 
 @dataclass
@@ -277,87 +257,3 @@ class BackwardRoots:
         _drop(self)
         self._sighted.clear()
         self._flags.clear()
-
-
-# -- naming ----------------------------------------------------------------------------------
-
-
-def _in(value: Any, leaf: torch.Tensor, path: str, depth: int) -> Optional[tuple[str, str, bool]]:
-    """``(name, owner, in a module in eval mode)`` of ``leaf`` inside ``value`` (a tensor,
-    module, container, object)."""
-    if value is leaf:
-        return path, path, False
-    if isinstance(value, torch.Tensor) or depth > 2:
-        return None
-    if isinstance(value, nn.Module):
-        for pname, p in value.named_parameters():
-            if p is leaf:
-                # one module kept outside the model is one cause: named by what holds it
-                return f"{path}.{pname}", path, not value.training
-        for mname, mod in value.named_modules():
-            for attr, v in vars(mod).items():
-                if v is leaf:
-                    where = f"{path}.{mname}" if mname else path
-                    return f"{where}.{attr}", where, False
-        return None
-    if isinstance(value, (list, tuple)):
-        for k, v in enumerate(value[:64]):
-            found = _in(v, leaf, f"{path}[{k}]", depth + 1)
-            if found is not None:
-                return found
-        return None
-    if isinstance(value, dict):
-        for k, v in list(value.items())[:64]:
-            found = _in(v, leaf, f"{path}[{k!r}]", depth + 1)
-            if found is not None:
-                return found
-        return None
-    if isinstance(value, (type, types.ModuleType, types.FunctionType)) or depth >= 2:
-        return None
-    attrs = getattr(value, "__dict__", None)
-    if isinstance(attrs, dict):
-        for attr, v in list(attrs.items())[:64]:
-            if isinstance(v, (torch.Tensor, nn.Module, list, tuple, dict)):
-                found = _in(v, leaf, f"{path}.{attr}", depth + 1)
-                if found is not None:
-                    return found
-    return None
-
-
-def _user_frames() -> list[Any]:
-    out: list[Any] = []
-    frame: Any = sys._getframe(1)
-    while frame is not None and len(out) < _FRAMES:
-        name = frame.f_code.co_filename
-        if not name.startswith(_SKIP) and not name.startswith("<frozen"):
-            out.append(frame)
-        frame = frame.f_back
-    return out
-
-
-def name_of(leaf: torch.Tensor, model: Optional[nn.Module]) -> LooseLeaf:
-    """The best name for ``leaf``: an attribute of the watched model (a plain tensor attribute
-    of one of its modules), else a variable of the code that called ``backward()`` (its
-    locals, ``self``'s attributes, its module's globals), else its shape."""
-    found = _in(model, leaf, "model", 0) if model is not None else None
-    if found is not None:  # ``model.temperature``: a plain attribute, not a Parameter
-        found = (found[0].removeprefix("model."), found[1].removeprefix("model."), False)
-    frames = _user_frames() if found is None else []
-    for frame in frames:
-        for scope in (frame.f_locals, frame.f_globals):
-            for var, value in list(scope.items()):
-                if var.startswith("__") or value is model:
-                    continue
-                found = _in(value, leaf, var, 0)
-                if found is not None:
-                    break
-            if found is not None:
-                break
-        if found is not None:
-            break
-    shape = tuple(leaf.shape)
-    parameter = isinstance(leaf, nn.Parameter)
-    if found is None:
-        kind = "Parameter" if parameter else "tensor"
-        found = (f"<{kind} of shape {list(shape)}>",) * 2 + (False,)
-    return LooseLeaf(found[0], found[1], shape, parameter, call_site(), found[2])

@@ -183,6 +183,7 @@ class UnregisteredParam(Check):
             at = at if first.backward_at else ""
             shapes = ", ".join(str(list(leaf.shape)) for leaf in leaves[:3])
             teacher = all(leaf.in_eval for leaf in leaves)  # a module in eval: not to train?
+            copied = first.copied and not teacher
             log.emit(
                 self.id,
                 severity="warning" if teacher and self.severity == "error" else self.severity,
@@ -195,6 +196,11 @@ class UnregisteredParam(Check):
                     f"torch.no_grad() (or {owner}.requires_grad_(False)): its gradients cost "
                     "memory and time for nothing."
                     if teacher
+                    else f"'{owner}' holds a tensor computed from an nn.Parameter (e.g. "
+                    "nn.Parameter(t).to(...) keeps .to()'s copy, and the Parameter itself is "
+                    "registered nowhere): convert first, then wrap, nn.Parameter(t.to(...)), "
+                    "and rebuild the optimizer."
+                    if copied
                     else f"Pass '{owner}' to the optimizer (e.g. AdamW([*model.parameters(), "
                     "*extra])), or make it an nn.Parameter / submodule of the model; if it "
                     "must not train, create it with requires_grad=False or use it under "
@@ -209,5 +215,6 @@ class UnregisteredParam(Check):
                     "parameter": first.parameter,
                     "backward_at": first.backward_at,
                     "in_eval": teacher,
+                    "copied": copied,
                 },
             )
