@@ -3,7 +3,10 @@
 Every output file gradwatch writes (the JSON report, JUnit XML, HTML) goes through
 :func:`write_text_atomic`: the text is written to a temporary file in the target's own
 folder and renamed over the target, so a full disk or a crash leaves the previous file
-whole. A symlink is followed (its target is updated, the link stays); a target that exists
+whole. A symlink is followed (its target is updated, the link stays), except where the
+kernel's ``fs.protected_symlinks`` would refuse to follow it: a link in a sticky
+world-writable folder (``/tmp``) owned by neither the writer nor the folder's owner (another
+user's link there, aimed at a file of yours or, as root, at any file). A target that exists
 and is not a regular file (``/dev/stdout``, ``/dev/full``, a FIFO, a folder) is refused with
 a one-line :class:`~gradwatch.errors.ConfigError` instead of being replaced (as root, a
 rename would replace the device node itself).
@@ -54,11 +57,14 @@ def resolve_output(path: Union[str, Path], *, what: str = "output") -> Path:
     if "\x00" in text:
         raise ConfigError(f"{what} path {text!r} contains a NUL byte")
     try:
+        _follow_links(text, what)
         st: Optional[os.stat_result] = os.stat(text)  # follows links as the kernel does
     except FileNotFoundError:
         st = None  # a new file, or a dangling symlink whose target gets created
     except NotADirectoryError:
         raise ConfigError(f"cannot write {what} {text!r}: a parent is not a directory") from None
+    except OSError as exc:  # a name too long, a loop of links, a folder it may not search
+        raise ConfigError(f"cannot write {what} {text!r}: {exc.strerror or exc}") from None
     if st is not None and not stat.S_ISREG(st.st_mode):
         hint = " (use '-' for standard output where the option allows it)"
         raise ConfigError(
@@ -69,6 +75,52 @@ def resolve_output(path: Union[str, Path], *, what: str = "output") -> Path:
     if st is not None and os.fspath(real) != os.path.abspath(text):
         _same_file(text, real, st, what)
     return real
+
+
+def _follow_links(text: str, what: str) -> None:
+    """Resolve ``text`` link by link as the kernel does, refusing the links that
+    ``fs.protected_symlinks`` refuses to follow (see :func:`_protected`).
+
+    The write itself renames a temporary file over the resolved target, which no kernel
+    check sees: the rule is applied here. A part that does not exist ends the walk.
+    """
+    parts = text.split(os.sep)
+    here = os.sep if os.path.isabs(text) else os.getcwd()
+    hops = 0
+    while parts:
+        part = parts.pop(0)
+        if part in ("", "."):
+            continue
+        if part == "..":
+            here = os.path.dirname(here)
+            continue
+        path = os.path.join(here, part)
+        st = os.lstat(path)  # FileNotFoundError: the rest is to be created
+        if not stat.S_ISLNK(st.st_mode):
+            here = path
+            continue
+        hops += 1
+        if hops > 40:  # as the kernel's ELOOP
+            raise OSError(errno.ELOOP, os.strerror(errno.ELOOP))
+        if _protected(here, st):
+            raise ConfigError(
+                f"cannot write {what} {text!r}: {path!r} is another user's symlink in a "
+                "sticky world-writable folder; not followed (as fs.protected_symlinks does)"
+            )
+        target = os.readlink(path)
+        parts = target.split(os.sep) + parts
+        if os.path.isabs(target):
+            here = os.sep
+
+
+def _protected(folder: str, link: os.stat_result) -> bool:
+    """The kernel's rule: a link in a sticky, world-writable folder is followed only by its
+    owner or when the folder's owner owns it too."""
+    if not hasattr(os, "geteuid"):  # no such rule where there are no uids (Windows)
+        return False
+    st = os.stat(folder)
+    sticky_shared = st.st_mode & stat.S_ISVTX and st.st_mode & stat.S_IWOTH
+    return bool(sticky_shared) and link.st_uid not in (os.geteuid(), st.st_uid)
 
 
 def _same_file(text: str, real: Path, st: os.stat_result, what: str) -> None:
