@@ -78,6 +78,11 @@ class NotObserved(Check):
             "A parameter layout gradwatch cannot read (flattened FSDP1 parameters without "
             "`use_orig_params=True`).",
             "gradwatch's own hooks failed on every step (see `internal_error`).",
+            "A GradScaler skipped every step: the gradients were non-finite on every batch "
+            "(`all_steps_skipped`).",
+            "The watcher was never entered (`w = watch(...)` without `with`: "
+            "`never_entered`), or the model's parameters were replaced by new tensors during "
+            "the run (`params_replaced`).",
         ),
         fix="Watch the optimizer that really steps and train inside the `with` block; use "
         "`use_orig_params=True` with FSDP1. `details.reason` says which case it was.",
@@ -143,13 +148,11 @@ class NotObserved(Check):
                 "finding of the failing place; please report it.",
                 details={"faults": sorted(view.faults), "step_calls": view.step_calls},
             )
-        elif (
-            view.backward_passes
-            and not view.step_calls
-            and view.has_optimizer
-            and not view.skipped_steps  # a GradScaler skipped them: said as info
-        ):
-            if not any(f.check == ID for f in log.findings()):  # not_stepping said it better
+        elif view.backward_passes and not view.step_calls and view.skipped_steps:
+            _all_skipped(view, log, self.severity)
+        elif view.backward_passes and not view.step_calls and view.has_optimizer:
+            # not_stepping said it better; a partial blind spot (info) says something else
+            if not any(f.check == ID and f.severity != "info" for f in log.findings()):
                 _never_stepped(view, log, self.severity)
         elif view.backward_passes == 0 and view.step_calls == 0 and not view.forward_ran:
             emit_not_observed(
@@ -200,6 +203,24 @@ def _never_stepped(view: RunView, log: FindingLog, severity: str) -> None:
         "test), watch without an optimizer: each backward pass is then judged as a step.",
         params=view.unreached or None,
         details={"backward_passes": view.backward_passes, "unreached": len(view.unreached)},
+    )
+
+
+def _all_skipped(view: RunView, log: FindingLog, severity: str) -> None:
+    """A GradScaler skipped every optimizer step (inf/NaN gradients each time): the model
+    never changed, and no step was judged."""
+    emit_not_observed(
+        log,
+        severity=severity,
+        step=0,
+        reason="all_steps_skipped",
+        message=f"The GradScaler skipped every optimizer step ({view.skipped_steps} of "
+        f"{view.skipped_steps}) for inf/NaN gradients: the model never changed, and no step "
+        "was checked.",
+        hint="The loss or its gradients are non-finite on every batch (see nonfinite_grad): "
+        "a scaler that skips now and then is expected, one that skips every step means "
+        "nothing trained.",
+        details={"skipped_steps": view.skipped_steps, "backward_passes": view.backward_passes},
     )
 
 
