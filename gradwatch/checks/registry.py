@@ -11,9 +11,12 @@ from collections.abc import Iterable
 from gradwatch.checks.autocast_bypassed import AutocastBypassed
 from gradwatch.checks.base import Check
 from gradwatch.checks.clip_after_step import ClipAfterStep
+from gradwatch.checks.clip_without_effect import ClipWithoutEffect
 from gradwatch.checks.clipped_while_scaled import ClippedWhileScaled
 from gradwatch.checks.coverage import FrozenInOptimizer, NotInOptimizer
 from gradwatch.checks.dead import DeadParam
+from gradwatch.checks.decay_excluded import DecayOnExcludedParams
+from gradwatch.checks.does_not_learn import DoesNotLearn
 from gradwatch.checks.double_backward import DoubleBackward
 from gradwatch.checks.double_update import DoubleUpdate
 from gradwatch.checks.eval_mode import EvalModeTraining
@@ -22,17 +25,26 @@ from gradwatch.checks.freeze_flag import FreezeNotApplied
 from gradwatch.checks.frozen_stats import FrozenStatsUpdated
 from gradwatch.checks.frozen_updated import FrozenParamUpdated
 from gradwatch.checks.ghost import GhostParam
+from gradwatch.checks.gradient_mismatch import GradientMismatch
+from gradwatch.checks.graph_retained import GraphRetainedAcrossSteps
 from gradwatch.checks.internal_error import InternalError
+from gradwatch.checks.loss_broadcast import LossBroadcast
 from gradwatch.checks.loss_disconnected import LossDisconnected
+from gradwatch.checks.loss_normalised import LossInputAlreadyNormalised
 from gradwatch.checks.nonfinite import NonfiniteGrad
 from gradwatch.checks.nonfinite_param import NonfiniteParam
 from gradwatch.checks.not_observed import NotObserved
+from gradwatch.checks.optimizer_hparams import OptimizerHparamsDegenerate
 from gradwatch.checks.outside_model import ParamOutsideModel
 from gradwatch.checks.replica_divergence import ReplicaDivergence
 from gradwatch.checks.resume_mismatch import ResumeMismatch
+from gradwatch.checks.sample_dependence import SampleDependence
 from gradwatch.checks.scheduler_misstepped import SchedulerMisstepped
+from gradwatch.checks.shared_module import SharedModule
 from gradwatch.checks.stale import StaleParam
 from gradwatch.checks.step_without_grad import StepWithoutGrad
+from gradwatch.checks.symmetric_units import SymmetricUnits
+from gradwatch.checks.tie_broken import TieBroken
 from gradwatch.checks.unregistered import UnregisteredParam
 from gradwatch.checks.vanishing import VanishingGrad
 from gradwatch.checks.zero_grad import MissingZeroGrad
@@ -67,6 +79,18 @@ ALL_CHECKS: list[type[Check]] = [
     ResumeMismatch,
     ReplicaDivergence,
     AutocastBypassed,
+    SharedModule,
+    TieBroken,
+    SymmetricUnits,
+    OptimizerHparamsDegenerate,
+    DecayOnExcludedParams,
+    ClipWithoutEffect,
+    GradientMismatch,
+    SampleDependence,
+    DoesNotLearn,
+    LossInputAlreadyNormalised,
+    LossBroadcast,
+    GraphRetainedAcrossSteps,
 ]
 
 # gradwatch's own: always on, in no config (a fault or a synthesized name must be said).

@@ -11,19 +11,24 @@ from __future__ import annotations
 import difflib
 from collections.abc import Iterable
 
+from gradwatch.sources.adam_moments import AdamMomentsSource
 from gradwatch.sources.arrivals import ArrivalSource
 from gradwatch.sources.autocast import AutocastSource
 from gradwatch.sources.backward_probe import BackwardProbeSource
 from gradwatch.sources.base import EvidenceSource
+from gradwatch.sources.built import BuiltSource
 from gradwatch.sources.calls import BackwardCallsSource
+from gradwatch.sources.clips import ClipSource
 from gradwatch.sources.discarded import DiscardedSource
 from gradwatch.sources.forward import ForwardSource
 from gradwatch.sources.loss import LossSource
+from gradwatch.sources.loss_graph import LossGraphSource
 from gradwatch.sources.modes import ModesSource
 from gradwatch.sources.replicas import ReplicaSource
 from gradwatch.sources.resume import ResumeSource
 from gradwatch.sources.schedulers import SchedulerSource
 from gradwatch.sources.unscale import UnscaleSource
+from gradwatch.sources.weight_rows import WeightRowsSource
 from gradwatch.sources.zero_grad import ZeroGradSource
 
 __all__ = ["ALL_SOURCES", "NEEDS", "unknown_needs"]
@@ -35,6 +40,7 @@ ALL_SOURCES: list[type[EvidenceSource]] = [
     ModesSource,
     AutocastSource,
     LossSource,
+    LossGraphSource,
     BackwardProbeSource,
     UnscaleSource,
     ZeroGradSource,
@@ -43,6 +49,10 @@ ALL_SOURCES: list[type[EvidenceSource]] = [
     BackwardCallsSource,
     ResumeSource,
     ReplicaSource,
+    BuiltSource,
+    WeightRowsSource,
+    AdamMomentsSource,
+    ClipSource,
     ArrivalSource,
 ]
 

@@ -1,0 +1,72 @@
+"""``clip_without_effect``: a gradient clipping call that saw no gradient, so clipped nothing.
+
+``clip_grad_norm_(params, 1.0)`` with ``params = filter(...)`` or a generator already read
+by the optimizer's constructor gets an empty list: it clips nothing, every step, and only
+an empty *generator* makes torch warn. The evidence (``clip_calls``,
+:mod:`gradwatch.capture.clip_calls`) sees every ``clip_grad_norm_`` and
+``clip_grad_value_`` call while watching, and the user's line of one that saw no gradient.
+
+Correct and silent: a materialised list, ``model.parameters()`` called anew at each clip,
+a clip that clips every step (PPO's max-norm 0.5 is an effect, not its absence).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from gradwatch._severity import Severity
+from gradwatch.checks.base import Check, CheckConfig, severity_field
+from gradwatch.checks.docs import CheckDoc
+from gradwatch.checks.views import StepView
+
+if TYPE_CHECKING:
+    from gradwatch.checks.base import FindingLog
+
+
+class ClipWithoutEffectConfig(CheckConfig):
+    """``clip_without_effect``: no thresholds (``enabled`` and ``severity`` only)."""
+
+    severity: Severity = severity_field("error")
+
+
+class ClipWithoutEffect(Check):
+    """Per window: each clipping call that saw no gradient, by the line that made it."""
+
+    id = "clip_without_effect"
+    Config = ClipWithoutEffectConfig
+    needs = frozenset({"clip_calls"})
+    doc = CheckDoc(
+        summary="A gradient clipping call saw no parameters or no gradients (an exhausted "
+        "generator, a consumed `filter`), so nothing was clipped.",
+        why="The run is unclipped while its config says it is: a loss spike that clipping "
+        "was there to absorb goes straight into the weights.",
+        causes=(
+            "`params = filter(lambda p: p.requires_grad, model.parameters())` passed to the "
+            "optimizer and then to `clip_grad_norm_` (the filter is empty the second time).",
+            "A generator (`model.parameters()`) stored once and clipped on every step.",
+            "Clipping before `backward()` or after `zero_grad()`: no `.grad` to clip.",
+        ),
+        fix="Materialise the parameters once: `params = [p for p in model.parameters() if "
+        "p.requires_grad]`, and clip after `backward()` (after `scaler.unscale_` under AMP).",
+    )
+
+    def on_step(self, view: StepView, log: FindingLog) -> None:
+        clips = view.window.records.get("clips")
+        if clips is None:
+            return
+        for function, line in clips.empty:
+            at = f" at {line}" if line else ""
+            log.emit(
+                self.id,
+                severity=self.severity,
+                step=view.step,
+                message=f"`{function}`{at} saw no gradient: its parameters were an exhausted "
+                "iterator (a generator or `filter` already read) or had no `.grad` yet, so "
+                "nothing was clipped.",
+                hint="Pass a list built once (`params = [p for p in model.parameters() if "
+                "p.requires_grad]`) and clip after `backward()`.",
+                key=line or function,
+                details={"function": function, "called_at": line}
+                if line
+                else {"function": function},
+            )

@@ -1,0 +1,81 @@
+"""``shared_module``: one module object registered at several sibling places.
+
+``nn.ModuleList([Block(d)] * n)`` repeats one ``Block``: the n layers are one, sharing
+their weights, and the model has a sixth of the capacity it was built for. The same comes
+of passing one instance to every sibling's constructor, or ``[mlp] * 2`` heads. The
+evidence (``model_as_built``, :mod:`gradwatch.model.sharing`) is read once per layout.
+
+Correct and silent: a module registered once and applied several times (ALBERT's one
+layer, a Siamese encoder), an alias under another name (``self.backbone =
+self.model.encoder``), tied embeddings (a parameter, not a module), a parameterless module
+(one ``nn.ReLU`` used twice).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from gradwatch._severity import Severity
+from gradwatch.checks.base import Check, CheckConfig, WatchSettings, severity_field
+from gradwatch.checks.docs import CheckDoc
+from gradwatch.checks.views import StepView
+
+if TYPE_CHECKING:
+    from gradwatch.checks.base import FindingLog
+
+
+class SharedModuleConfig(CheckConfig):
+    """``shared_module``: no thresholds (``enabled`` and ``severity`` only)."""
+
+    severity: Severity = severity_field("warning")
+
+
+class SharedModule(Check):
+    """Once per layout read: each module object registered at several sibling places."""
+
+    id = "shared_module"
+    Config = SharedModuleConfig
+    needs = frozenset({"model_as_built"})
+    doc = CheckDoc(
+        summary="One module object is registered at several sibling places (the same "
+        "instance in several slots of a container, or passed to several sibling layers), so "
+        "layers meant to be distinct are one.",
+        why="The repeated layers share one set of weights: the model has the capacity of one "
+        "of them, and every update to one changes all. It trains, and underfits quietly.",
+        causes=(
+            "`nn.ModuleList([Block(d)] * n)`: list repetition copies the reference, not the block.",
+            "One `norm = nn.LayerNorm(d)` passed to every layer's constructor.",
+            "`self.heads = nn.ModuleList([mlp] * 2)`.",
+        ),
+        fix="Build each with its own constructor call: `nn.ModuleList([Block(d) for _ in "
+        "range(n)])` (or `copy.deepcopy(block)` per slot). If sharing is meant, register the "
+        "module once and apply it n times (ALBERT).",
+    )
+
+    def __init__(self, config: CheckConfig, watch_config: WatchSettings) -> None:
+        super().__init__(config, watch_config)
+        self._judged = -1  # the layout revision judged last
+
+    def on_step(self, view: StepView, log: FindingLog) -> None:
+        built = view.window.records.get("built")
+        if built is None or built.revision == self._judged:
+            return
+        self._judged = built.revision
+        for shared in built.shared:
+            n, paths = len(shared.paths), list(shared.paths)
+            where = f"'{shared.container}'" if shared.container else "the model"
+            shown = ", ".join(paths[:4]) + (f", ... ({n} places)" if n > 4 else "")
+            log.emit(
+                self.id,
+                severity=self.severity,
+                step=view.step,
+                message=f"{n} places of {where} hold one {shared.cls} object ({shown}): its "
+                f"{shared.numel:,} parameters are shared, so {n} layers meant to be distinct "
+                "are one.",
+                hint=f"Build each with its own constructor call (`[{shared.cls}(...) for _ in "
+                f"range({n})]`, not `[{shared.cls.lower()}] * {n}`); if sharing is meant, "
+                "register it once and apply it several times.",
+                module=shared.container or paths[0],
+                key=paths[0],
+                details={"paths": paths, "class": shared.cls, "numel": shared.numel},
+            )

@@ -1,0 +1,62 @@
+"""Identical output units of a weight, counted on device from one projection per row.
+
+Each row of ``W.reshape(out, -1)`` (a Linear's output unit, a conv's output channel) is
+projected on one fixed random vector; equal rows give equal projections, and different
+rows collide with probability zero. Sorting the ``out`` projections and counting equal
+neighbours gives how many rows repeat another, as one device scalar per weight: no copy
+of the weights and no host sync (read with the step's one transfer).
+
+Example:
+    >>> import torch
+    >>> w = torch.ones(4, 3)
+    >>> int(duplicate_rows([w])[0, 0])
+    3
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["duplicate_rows"]
+
+_SEED = 0x5EED
+
+
+def _direction(n: int, device: torch.device) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(_SEED + n)  # the same vector for every weight of width n
+    return torch.rand(n, generator=gen, dtype=torch.float32).add_(0.5).to(device)
+
+
+def _project(w: torch.Tensor, dim: int, chunk: int) -> torch.Tensor:
+    """One float32 projection per unit, ``chunk`` elements of the weight at a time."""
+    rows = (w.movedim(dim, 0) if dim else w).reshape(w.shape[dim], -1)
+    r = _direction(rows.shape[1], rows.device)
+    step = max(1, chunk // max(1, rows.shape[1]))
+    if step >= rows.shape[0]:
+        return rows.float() @ r
+    return torch.cat([rows[k : k + step].float() @ r for k in range(0, rows.shape[0], step)])
+
+
+def duplicate_rows(
+    weights: list[torch.Tensor], out_dims: list[int] | None = None, chunk: int = 1 << 22
+) -> torch.Tensor:
+    """Per weight, ``[how many of its output units equal another one, a checksum of its
+    units]`` (a ``(len(weights), 2)`` float tensor; the checksum tells a weight that did not
+    move between two looks).
+
+    ``out_dims[k]``: the dimension of ``weights[k]`` that indexes its units (0 for
+    ``nn.Linear`` and convolutions; 1 for Hugging Face's ``Conv1D``). A low-precision weight
+    is widened ``chunk`` elements at a time (a bounded transient, never a whole copy).
+    """
+    counts = []
+    with torch.no_grad():
+        for k, w in enumerate(weights):
+            dim = out_dims[k] if out_dims is not None else 0
+            proj = _project(w, dim, chunk)
+            s = proj.sort().values
+            counts.append(torch.stack([(s[1:] == s[:-1]).sum().float(), proj.sum()]))
+    if not counts:
+        return torch.zeros(0, 2)
+    devices = {c.device for c in counts}
+    device = counts[0].device if len(devices) == 1 else torch.device("cpu")
+    return torch.stack([c.to(device) for c in counts])
