@@ -1,0 +1,220 @@
+"""A compact description of a loss's autograd graph: node kinds, output shapes, a few saved
+settings, which module produced which node, and the terms of a summed loss.
+
+Built by :func:`describe` from the root's ``grad_fn`` (``next_functions``, in Python, at most
+``max_nodes`` nodes: bounded by the graph's size, never by its data). Nothing is read from a
+tensor's values: a node's output shape is autograd's own metadata (``_input_metadata``), its
+settings are the plain numbers it saved (``_saved_dim``, ``_saved_reduction``). No reference
+to the graph is kept, so describing it never keeps it alive.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+__all__ = [
+    "COMPILED",
+    "PASS_THROUGH",
+    "GraphDesc",
+    "Mark",
+    "NodeInfo",
+    "describe",
+]
+
+#: Ops that move, cast or select values without changing what they mean (a view, a dtype
+#: cast under autocast, a slice): a rule looks through them from a loss to its input.
+PASS_THROUGH = frozenset(
+    {
+        "ViewBackward0",
+        "UnsafeViewBackward0",
+        "ReshapeAliasBackward0",
+        "PermuteBackward0",
+        "TransposeBackward0",
+        "TBackward0",
+        "CloneBackward0",
+        "SelectBackward0",
+        "SliceBackward0",
+        "IndexBackward0",
+        "SqueezeBackward0",
+        "SqueezeBackward1",
+        "SqueezeBackward2",
+        "UnsqueezeBackward0",
+        "ToCopyBackward0",
+        "AliasBackward0",
+        "ClampMinBackward0",
+        "ClampBackward1",
+        "MaskedSelectBackward0",
+        "ContiguousBackward0",
+        "FlattenBackward0",
+    }
+)
+#: The node a compiled region (torch.compile's AOTAutograd) leaves: one opaque node.
+COMPILED = frozenset({"CompiledFunctionBackward", "CompiledFunction"})
+
+_SETTINGS = ("_saved_dim", "_saved_reduction", "_saved_other", "_saved_p", "_saved_train")
+
+
+@dataclass(frozen=True)
+class Mark:
+    """A module whose forward output a node is (``capture.module_outputs``)."""
+
+    module: str  # its qualified name in the watched model ("" the model itself)
+    cls: str  # its class name
+    training: bool  # its mode when it ran
+    params: bool  # it owns parameters (directly or below): a part of the model, not a loss
+
+
+@dataclass
+class NodeInfo:
+    """One node: its kind, its output shape, its inputs (indices), what it saved."""
+
+    kind: str
+    shape: Optional[tuple[int, ...]]
+    inputs: tuple[int, ...]
+    settings: dict[str, Any] = field(default_factory=dict)
+    mark: Optional[Mark] = None
+    leaf: bool = False  # an AccumulateGrad (a leaf tensor's gradient sink)
+    consts: int = 0  # inputs that need no gradient (a target, a constant)
+
+
+@dataclass
+class GraphDesc:
+    """One backward's graph, from its root (node 0)."""
+
+    nodes: list[NodeInfo]
+    truncated: bool  # the walk stopped at ``max_nodes``
+    window: int  # the optimizer window it ran in (windows closed before it)
+    backward_at: Optional[str] = None  # the ``backward()`` line (``train.py:42``)
+    compiled: int = 0  # opaque compiled-region nodes met (their inside is not seen)
+    marked: bool = False  # module outputs were marked (the forward was observed)
+
+    def node(self, i: int) -> NodeInfo:
+        return self.nodes[i]
+
+    def through(self, i: int) -> int:
+        """The first node at or below ``i`` that is not a pass-through op with one input."""
+        seen = 0
+        while seen < 64:
+            n = self.nodes[i]
+            if n.kind not in PASS_THROUGH or len(n.inputs) != 1:
+                return i
+            i = n.inputs[0]
+            seen += 1
+        return i
+
+    def loss_region(self) -> set[int]:
+        """The nodes reachable from the root without entering a module that owns parameters
+        (what the loss computes on the model's outputs). Without marks, none is known."""
+        if not self.marked:
+            return set()
+        out = {0}
+        stack = [0]
+        while stack:
+            i = stack.pop()
+            for j in self.nodes[i].inputs:
+                mark = self.nodes[j].mark
+                if j in out or (mark is not None and mark.params):
+                    continue
+                out.add(j)
+                stack.append(j)
+        return out
+
+    def producer(self, i: int) -> Optional[Mark]:
+        """The module whose output node ``i`` is, looking down through pass-through ops."""
+        for _ in range(64):
+            n = self.nodes[i]
+            if n.mark is not None:
+                return n.mark
+            if n.kind not in PASS_THROUGH or len(n.inputs) != 1:
+                return None
+            i = n.inputs[0]
+        return None
+
+    def terms(self) -> list[int]:
+        """The terms of a summed loss: the root's ``AddBackward0`` tree (a term scaled by a
+        number, ``0.5 * l_box``, is one term), as node indices; one term: ``[0]``."""
+        out: list[int] = []
+        stack = [0]
+        while stack and len(out) < 32:
+            i = stack.pop()
+            n = self.nodes[i]
+            if n.kind in ("AddBackward0", "SubBackward0") and n.shape == () and n.inputs:
+                stack.extend(reversed(n.inputs))
+            else:
+                out.append(i)
+        return out
+
+
+def _setting(node: Any, name: str) -> Any:
+    try:
+        v = getattr(node, name)
+    except Exception:  # a saved tensor already freed, or not a number
+        return None
+    if isinstance(v, bool) or isinstance(v, float):
+        return v
+    if isinstance(v, int):
+        return v - (1 << 64) if v >= (1 << 63) else v  # autograd saves dims as unsigned
+    return None
+
+
+def _shape(node: Any) -> Optional[tuple[int, ...]]:
+    try:
+        meta = node._input_metadata
+        return tuple(meta[0].shape) if meta else None
+    except Exception:  # a torch without the metadata, or a nested tensor
+        return None
+
+
+def describe(
+    root: Any,
+    marks: dict[int, Mark],
+    *,
+    max_nodes: int,
+    window: int,
+    settings_of: frozenset[str] = frozenset(),
+) -> GraphDesc:
+    """Walk the graph from ``root`` (a ``grad_fn``), at most ``max_nodes`` nodes.
+
+    ``marks``: ``id(grad_fn)`` -> the module whose output it is, for grad_fns the caller
+    keeps alive until this walk (ids are only valid while their objects live).
+    ``settings_of``: node kinds whose saved settings (``_saved_dim``, ...) are read.
+    """
+    index: dict[int, int] = {id(root): 0}
+    objs: list[Any] = [root]
+    nodes: list[NodeInfo] = []
+    compiled = 0
+    dropped = False
+    i = 0
+    while i < len(objs):
+        fn = objs[i]
+        kind = type(fn).__name__
+        inputs: list[int] = []
+        consts = 0
+        leaf = hasattr(fn, "variable")
+        if kind in COMPILED:
+            compiled += 1
+        for nxt, _ in () if leaf else fn.next_functions:
+            if nxt is None:
+                consts += 1
+                continue
+            j = index.get(id(nxt))
+            if j is None:
+                if len(objs) >= max_nodes:
+                    dropped = True
+                    continue
+                j = len(objs)
+                index[id(nxt)] = j
+                objs.append(nxt)
+            inputs.append(j)
+        info = NodeInfo(kind, _shape(fn), tuple(inputs), leaf=leaf, consts=consts)
+        info.mark = marks.get(id(fn))
+        if kind in settings_of:
+            for name in _SETTINGS:
+                v = _setting(fn, name)
+                if v is not None:
+                    info.settings[name[7:]] = v
+        nodes.append(info)
+        i += 1
+    objs.clear()  # no reference to the graph outlives the walk
+    return GraphDesc(nodes, dropped, window, compiled=compiled, marked=bool(marks))
