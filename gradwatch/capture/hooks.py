@@ -21,7 +21,7 @@ from gradwatch.model.engines import clean_name
 from gradwatch.model.index import ParamIndex
 from gradwatch.model.locations import call_site
 
-__all__ = ["COMPILED_WRAPPER", "HookSet"]
+__all__ = ["COMPILED_WRAPPER", "ForwardStamp", "HookSet"]
 
 COMPILED_WRAPPER = "<torch.compile wrapper>"  # never a module name (named_modules has no "<")
 
@@ -146,6 +146,11 @@ class HookSet:
         self._modules[name] = weakref.ref(mod)
         if not self.trimmed:
             self.hook_forward(name)
+
+    def layers(self) -> list[tuple[str, nn.Module]]:
+        """Every layer seen so far (as the index names it) and its module, while alive."""
+        live = ((name, ref()) for name, ref in self._modules.items())
+        return [(name, mod) for name, mod in live if mod is not None]
 
     def hook_forward(self, layer: str) -> None:
         """Stamp when ``layer`` runs (and in which grad mode): a ghost's cause comes from it."""

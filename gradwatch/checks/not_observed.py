@@ -24,7 +24,7 @@ __all__ = ["NotObserved", "NotObservedConfig", "emit_not_observed"]
 ID = "not_observed"
 
 # Reasons that leave only some checks blind (they say which): ``info``, not a failure.
-PARTIAL_REASONS = frozenset({"compiled_forward", "fsdp1_disconnected", "resume_resharded"})
+PARTIAL_REASONS = frozenset({"compiled_forward", "fsdp1_replicas", "resume_resharded"})
 #: ``details.reason`` when ``ignore`` matches every trainable parameter: nothing was judged.
 ALL_IGNORED = "all_ignored"
 

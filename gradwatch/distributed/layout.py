@@ -10,6 +10,7 @@ from torch import nn
 
 from gradwatch.capture.facts import UNOBSERVABLE, Fact, Report
 from gradwatch.distributed import fsdp1_flat
+from gradwatch.distributed.fsdp1_reach import OutputReach, reach_of
 from gradwatch.distributed.sharded import hook_flat_params, hook_layer_outputs
 from gradwatch.model.engines import FSDP1_FLAT, FSDP1_ORIG, engine_of
 
@@ -35,6 +36,12 @@ def adopt_engine(pipe: Any, step: int) -> None:
         pipe.tracker.grow(len(index.params))
         if lay.unreadable:
             _flat_unreadable(pipe.record, index, lay.unreadable, step)
+    if pipe.sharded in (FSDP1_ORIG, FSDP1_FLAT) and not pipe.hooks.keep_all:
+        reach = reach_of(pipe.tracker)
+        if reach is None:
+            reach = OutputReach(pipe.tracker, pipe.faults.callback())
+            pipe.hooks.removers.append(reach.remove)
+        reach.cover(pipe.hooks.layers())  # at every layout re-read: new layers too
     for track in pipe.structure.tracks:
         track.sharded = pipe.sharded
 
@@ -85,16 +92,24 @@ def forward_arrival(
     """FSDP1: no hook sees an original parameter's gradient; its module's forward does.
 
     A parameter counts as arrived when a module owning it ran with gradients enabled since
-    event ``start``: a ghost whose module never ran (or ran under ``no_grad``) is caught,
-    one whose module ran without giving it a gradient is not (FSDP1 hands it a zero slice).
-    ``None`` (the hooks' evidence holds) for every other engine.
+    event ``start`` and a gradient reached that module's output since then
+    (:mod:`gradwatch.distributed.fsdp1_reach`): a ghost whose module never ran, ran under
+    ``no_grad``, or ran with an output that never reached the loss (FSDP1 hands it a zero
+    slice) is caught. ``None`` (the hooks' evidence holds) for every other engine.
     """
     if engine not in (FSDP1_ORIG, FSDP1_FLAT):
         return None
     params, fwd = index.params, tracker.fwd_grad
+    reach = reach_of(tracker)
+    if reach is None:
+
+        def ran(i: int) -> bool:
+            return any(fwd.get(o, 0) > start for o in params[i].owners)
+
+        return ran
 
     def arrived(i: int) -> bool:
-        return any(fwd.get(o, 0) > start for o in params[i].owners)
+        return any(fwd.get(o, 0) > start and reach.arrived(o, start) for o in params[i].owners)
 
     return arrived
 
@@ -104,9 +119,9 @@ def report_layout(
 ) -> None:
     """Record what ``engine`` hides from gradwatch (if any), for ``not_observed`` to judge.
 
-    FSDP1 (``use_orig_params`` or flattened): a ghost whose module ran without giving it a
-    gradient looks like a zero gradient, and its replicas (``NO_SHARD``, ``HYBRID_SHARD``)
-    are not compared (``info``: the other checks run, only those are out of reach). FSDP1
+    FSDP1 (``use_orig_params`` or flattened): its replicas (``NO_SHARD``, ``HYBRID_SHARD``)
+    are not compared (``info``: the other checks run, only that one is out of reach; a
+    disconnected ghost is seen from its layer's output, :mod:`.fsdp1_reach`). FSDP1
     flattened whose layout cannot be read: the report fails (the configured severity).
     """
     if engine == FSDP1_FLAT:
@@ -119,15 +134,12 @@ def report_layout(
             Fact(
                 UNOBSERVABLE,
                 step=0,
-                key="fsdp1_disconnected",
-                message="FSDP1 assigns gradients after its reduce-scatter and gives an unused "
-                "parameter a zero gradient: a ghost whose layer never ran (or ran under no_grad) "
-                "is named, one whose layer ran without giving it a gradient (disconnected) is not; "
-                "replicas (NO_SHARD, HYBRID_SHARD) are not compared by replica_divergence.",
-                hint="FSDP2 (torch.distributed.fsdp.fully_shard) keeps an unused parameter's "
-                "gradient None, so gradwatch sees every ghost there, and compares the replicas "
-                "of an HSDP mesh (replicate, shard).",
-                details={"reason": "fsdp1_disconnected", "engine": engine, "replicas": False},
+                key="fsdp1_replicas",
+                message="FSDP1: replicas (NO_SHARD, HYBRID_SHARD) are not compared by "
+                "replica_divergence (the replicate group is not in reach of the watched model).",
+                hint="FSDP2 (torch.distributed.fsdp.fully_shard) on an HSDP mesh (replicate, "
+                "shard): gradwatch compares its replicas.",
+                details={"reason": "fsdp1_replicas", "engine": engine, "replicas": False},
             )
         )
 

@@ -14,7 +14,7 @@ shard (the replicate dimension of an HSDP mesh: ``fully_shard(m, mesh=...)`` wit
 ``Replicate()`` placement) are compared with each other only, never with ranks holding other
 shards; a mesh with no replicate dimension (plain FSDP2) has nothing to compare and sends
 nothing more. FSDP1 is not compared (its replicate group is not in reach of the watched
-module): its ``not_observed`` info (``fsdp1_disconnected``) says so.
+module): its ``not_observed`` info (``fsdp1_replicas``) says so.
 
 One more int64 per optimizer rides along: the step count of its first parameter holding
 state. Replicas diverging while those counts differ point at the optimizer's state (only

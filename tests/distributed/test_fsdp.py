@@ -92,11 +92,11 @@ def test_clean_twin_passes_with_global_statistics(runs: Runs, engine: str) -> No
 
 
 @pytest.mark.parametrize("engine", ["fsdp1_orig", "fsdp1_flat", "fsdp1_inner"])
-def test_fsdp1_says_disconnected_ghosts_are_out_of_reach(runs: Runs, engine: str) -> None:
+def test_fsdp1_says_its_replicas_are_out_of_reach(runs: Runs, engine: str) -> None:
     for rec in runs[f"{engine}_clean"]:
         (note,) = [f for f in rec["report"]["findings"] if f["check"] == "not_observed"]
         assert note["severity"] == "info"
-        assert note["details"]["reason"] == "fsdp1_disconnected"
+        assert note["details"]["reason"] == "fsdp1_replicas"
 
 
 def test_sharding_after_watch_fails_the_report_with_one_line(tmp_path: Path) -> None:

@@ -70,7 +70,7 @@ def test_clean_twin_passes_with_the_replicas_statistics(runs: Runs) -> None:
         assert report["failed"] is False and _failing(report) == []
         assert rec["warnings"] == []
         (note,) = [f for f in report["findings"] if f["check"] == "not_observed"]
-        assert note["severity"] == "info" and note["details"]["reason"] == "fsdp1_disconnected"
+        assert note["severity"] == "info" and note["details"]["reason"] == "fsdp1_replicas"
         layers = _layers(report)
         assert set(layers) == set(truth) == {"encoder.0", "encoder.2", "head"}
         for name, want in truth.items():
