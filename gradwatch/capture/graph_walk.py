@@ -88,6 +88,8 @@ class GraphDesc:
     backward_at: Optional[str] = None  # the ``backward()`` line (``train.py:42``)
     compiled: int = 0  # opaque compiled-region nodes met (their inside is not seen)
     marked: bool = False  # module outputs were marked (the forward was observed)
+    batch: Optional[int] = None  # the watched model's input's first dim (its batch), if seen
+    model: str = ""  # the watched model's class name (module "" in findings)
 
     def node(self, i: int) -> NodeInfo:
         return self.nodes[i]
@@ -119,6 +121,71 @@ class GraphDesc:
                 out.add(j)
                 stack.append(j)
         return out
+
+    def in_model(self) -> set[int]:
+        """The nodes computed inside a watched module's forward: the marked ones and those
+        below them (a loss computed outside the model is not in it; HF's, inside, is)."""
+        out = {i for i, n in enumerate(self.nodes) if n.mark is not None}
+        stack = list(out)
+        while stack:
+            for j in self.nodes[stack.pop()].inputs:
+                if j not in out:
+                    out.add(j)
+                    stack.append(j)
+        return out
+
+    def consumer_mark(self, i: int) -> Optional[Mark]:
+        """The nearest module output that node ``i`` flows into (the module that ran it)."""
+        parents: dict[int, list[int]] = {}
+        for k, n in enumerate(self.nodes):
+            for j in n.inputs:
+                parents.setdefault(j, []).append(k)
+        frontier, seen = [i], {i}
+        while frontier:
+            nxt = []
+            for k in frontier:
+                if self.nodes[k].mark is not None:
+                    return self.nodes[k].mark
+                for p in parents.get(k, ()):
+                    if p not in seen:
+                        seen.add(p)
+                        nxt.append(p)
+            frontier = nxt
+        return None
+
+    def upstream_mark(self, i: int) -> Optional[Mark]:
+        """The nearest module output below node ``i`` (what its inputs came from)."""
+        frontier, seen = list(self.nodes[i].inputs), set(self.nodes[i].inputs)
+        while frontier:
+            nxt = []
+            for k in frontier:
+                if self.nodes[k].mark is not None:
+                    return self.nodes[k].mark
+                for j in self.nodes[k].inputs:
+                    if j not in seen:
+                        seen.add(j)
+                        nxt.append(j)
+            frontier = nxt
+        return None
+
+    def enclosing(self, i: int) -> Optional[str]:
+        """The module whose forward ran node ``i``: its own mark, else the innermost module
+        holding both the module it flows into and the one its inputs came from."""
+        own = self.nodes[i].mark
+        if own is not None:
+            return own.module
+        down, up = self.consumer_mark(i), self.upstream_mark(i)
+        if down is None:
+            return None
+        if up is None:
+            return down.module
+        a, b = down.module.split("."), up.module.split(".")
+        common: list[str] = []
+        for x, y in zip(a, b):
+            if x != y or not x:
+                break
+            common.append(x)
+        return ".".join(common)
 
     def producer(self, i: int) -> Optional[Mark]:
         """The module whose output node ``i`` is, looking down through pass-through ops."""

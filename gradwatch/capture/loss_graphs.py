@@ -75,12 +75,15 @@ class LossGraphs(BackwardRoots):
     ) -> None:
         super().__init__(lambda p: True, on_error, loss=False, scan_steps=scan_steps)
         self._names = {id(m): (n, m) for n, m in model.named_modules()}
+        self._model_cls = type(model).__name__
         self._observe = observe_modules
         self._hook: Optional[Any] = None
         self._marks: dict[int, Mark] = {}
         self._alive_fns: list[Any] = []  # the marked grad_fns, alive until the next walk
         self.graphs: list[GraphDesc] = []  # this window's
         self._tokens: list[weakref.ref[_Token]] = []
+        self._batch: Optional[int] = None  # the model's input's first dim, latest forward
+        self._batch_from: Optional[str] = None  # the module it was read at ("": the model)
         self.described = 0  # nodes described so far (for benchmarks)
         if self.scanning:
             self._arm()
@@ -89,7 +92,9 @@ class LossGraphs(BackwardRoots):
 
     def _arm(self) -> None:
         if self._observe and self._hook is None:
-            self._hook = nn.modules.module.register_module_forward_hook(self._seen)
+            self._hook = nn.modules.module.register_module_forward_hook(
+                self._seen, with_kwargs=True
+            )
 
     def _disarm(self) -> None:
         if self._hook is not None:
@@ -98,12 +103,14 @@ class LossGraphs(BackwardRoots):
         self._marks.clear()
         self._alive_fns.clear()
 
-    def _seen(self, module: nn.Module, args: Any, out: Any) -> None:
+    def _seen(self, module: nn.Module, args: Any, kwargs: Any, out: Any) -> None:
         try:
             entry = self._names.get(id(module))
             if entry is None or entry[1] is not module or len(self._marks) >= _MAX_MARKS:
                 return
             name, _ = entry
+            if "." not in name and (name == "" or self._batch_from != ""):
+                self._note_batch(name, args, kwargs)
             mark: Optional[Mark] = None
             for t in _tensors(out):
                 fn = t.grad_fn
@@ -116,6 +123,12 @@ class LossGraphs(BackwardRoots):
                 self._alive_fns.append(fn)
         except Exception as exc:  # never the user's forward
             self._on_error("module outputs", exc)
+
+    def _note_batch(self, name: str, args: Any, kwargs: Any) -> None:
+        for v in [*args, *(kwargs or {}).values()]:
+            if isinstance(v, torch.Tensor) and v.dim() > 0:
+                self._batch, self._batch_from = int(v.shape[0]), name
+                return
 
     # -- the backward ----------------------------------------------------------------------
 
@@ -133,6 +146,8 @@ class LossGraphs(BackwardRoots):
                 settings_of=_SETTINGS_OF,
             )
             desc.marked = self._observe
+            desc.batch = self._batch
+            desc.model = self._model_cls
             desc.backward_at = call_site()
             self.described += len(desc.nodes)
             self.graphs.append(desc)

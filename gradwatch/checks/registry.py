@@ -33,6 +33,7 @@ from gradwatch.checks.loss_disconnected import LossDisconnected
 from gradwatch.checks.loss_normalised import LossInputAlreadyNormalised
 from gradwatch.checks.nonfinite import NonfiniteGrad
 from gradwatch.checks.nonfinite_param import NonfiniteParam
+from gradwatch.checks.normalised_over_batch import NormalisedOverBatch
 from gradwatch.checks.not_observed import NotObserved
 from gradwatch.checks.optimizer_hparams import OptimizerHparamsDegenerate
 from gradwatch.checks.outside_model import ParamOutsideModel
@@ -91,6 +92,7 @@ ALL_CHECKS: list[type[Check]] = [
     LossInputAlreadyNormalised,
     LossBroadcast,
     GraphRetainedAcrossSteps,
+    NormalisedOverBatch,
 ]
 
 # gradwatch's own: always on, in no config (a fault or a synthesized name must be said).

@@ -20,6 +20,7 @@ from _check_loops import CFG
 from torch import nn
 
 import gradwatch
+from gradwatch.checks.registry import ALL_CHECKS
 
 ID = "loss_input_already_normalised"
 Loss = Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -158,7 +159,8 @@ def test_distillation_softmax_target_is_silent() -> None:
 
 
 def test_nothing_is_described_after_the_scan_steps() -> None:
-    cfg = {**CFG, "checks": {ID: {"scan_steps": 2}}}
+    scanners = [c.id for c in ALL_CHECKS if "loss_graph" in c.needs]
+    cfg = {**CFG, "checks": {c: {"scan_steps": 2} for c in scanners}}
     model = Classifier(softmax=True)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     with gradwatch.watch(model, opt, config=cfg) as w:
