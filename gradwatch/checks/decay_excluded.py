@@ -26,7 +26,7 @@ from gradwatch.checks.views import StepView
 if TYPE_CHECKING:
     from gradwatch.checks.base import FindingLog
 
-_KIND = {"norm": "norm gain", "bias": "bias", "embedding": "embedding"}
+_KIND = {"norm": "norm gain", "norm_bias": "norm shift", "bias": "bias", "embedding": "embedding"}
 
 
 class DecayExcludedConfig(CheckConfig):

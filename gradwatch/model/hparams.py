@@ -33,7 +33,7 @@ __all__ = [
     "read_groups",
 ]
 
-KINDS = ("norm", "bias", "embedding")
+KINDS = ("norm", "norm_bias", "bias", "embedding")
 
 
 @dataclass(frozen=True)
@@ -86,18 +86,22 @@ def _norm_module(mod: nn.Module) -> bool:
 
 
 def param_kinds(model: nn.Module) -> dict[int, str]:
-    """``id(param) -> "norm" | "bias" | "embedding"`` for the parameters of those kinds."""
+    """``id(param) -> "norm" | "norm_bias" | "bias" | "embedding"`` for those kinds (a norm
+    layer's gain, its shift, any other bias, an embedding table)."""
     out: dict[int, str] = {}
     for mod in model.modules():
         for pname, p in mod.named_parameters(recurse=False):
+            if isinstance(p, nn.parameter.UninitializedParameter):
+                continue  # a lazy module's: no shape yet (read again once materialised)
+            bias = pname == "bias" or pname.endswith("_bias")
             if isinstance(mod, nn.Embedding) or (
                 "embedding" in type(mod).__name__.lower() and p.dim() == 2
             ):
                 out.setdefault(id(p), "embedding")
-            elif pname == "bias" or pname.endswith("_bias"):
+            elif _norm_module(mod) and p.dim() <= 1:  # a norm's shift is its own kind
+                out.setdefault(id(p), "norm_bias" if bias else "norm")
+            elif bias:
                 out.setdefault(id(p), "bias")
-            elif _norm_module(mod) and p.dim() <= 1:
-                out.setdefault(id(p), "norm")
     return out
 
 
@@ -218,7 +222,7 @@ def _misses_of(groups: list[GroupInfo], transformer: bool) -> list[DecayMiss]:
 
 
 def _miss(kind: str, hit: list[GroupInfo], ex: Optional[GroupInfo], reason: str) -> DecayMiss:
-    kinds = ("norm", "bias") if reason == "all" else (kind,)
+    kinds = ("norm", "norm_bias", "bias") if reason == "all" else (kind,)
     names = [n for g in hit for k in kinds for n in g.names.get(k, [])]
     where = (ex.optimizer, ex.group) if ex is not None else None
     return DecayMiss(kind, names, [(g.optimizer, g.group) for g in hit], where, reason)

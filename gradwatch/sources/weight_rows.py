@@ -16,6 +16,7 @@ from typing import Any, Optional
 
 import torch
 from torch import nn
+from torch.nn.utils import parametrize
 
 from gradwatch.capture.window import Track
 from gradwatch.measure.rows import duplicate_rows
@@ -69,11 +70,13 @@ class WeightRowsSource(EvidenceSource):
         index = ctx.structure.index
         for mod in ctx.model.modules():
             dim = _unit_dim(mod)
-            w = getattr(mod, "weight", None)
-            if dim is None or not isinstance(w, nn.Parameter) or w.dim() < 2:
+            if dim is None or parametrize.is_parametrized(mod, "weight"):
+                continue  # reading a parametrized weight computes it (spectral norm's step)
+            w = mod._parameters.get("weight")
+            if dim is None or not isinstance(w, nn.Parameter):
                 continue
             i = index.lookup(w)
-            if i is None or isinstance(w, nn.parameter.UninitializedParameter):
+            if i is None or isinstance(w, nn.parameter.UninitializedParameter) or w.dim() < 2:
                 continue
             if w.shape[dim] >= 2 and w.is_floating_point():
                 self._weights[id(w)] = (index.params[i].name, dim)
