@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from gradwatch.cli.probe import Probe
     from gradwatch.config import GradWatchConfig
     from gradwatch.core.watcher import Watcher, watch
+    from gradwatch.probes import probe
     from gradwatch.report import Coverage, Curvature, Finding, LayerCurvature, LayerStats, Report
     from gradwatch.vectors.parammap import ParamEntry, ParamMap, ParamMapError
     from gradwatch.vectors.sensitivity import SensitivityError, sensitivity
@@ -37,6 +38,7 @@ _LAZY = {
     "Watcher": "gradwatch.core.watcher",
     "watch": "gradwatch.core.watcher",
     "Probe": "gradwatch.cli.probe",
+    "probe": "gradwatch.probes",
     "ParamMap": "gradwatch.vectors.parammap",
     "ParamEntry": "gradwatch.vectors.parammap",
     "ParamMapError": "gradwatch.vectors.parammap",
@@ -63,6 +65,7 @@ __all__ = [
     "SensitivityError",
     "Watcher",
     "__version__",
+    "probe",
     "sensitivity",
     "watch",
 ]

@@ -26,6 +26,8 @@ __all__ = [
     "Finding",
     "LayerCurvature",
     "LayerStats",
+    "ProbeLayer",
+    "ProbeResult",
     "ReportData",
 ]
 
@@ -226,6 +228,35 @@ class Curvature(BaseModel):
         return "\n".join(rows)
 
 
+class ProbeLayer(BaseModel):
+    """One layer's derivative agreement in the ``gradient_mismatch`` probe."""
+
+    model_config = _JSON
+
+    name: str
+    params: list[str] = Field(default_factory=list)
+    autograd: float = Field(description="Autograd's directional derivative along v.")
+    numeric: float = Field(description="The central finite difference along v.")
+    error: float = 0.0
+    status: str = Field(default="agree", description="agree, mismatch, explained or inconclusive.")
+
+
+class ProbeResult(BaseModel):
+    """One probe that ran on a copy of the model: its verdict, its cost, what it saw."""
+
+    model_config = _JSON
+
+    id: str
+    verdict: str = Field(description="passed, finding, or not_observed (it could not judge).")
+    seconds: float = 0.0
+    memory_bytes: int = Field(default=0, description="Bytes of the copy it worked on.")
+    sampled: bool = Field(default=False, description="It sampled layers to stay in budget.")
+    note: str = ""
+    curve: list[float] = Field(default_factory=list, description="The overfit probe's losses.")
+    layers: list[ProbeLayer] = Field(default_factory=list)
+    details: dict[str, Any] = Field(default_factory=dict)
+
+
 class ReportData(BaseModel):
     """Every field of a :class:`~gradwatch.Report`: the run's counts, findings, layers, coverage."""
 
@@ -245,6 +276,7 @@ class ReportData(BaseModel):
     coverage: Coverage = Field(default_factory=Coverage)
     param_map: Optional[dict[str, Any]] = None
     curvature: Optional[Curvature] = None
+    probes: list[ProbeResult] = Field(default_factory=list)
 
     def model_dump_json(self, **kwargs: Any) -> str:  # type: ignore[override]
         """Strict JSON (no NaN/Infinity literals), whatever the names hold (lone surrogates)."""

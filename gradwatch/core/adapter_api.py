@@ -46,6 +46,7 @@ class _Parts(Protocol):
     """What :class:`AdapterAPI` needs of the class it is mixed into."""
 
     _log: FindingLog
+    _model: Optional[Any]
     _pipe: StepPipeline
     _faults: Faults
     _attached: bool
@@ -226,6 +227,24 @@ class AdapterAPI:
             ['head']
         """
         return [f for f in self._log.findings() if check is None or f.check == check]
+
+    def probe(self: _Parts, batch: Any, loss_fn: Any) -> Report:
+        """Run the probes (``gradient_mismatch``, ``sample_dependence``, ``does_not_learn``)
+        on copies of the watched model, with its first optimizer's class and hyperparameters
+        (:func:`gradwatch.probes.probe`); the run's weights, optimizer state and RNG state
+        are untouched. Call it before the loop, inside or outside the ``with`` block.
+
+        Example:
+            >>> with gradwatch.watch(model, optimizer) as w:  # doctest: +SKIP
+            ...     w.probe((x, y), lambda m, b: F.cross_entropy(m(b[0]), b[1])).print()
+        """
+        from gradwatch.probes import probe
+
+        model = self._model
+        if model is None:
+            raise GradWatchError("Watcher.probe: the watcher is closed and holds no model")
+        opts = self._pipe.structure.optimizers
+        return probe(model, batch, loss_fn, opts[0] if opts else None, config=self._pipe.config)
 
 
 STATE_VERSION = 1

@@ -1,0 +1,64 @@
+"""``does_not_learn``: overfitting one small batch with the user's optimizer fails.
+
+A probe (:mod:`gradwatch.probes.overfit`): a few dozen steps of the user's own optimizer
+class and hyperparameters on one fixed small batch, on a copy of the model; the loss must
+fall well below its start.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from gradwatch._severity import Severity
+from gradwatch.checks.base import Check, CheckConfig, severity_field
+from gradwatch.checks.docs import CheckDoc
+
+__all__ = ["DoesNotLearn", "DoesNotLearnConfig"]
+
+
+class DoesNotLearnConfig(CheckConfig):
+    """``does_not_learn``: the steps, the target and the budget."""
+
+    severity: Severity = severity_field("error")
+    steps: int = Field(
+        default=200,
+        ge=2,
+        description="Optimizer steps on the one batch at most (it stops at the target; a "
+        "loss still falling at the end is no verdict).",
+    )
+    ratio: float = Field(
+        default=0.5,
+        gt=0,
+        lt=1,
+        description="The loss's floor must fall below this fraction of its start "
+        "(measured from |start| for a loss that can be negative).",
+    )
+    max_samples: int = Field(
+        default=8, ge=1, description="Samples of the batch it trains on (the first ones)."
+    )
+    budget_s: float = Field(default=5.0, gt=0, description="Seconds the probe may take.")
+
+
+class DoesNotLearn(Check):
+    """A copy of the model, trained on one fixed batch, does not bring the loss down."""
+
+    id = "does_not_learn"
+    Config = DoesNotLearnConfig
+    doc = CheckDoc(
+        summary="A few dozen steps of the user's optimizer (its class and hyperparameters, "
+        "on a copy) on one fixed small batch did not bring the loss well below its start: "
+        "the model cannot even overfit one batch.",
+        why="Any model with a working loss, gradient and optimizer memorises a handful of "
+        "samples; one that cannot has a bug that a long run only hides.",
+        causes=(
+            "A softmax (or sigmoid) before a loss that applies its own "
+            "(`cross_entropy(softmax(logits))`): the loss has a floor far above zero.",
+            "Identical units: a layer initialised to a constant (or zero), so its units get "
+            "the same gradient and stay equal (`details.layers_that_did_not_move`).",
+            "An output squashed to a range the targets are outside of (a sigmoid or "
+            "`clamp(0, 1)` before a regression on other values), or a learning rate of 0.",
+        ),
+        fix="Look at `details.floor` against `details.start`, and at the layers that did "
+        "not move: remove the extra normalisation, break the symmetry of the "
+        "initialisation, check the output's range and the learning rate.",
+    )

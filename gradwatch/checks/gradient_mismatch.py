@@ -1,0 +1,67 @@
+"""``gradient_mismatch``: autograd's derivative of the loss disagrees with finite differences.
+
+A probe (:mod:`gradwatch.probes.gradient`), not a rule over watched steps: on a float64 copy
+of the model it compares, per layer, the directional derivative of the loss along a random
+direction that autograd gives with central finite differences of the loss itself.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from gradwatch._severity import Severity
+from gradwatch.checks.base import Check, CheckConfig, severity_field
+from gradwatch.checks.docs import CheckDoc
+
+__all__ = ["GradientMismatch", "GradientMismatchConfig"]
+
+
+class GradientMismatchConfig(CheckConfig):
+    """``gradient_mismatch``: the comparison's tolerance and the probe's budget."""
+
+    severity: Severity = severity_field("error")
+    rtol: float = Field(
+        default=1e-2,
+        gt=0,
+        description="Relative disagreement between autograd and finite differences that is a "
+        "mismatch (float64 differences agree to about 1e-6 on smooth models).",
+    )
+    budget_s: float = Field(
+        default=5.0,
+        gt=0,
+        description="Seconds the probe may take; over it, layers are sampled and the probe "
+        "says how many it compared.",
+    )
+    max_samples: int = Field(
+        default=8, ge=1, description="Samples of the batch the probe uses (the first ones)."
+    )
+
+
+class GradientMismatch(Check):
+    """A layer's gradient, as autograd computes it, is not the derivative of the loss."""
+
+    id = "gradient_mismatch"
+    Config = GradientMismatchConfig
+    doc = CheckDoc(
+        summary="Autograd's derivative of the loss along a random direction of a layer's "
+        "parameters disagrees with central finite differences of the loss (float64, on a "
+        "copy of the model): the gradient the optimizer follows is not the loss's.",
+        why="A wrong derivative trains with finite, moving, non-zero gradients, so every "
+        "gradient-flow check passes; the model just learns something else, or slowly.",
+        causes=(
+            "A custom `torch.autograd.Function` whose `backward` is wrong (a missing factor, "
+            "a wrong sign, a transposed product, the gradient of another function).",
+            "A `.data` edit in the forward (`h.data = h.data.clamp(...)`, "
+            "`x.data.mul_(s)`) that changes the output where autograd cannot see it.",
+            "An in-place change through a view or a buffer that autograd does not track, so "
+            "the recorded graph computes another function than the forward.",
+        ),
+        fix="Check the named layer and the first operation after it: compare the custom "
+        "`backward` with `torch.autograd.gradcheck`, and replace `.data` edits by ordinary "
+        "(differentiable) operations or an explicit `.detach()`.",
+        silence=(
+            "A stop-gradient autograd can see (`.detach()`, `torch.no_grad()`, an "
+            "`autograd.Function` whose class name says straight-through or that sets "
+            "`straight_through = True`) explains the difference and is not reported.",
+        ),
+    )

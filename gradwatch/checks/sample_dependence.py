@@ -1,0 +1,57 @@
+"""``sample_dependence``: one sample's output depends on another sample's input.
+
+A probe (:mod:`gradwatch.probes.samples`): one backward from one sample's output of the
+model, on a copy; a gradient on any other sample's input is a dependence the batch must not
+have (or, where the model declares it causal, on a later position).
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from gradwatch._severity import Severity
+from gradwatch.checks.base import Check, CheckConfig, severity_field
+from gradwatch.checks.docs import CheckDoc
+
+__all__ = ["SampleDependence", "SampleDependenceConfig"]
+
+
+class SampleDependenceConfig(CheckConfig):
+    """``sample_dependence``: the share of gradient that is a dependence, and the budget."""
+
+    severity: Severity = severity_field("error")
+    min_share: float = Field(
+        default=1e-6,
+        ge=0,
+        description="Gradient norm on other samples' inputs, relative to the sample's own, "
+        "above which it is a dependence (independent samples give exactly zero).",
+    )
+    budget_s: float = Field(default=5.0, gt=0, description="Seconds the probe may take.")
+
+
+class SampleDependence(Check):
+    """The model's output for one sample depends on other samples of the batch."""
+
+    id = "sample_dependence"
+    Config = SampleDependenceConfig
+    doc = CheckDoc(
+        summary="One sample's output of the model has a gradient on another sample's input: "
+        "samples of the batch change each other's outputs.",
+        why="The model then learns from the batch's composition: it scores well in training "
+        "and differently at inference with another batch size or batch (at batch size 1 "
+        "it is another model).",
+        causes=(
+            "A softmax or other normalisation over dimension 0 (the batch) instead of the "
+            "classes or positions: `softmax(x, dim=0)`.",
+            "A reshape that mixes samples: `x.view(seq, batch, d)` on a `(batch, seq, d)` "
+            "tensor, or `transpose` then `view` in the wrong order.",
+            "Statistics taken over the batch in the forward (`x - x.mean(0)`, a hand-written "
+            "normaliser), outside a `BatchNorm` layer.",
+        ),
+        fix="Find the operation that reduces or reshapes over the batch dimension and make "
+        "it act per sample (`dim=-1`, `permute` before `reshape`).",
+        silence=(
+            "Train-mode `BatchNorm` couples samples by design: reported as `info` when the "
+            "dependence vanishes with the batch norms in eval mode.",
+        ),
+    )

@@ -1,0 +1,158 @@
+"""Probes: test the training step itself, on a copy of the model, before it costs a run.
+
+Each probe is an experiment a careful practitioner runs by hand on a new setup (A. Karpathy,
+"A Recipe for Training Neural Networks", 2019), here on a deep copy of the model inside
+:func:`~gradwatch.probes._sandbox.rng_kept`: the user's weights, optimizer state, global RNG
+state and data are never touched. ``gradient_mismatch`` checks the derivative numerically,
+``sample_dependence`` charts which samples an output depends on, ``does_not_learn``
+overfits one batch. Each has a time budget (its config's ``budget_s``); a probe that cannot
+judge says so as an ``info`` ``not_observed`` finding and ``verdict: not_observed`` in the
+report's ``probes`` section, never as a pass.
+
+Example:
+    >>> import torch
+    >>> from torch import nn
+    >>> model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+    >>> batch = (torch.randn(8, 4), torch.randn(8, 1))
+    >>> report = probe(model, batch, lambda m, b: nn.functional.mse_loss(m(b[0]), b[1]))
+    >>> [(p.id, p.verdict) for p in report.probes]
+    [('sample_dependence', 'passed'), ('gradient_mismatch', 'passed'), ('does_not_learn', 'passed')]
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Optional, Union
+
+import torch
+from torch import nn
+
+from gradwatch._severity import at_least
+from gradwatch._version import __version__
+from gradwatch.checks.does_not_learn import DoesNotLearn, DoesNotLearnConfig
+from gradwatch.checks.gradient_mismatch import GradientMismatch, GradientMismatchConfig
+from gradwatch.checks.not_observed import NotObserved
+from gradwatch.checks.sample_dependence import SampleDependence, SampleDependenceConfig
+from gradwatch.config import GradWatchConfig
+from gradwatch.probes._sandbox import Budget, CannotJudge, LossFn, rng_kept
+from gradwatch.probes._verdicts import (
+    gradient_verdict,
+    not_judged,
+    overfit_verdict,
+    sample_verdict,
+)
+from gradwatch.probes.gradient import gradient_agreement
+from gradwatch.probes.overfit import overfit_one_batch
+from gradwatch.probes.samples import samples_reached
+from gradwatch.report import Finding, Report
+from gradwatch.results import ProbeResult
+
+__all__ = ["PROBES", "probe", "run_probes"]
+
+#: The checks that are probes, in the order they run (the cheapest first).
+PROBES = (SampleDependence.id, GradientMismatch.id, DoesNotLearn.id)
+
+
+def _one(
+    check_id: str,
+    cfg: Any,
+    record: ProbeResult,
+    model: nn.Module,
+    batch: Any,
+    loss_fn: LossFn,
+    opt: Any,
+) -> Optional[Finding]:
+    """Run one probe and judge it into ``record``; its finding, if any."""
+    budget = Budget(cfg.budget_s)
+    if isinstance(cfg, SampleDependenceConfig):
+        found = samples_reached(model, batch, loss_fn, min_share=cfg.min_share, budget=budget)
+        return sample_verdict(found, record, cfg.severity)
+    if isinstance(cfg, GradientMismatchConfig):
+        compared = gradient_agreement(
+            model, batch, loss_fn, rtol=cfg.rtol, budget=budget, max_samples=cfg.max_samples
+        )
+        return gradient_verdict(compared, record, cfg.severity)
+    assert isinstance(cfg, DoesNotLearnConfig), check_id
+    trained = overfit_one_batch(
+        model,
+        batch,
+        loss_fn,
+        opt,
+        steps=cfg.steps,
+        ratio=cfg.ratio,
+        max_samples=cfg.max_samples,
+        budget=budget,
+    )
+    return overfit_verdict(trained, record, cfg.severity)
+
+
+def run_probes(
+    model: nn.Module,
+    batch: Any,
+    loss_fn: LossFn,
+    optimizer: Any = None,
+    *,
+    config: GradWatchConfig,
+) -> tuple[list[ProbeResult], list[Finding]]:
+    """Run every enabled probe on copies of ``model``: their records and their findings.
+
+    The global RNG state is restored on the way out, whatever happened.
+    """
+    records: list[ProbeResult] = []
+    findings: list[Finding] = []
+    with rng_kept(), torch.enable_grad():
+        for check_id in PROBES:
+            cfg = config.check(check_id)
+            if not cfg.enabled:
+                continue
+            record = ProbeResult(id=check_id, verdict=NotObserved.id)
+            start = time.perf_counter()
+            try:
+                finding = _one(check_id, cfg, record, model, batch, loss_fn, optimizer)
+            except CannotJudge as exc:
+                if exc.partial is not None and hasattr(exc.partial, "curve"):
+                    record.curve = list(exc.partial.curve)
+                finding = not_judged(check_id, exc, record)
+            record.seconds = time.perf_counter() - start
+            if finding is not None:
+                findings.append(finding)
+            records.append(record)
+    return records, findings
+
+
+def probe(
+    model: nn.Module,
+    batch: Any,
+    loss_fn: LossFn,
+    optimizer: Optional[torch.optim.Optimizer] = None,
+    *,
+    config: Union[GradWatchConfig, dict[str, Any], str, None] = None,
+) -> Report:
+    """Run the probes on copies of ``model`` and return a :class:`~gradwatch.Report`.
+
+    Args:
+        model: the module; never changed (each probe works on a deep copy).
+        batch: one batch, passed to ``loss_fn`` as is (probes use its first samples).
+        loss_fn: ``loss_fn(model, batch) -> Tensor``, a scalar loss, as for ``Probe``.
+        optimizer: the user's optimizer: ``does_not_learn`` re-creates its class with its
+            hyperparameters on the copy (never its state); ``None`` means Adam at 1e-3.
+        config: a config, dict or path: each probe's ``enabled``, ``severity``, budget.
+
+    Returns:
+        A report with the probes' findings and its ``probes`` section.
+
+    Example:
+        >>> report = gradwatch.probe(model, (x, y), loss_fn, optimizer)  # doctest: +SKIP
+        >>> report.raise_for_findings()  # doctest: +SKIP
+    """
+    cfg = GradWatchConfig.coerce(config)
+    records, findings = run_probes(model, batch, loss_fn, optimizer, config=cfg)
+    return Report(
+        gradwatch_version=__version__,
+        torch_version=torch.__version__,
+        config=cfg,
+        fail_on=cfg.fail_on,
+        findings=findings,
+        probes=records,
+        failed=any(at_least(f.severity, cfg.fail_on) for f in findings),
+    )

@@ -1,0 +1,174 @@
+"""Each probe's measurement as its report record and its findings (one per check at most)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Optional
+
+from gradwatch.checks.does_not_learn import DoesNotLearn
+from gradwatch.checks.gradient_mismatch import GradientMismatch
+from gradwatch.checks.not_observed import NotObserved
+from gradwatch.checks.sample_dependence import SampleDependence
+from gradwatch.probes._sandbox import CannotJudge
+from gradwatch.probes.gradient import GradientResult
+from gradwatch.probes.overfit import OverfitResult
+from gradwatch.probes.samples import SampleResult
+from gradwatch.results import Finding, ProbeResult
+
+__all__ = ["gradient_verdict", "not_judged", "overfit_verdict", "sample_verdict"]
+
+
+def _finding(check: str, severity: str, message: str, hint: str, **kw: Any) -> Finding:
+    return Finding(check=check, severity=severity, message=message, hint=hint, **kw)
+
+
+def not_judged(check_id: str, exc: CannotJudge, record: ProbeResult) -> Finding:
+    """The probe could not judge: a ``not_observed`` (``info``: only this check is blind)."""
+    record.verdict = NotObserved.id
+    record.note = str(exc)
+    record.details["reason"] = exc.reason
+    return _finding(
+        NotObserved.id,
+        "info",
+        f"the {check_id} probe could not judge this model: {exc}",
+        "The probe's verdict is missing, not a pass; see the report's probes section.",
+        details={"reason": f"probe_{exc.reason}", "probe": check_id},
+    )
+
+
+def gradient_verdict(res: GradientResult, record: ProbeResult, severity: str) -> Optional[Finding]:
+    record.layers = res.layers
+    record.sampled = res.sampled
+    record.memory_bytes = res.memory_bytes
+    record.details.update(
+        dtype=res.dtype,
+        layers_compared=len(res.layers),
+        layers_total=res.total_layers,
+        custom_functions=res.custom_functions,
+        straight_through=res.straight_through,
+    )
+    if res.sampled:
+        record.note = (
+            f"compared {len(res.layers)} of {res.total_layers} layers, spread over the "
+            "forward, to stay in the time budget"
+        )
+    bad = res.mismatched()
+    if not bad:
+        record.verdict = "passed"
+        return None
+    record.verdict = "finding"
+    last = bad[-1]
+    after = [r.name for r in res.layers[res.layers.index(last) + 1 :] if r.status == "agree"]
+    where = f"{last.name}" + (f" and {after[0]}" if after else " and the loss")
+    fns = ", ".join(res.custom_functions)
+    return _finding(
+        GradientMismatch.id,
+        severity,
+        f"autograd's derivative of the loss disagrees with finite differences for "
+        f"{len(bad)} layer(s) ({', '.join(r.name for r in bad[:6])}): e.g. {last.name}: "
+        f"autograd {last.autograd:.4g}, numeric {last.numeric:.4g}. The wrong derivative "
+        f"is after {where}"
+        + (f" (custom autograd.Function in the graph: {fns})" if fns else "")
+        + ".",
+        "Check the operations between "
+        + where
+        + ": a custom backward (try torch.autograd.gradcheck), a .data edit, an "
+        "in-place change autograd does not track.",
+        params=[p for r in bad for p in r.params],
+        module=last.name,
+        details={
+            "layers": [
+                {"name": r.name, "autograd": r.autograd, "numeric": r.numeric, "error": r.error}
+                for r in bad
+            ],
+            "between": [last.name, after[0] if after else None],
+            "custom_functions": res.custom_functions,
+            "dtype": res.dtype,
+        },
+    )
+
+
+def sample_verdict(res: SampleResult, record: ProbeResult, severity: str) -> Optional[Finding]:
+    record.memory_bytes = res.memory_bytes
+    record.details.update(sample=res.sample, batch=res.batch, inputs=res.inputs)
+    if not res.dependent:
+        record.verdict = "passed"
+        return None
+    record.verdict = "finding" if res.cause is None else "passed"
+    share = "inf" if math.isinf(res.share) else f"{res.share:.3g}"
+    details = {
+        "sample": res.sample,
+        "other_samples": res.others[:32],
+        "share": res.share,
+        "inputs": res.inputs,
+        "cause": res.cause,
+    }
+    record.details.update(other_samples=res.others[:32], share=res.share, cause=res.cause)
+    if res.cause == "batch_norm":
+        return _finding(
+            SampleDependence.id,
+            "info",
+            f"sample {res.sample}'s output depends on {len(res.others)} other sample(s) of "
+            "the batch through train-mode batch norm (it vanishes with them in eval mode).",
+            "Expected for BatchNorm; use GroupNorm/LayerNorm if samples must be independent.",
+            details=details,
+        )
+    return _finding(
+        SampleDependence.id,
+        severity,
+        f"sample {res.sample}'s output of the model has a gradient on the input of "
+        f"{len(res.others)} other sample(s) of the batch of {res.batch} (via "
+        f"{', '.join(res.inputs[:3])}; {share} x its own): samples change each other's "
+        "outputs.",
+        "Look for a softmax/normalisation over dim 0, statistics over the batch, or a "
+        "reshape/view that mixes the batch with another dimension.",
+        details=details,
+    )
+
+
+def overfit_verdict(res: OverfitResult, record: ProbeResult, severity: str) -> Optional[Finding]:
+    record.curve = res.curve
+    record.memory_bytes = res.memory_bytes
+    record.details.update(
+        start=res.start,
+        floor=res.floor,
+        target=res.target,
+        steps=res.steps,
+        optimizer=res.optimizer,
+    )
+    if res.learned:
+        record.verdict = "passed"
+        return None
+    record.verdict = "finding"
+    record.details["layers_that_did_not_move"] = res.not_moved
+    how = "diverged (non-finite loss)" if res.diverged else f"reached only {res.floor:.4g}"
+    if res.boosted:
+        how += " (also at 10 x the learning rate"
+        how += f", heading for {res.floor_estimate:.4g})" if res.floor_estimate else ")"
+    return _finding(
+        DoesNotLearn.id,
+        severity,
+        f"{res.steps} steps of {res.optimizer} on one fixed batch, on a copy, took the loss "
+        f"from {res.start:.4g}: it {how}, not {res.target:.4g}"
+        + (
+            f"; {len(res.not_moved)} layer(s) did not move ({', '.join(res.not_moved[:6])})"
+            if res.not_moved
+            else ""
+        )
+        + ".",
+        "A model that cannot overfit one batch has a bug: an extra softmax/sigmoid before "
+        "the loss, a constant initialisation (identical units), an output range the "
+        "targets are outside of, a learning rate of 0.",
+        details={
+            "start": res.start,
+            "floor": res.floor,
+            "target": res.target,
+            "curve": res.curve,
+            "steps": res.steps,
+            "optimizer": res.optimizer,
+            "diverged": res.diverged,
+            "curve_at_10x_lr": res.boosted,
+            "floor_estimate": res.floor_estimate,
+            "layers_that_did_not_move": res.not_moved,
+        },
+    )

@@ -1,0 +1,245 @@
+"""The ``gradient_mismatch`` probe: autograd against central finite differences, per layer.
+
+On a float64 copy of the model (its own dtype when a float64 forward fails, said so), one
+autograd evaluation gives the gradient of every layer; per layer, a random unit direction
+``v`` of its parameters gives autograd's directional derivative ``g . v`` and the central
+difference ``(L(t + h v) - L(t - h v)) / 2h``. Every evaluation seeds the global generators
+alike (dropout draws the same mask) and restores the buffers (running statistics, EMA
+codebooks), and visible stop-gradients are held at their recorded values
+(:mod:`gradwatch.probes._stopgrad`), so both sides differentiate the same function. A
+disagreement is confirmed at step ``2h``: rounding noise changes with the step, a wrong
+derivative does not. Over the time budget the layers are sampled, spread over the forward.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import torch
+from torch import Tensor, nn
+
+from gradwatch.probes._sandbox import (
+    Budget,
+    CannotJudge,
+    LossFn,
+    cast_batch,
+    evaluate,
+    fresh_copy,
+    param_bytes,
+    slice_batch,
+)
+from gradwatch.probes._stopgrad import (
+    ReplayMismatch,
+    StopGradients,
+    custom_functions,
+    straight_through_params,
+)
+from gradwatch.results import ProbeLayer
+from gradwatch.vectors.sensitivity import layer_groups
+
+__all__ = ["GradientResult", "gradient_agreement"]
+
+SEED = 20190425  # the date of the Recipe: any fixed seed, the same for every evaluation
+
+
+@dataclass
+class GradientResult:
+    """What the probe measured: per layer rows, and what was left out and why."""
+
+    layers: list[ProbeLayer] = field(default_factory=list)
+    dtype: str = "float64"
+    total_layers: int = 0
+    sampled: bool = False
+    memory_bytes: int = 0
+    custom_functions: list[str] = field(default_factory=list)
+    straight_through: list[str] = field(default_factory=list)
+
+    def mismatched(self) -> list[ProbeLayer]:
+        return [row for row in self.layers if row.status == "mismatch"]
+
+
+class _Layer:
+    def __init__(self, name: str, names: list[str], params: list[Tensor], seed: int) -> None:
+        self.name, self.names, self.params = name, names, params
+        gen = torch.Generator().manual_seed(seed)
+        raw = [torch.randn(p.shape, generator=gen, dtype=torch.float64) for p in params]
+        norm = math.sqrt(sum(float((r * r).sum()) for r in raw)) or 1.0
+        self.v = [(r / norm).to(p.device, p.dtype) for r, p in zip(raw, params)]
+        self.base = [p.detach().clone() for p in params]
+        size = math.sqrt(sum(float(b.double().pow(2).sum()) for b in self.base))
+        self.scale = max(1.0, size)
+
+    def shift(self, h: float) -> None:
+        with torch.no_grad():
+            for p, b, v in zip(self.params, self.base, self.v):
+                p.copy_(b + h * v)
+
+    def directional(self, grads: list[Optional[Tensor]]) -> float:
+        return float(sum(float((g * v).sum()) for g, v in zip(grads, self.v) if g is not None))
+
+
+class _Evaluator:
+    """Evaluations of the copy's loss: seeded, buffers restored, stop-gradients replayed."""
+
+    def __init__(self, model: nn.Module, batch: Any, loss_fn: LossFn, mode: StopGradients):
+        self.model, self.batch, self.loss_fn, self.mode = model, batch, loss_fn, mode
+        self.buffers = [(b, b.detach().clone()) for b in model.buffers()]
+
+    def _restore(self) -> None:
+        with torch.no_grad():
+            for b, saved in self.buffers:
+                b.copy_(saved)
+
+    def recorded(self) -> Tensor:
+        self._restore()
+        with self.mode.start(replay=False):
+            return evaluate(self.model, self.batch, self.loss_fn, SEED)
+
+    def replayed(self) -> float:
+        self._restore()
+        try:  # with grad on, as recorded: what requires grad decides what is held constant
+            with self.mode.start(replay=True):
+                loss = evaluate(self.model, self.batch, self.loss_fn, SEED)
+            return float(loss.detach())
+        except ReplayMismatch as exc:
+            raise CannotJudge("forward_changed", f"the forward took another path: {exc}") from exc
+
+
+def _prepare(
+    model: nn.Module, batch: Any, max_samples: int, wide: bool
+) -> tuple[nn.Module, Any, str]:
+    """The copy in float64 (and the batch's floats), or in its own dtype."""
+    small = slice_batch(batch, max_samples)
+    copy = fresh_copy(model)
+    if wide:
+        try:
+            return copy.double(), cast_batch(small, torch.float64), "float64"
+        except Exception:
+            copy = fresh_copy(model)
+    return copy, small, "native"
+
+
+def _judge(row: ProbeLayer, noise: float, rtol: float) -> str:
+    err = abs(row.numeric - row.autograd)
+    scale = max(abs(row.numeric), abs(row.autograd))
+    if err <= rtol * scale or err <= 1e-9:
+        return "agree"
+    return "mismatch" if err > 10.0 * noise else "inconclusive"
+
+
+def _central(ev: _Evaluator, layer: _Layer, h: float) -> float:
+    layer.shift(h)
+    up = ev.replayed()
+    layer.shift(-h)
+    down = ev.replayed()
+    layer.shift(0.0)
+    return (up - down) / (2.0 * h)
+
+
+def _spread(n: int, k: int) -> list[int]:
+    """``k`` indices of ``range(n)`` spread evenly, first and last included."""
+    if k >= n:
+        return list(range(n))
+    if k <= 1:
+        return [n - 1]
+    return sorted({round(i * (n - 1) / (k - 1)) for i in range(k)})
+
+
+def _base(ev: _Evaluator, groups: list[Any]) -> tuple[Tensor, list[Optional[Tensor]]]:
+    loss = ev.recorded()
+    if not loss.requires_grad:
+        raise CannotJudge("not_differentiable", "the loss does not require grad")
+    if not torch.isfinite(loss):
+        raise CannotJudge("nonfinite_loss", "the loss is not finite on the copy")
+    params = [p for g in groups for p in g[2]]
+    try:
+        grads = torch.autograd.grad(loss, params, allow_unused=True)
+    except RuntimeError as exc:
+        raise CannotJudge("not_differentiable", f"autograd failed: {exc}") from exc
+    return loss, list(grads)
+
+
+def gradient_agreement(
+    model: nn.Module, batch: Any, loss_fn: LossFn, *, rtol: float, budget: Budget, max_samples: int
+) -> GradientResult:
+    """Compare autograd with finite differences on every layer that the budget allows.
+
+    In float64 when the model and ``loss_fn`` run in it, else in the model's own dtype
+    (``loss_fn`` builds float32 tensors: ``torch.randn(n, 2)`` for a GAN's noise).
+
+    Raises:
+        CannotJudge: the copy cannot be evaluated reproducibly or differentiated.
+    """
+    try:
+        return _agreement(model, batch, loss_fn, rtol, budget, max_samples, wide=True)
+    except CannotJudge as exc:
+        if exc.reason != "loss_failed":
+            raise
+    return _agreement(model, batch, loss_fn, rtol, budget, max_samples, wide=False)
+
+
+def _agreement(
+    model: nn.Module,
+    batch: Any,
+    loss_fn: LossFn,
+    rtol: float,
+    budget: Budget,
+    max_samples: int,
+    *,
+    wide: bool,
+) -> GradientResult:
+    copy, small, dtype = _prepare(model, batch, max_samples, wide)
+    groups = layer_groups(copy)
+    if not groups:
+        raise CannotJudge("no_parameters", "the model has no trainable parameters")
+    owner = {id(p): k for k, g in enumerate(groups) for p in g[2]}
+    mode = StopGradients(owner)
+    ev = _Evaluator(copy, small, loss_fn, mode)
+    result = GradientResult(dtype=dtype, total_layers=len(groups))
+    result.memory_bytes = param_bytes(copy)
+    t0 = budget.elapsed()
+    loss, grads = _base(ev, groups)
+    result.custom_functions = custom_functions(loss)
+    ste_ids, result.straight_through = straight_through_params(loss)
+    value = float(loss.detach())
+    del loss
+    again = ev.replayed()
+    if abs(again - value) > 1e-9 * max(1.0, abs(value)):
+        raise CannotJudge(
+            "not_reproducible",
+            f"the loss changed between two evaluations with the same weights and seed "
+            f"({value:.10g}, then {again:.10g}): loss_fn or the model keeps state",
+        )
+    per_eval = max((budget.elapsed() - t0) / 2.0, 1e-4)
+    order = [k for k in dict.fromkeys(mode.first_use)]
+    order += [k for k in range(len(groups)) if k not in order]
+    fits = int(max(budget.left(), 0.0) / (2.0 * per_eval))
+    chosen = [order[i] for i in _spread(len(order), max(fits, 1))]
+    result.sampled = len(chosen) < len(order)
+    flat = iter(grads)
+    grad_of = [[next(flat) for _ in g[2]] for g in groups]
+    h_rel = 1e-5 if dtype == "float64" else 3e-3
+    tol = rtol if dtype == "float64" else max(rtol, 5e-2)
+    for k in chosen:
+        if budget.left() <= 0 and result.layers:
+            result.sampled = True
+            break
+        name, names, params = groups[k]
+        layer = _Layer(name, names, params, seed=SEED + k)
+        h = h_rel * layer.scale
+        auto = layer.directional(grad_of[k])
+        row = ProbeLayer(name=name, params=names, autograd=auto, numeric=_central(ev, layer, h))
+        row.error = abs(row.numeric - row.autograd) / max(
+            abs(row.numeric), abs(row.autograd), 1e-30
+        )
+        if any(id(p) in ste_ids for p in params):
+            row.status = "explained"
+        else:
+            row.status = _judge(row, 0.0, tol)
+            if row.status != "agree":  # confirm at 2h: noise moves, a wrong derivative stays
+                again2 = _central(ev, layer, 2.0 * h)
+                row.status = _judge(row, abs(again2 - row.numeric), tol)
+        result.layers.append(row)
+    return result

@@ -1,0 +1,267 @@
+"""The ``does_not_learn`` probe: overfit one small fixed batch with the user's own optimizer.
+
+A new instance of the user's optimizer class, with its param groups' hyperparameters (the
+learning rate a scheduler started from, ``initial_lr``, when one is attached: a warm-up at 0
+is no verdict), on a copy of the model, takes up to ``steps`` steps on the first samples of
+the batch, each evaluation seeded alike (dropout draws one mask: the objective is one fixed
+function). The loss must fall to ``ratio`` of its start (by ``(1 - ratio) |start|``). The
+layers that did not move are those whose copy still equals the user's own weights.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import torch
+from torch import nn
+
+from gradwatch.probes._sandbox import (
+    Budget,
+    CannotJudge,
+    LossFn,
+    evaluate,
+    fresh_copy,
+    param_bytes,
+    slice_batch,
+)
+from gradwatch.vectors.sensitivity import layer_groups
+
+__all__ = ["OverfitResult", "overfit_one_batch"]
+
+SEED = 31337
+MOVED = 1e-7  # |w - w0| / |w0| at or below this: the layer did not move
+
+
+@dataclass
+class OverfitResult:
+    """The losses before each step, what the loss had to reach, what did not move."""
+
+    curve: list[float] = field(default_factory=list)
+    target: float = 0.0
+    optimizer: str = ""
+    steps: int = 0
+    stopped_by_budget: bool = False
+    diverged: bool = False
+    not_moved: list[str] = field(default_factory=list)
+    memory_bytes: int = 0
+    boosted: list[float] = field(default_factory=list)  # the run at 10 x the rate, if any
+    floor_estimate: Optional[float] = None  # where a decelerating curve is heading
+
+    @property
+    def start(self) -> float:
+        return self.curve[0]
+
+    @property
+    def floor(self) -> float:
+        finite = [c for c in [*self.curve, *self.boosted] if math.isfinite(c)]
+        return min(finite) if finite else math.nan
+
+    @property
+    def learned(self) -> bool:
+        return not self.diverged and self.floor <= self.target
+
+
+def _real(optimizer: Any) -> Optional[torch.optim.Optimizer]:
+    for _ in range(4):  # accelerate's AcceleratedOptimizer and similar expose .optimizer
+        if isinstance(optimizer, torch.optim.Optimizer):
+            return optimizer
+        optimizer = getattr(optimizer, "optimizer", None)
+    return None
+
+
+def _accepted(cls: type, kwargs: dict[str, Any]) -> dict[str, Any]:
+    try:
+        sig = inspect.signature(cls)
+    except (TypeError, ValueError):
+        return {}
+    if any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values()):
+        return kwargs
+    return {k: v for k, v in kwargs.items() if k in sig.parameters}
+
+
+def copy_optimizer(
+    optimizer: Any, model: nn.Module, clone: nn.Module
+) -> tuple[torch.optim.Optimizer, str]:
+    """The user's optimizer class and hyperparameters over ``clone``'s parameters, no state.
+
+    Raises:
+        CannotJudge: it holds none of the model's parameters or cannot be re-created.
+    """
+    if optimizer is None:
+        params = [p for p in clone.parameters() if p.requires_grad]
+        if not params:
+            raise CannotJudge("no_parameters", "the model has no trainable parameters")
+        return torch.optim.Adam(params, lr=1e-3), "Adam(lr=0.001), no optimizer given"
+    real = _real(optimizer)
+    if real is None:
+        raise CannotJudge("no_optimizer", f"{type(optimizer).__name__} is not a torch optimizer")
+    index = {id(p): k for k, p in enumerate(model.parameters())}
+    mine = list(clone.parameters())
+    groups = []
+    for g in real.param_groups:
+        params = [mine[index[id(p)]] for p in g["params"] if id(p) in index]
+        if params:
+            hp = {k: v for k, v in g.items() if k != "params"}
+            if "initial_lr" in hp:  # a scheduler's start, not its warm-up's first value
+                hp["lr"] = hp["initial_lr"]
+            groups.append({"params": params, **hp})
+    if not groups:
+        raise CannotJudge("no_parameters", "the optimizer holds none of the model's parameters")
+    cls = type(real)
+    try:
+        made = cls(groups, **_accepted(cls, dict(real.defaults)))
+    except Exception as exc:
+        raise CannotJudge(
+            "optimizer_not_copyable", f"{cls.__name__} cannot be re-created ({exc})"
+        ) from exc
+    lrs = sorted({float(g.get("lr", 0.0)) for g in groups})
+    return made, f"{cls.__name__}(lr={', '.join(f'{lr:g}' for lr in lrs)})"
+
+
+def _not_moved(model: nn.Module, clone: nn.Module) -> list[str]:
+    before = dict(model.named_parameters())
+    out = []
+    for name, names, params in layer_groups(clone):
+        moved = False
+        for pname, p in zip(names, params):
+            old = before.get(pname)
+            if old is None or old.shape != p.shape:
+                moved = True
+                break
+            with torch.no_grad():
+                diff = float((p.detach().double() - old.detach().double().to(p.device)).norm())
+                size = float(old.detach().double().norm())
+            if diff > MOVED * max(size, 1e-12):
+                moved = True
+                break
+        if not moved:
+            out.append(name)
+    return out
+
+
+def _still_falling(curve: list[float]) -> bool:
+    """Whether the last quarter of the curve still fell by more than 1 % of the start: not a
+    floor yet, only a slow descent (a small learning rate)."""
+    tail = curve[-max(len(curve) // 4, 2) :]
+    return tail[0] - min(tail) > 0.01 * abs(curve[0])
+
+
+def _asymptote(curve: list[float]) -> Optional[float]:
+    """Where a decelerating curve is heading (Aitken's delta-squared over its last half), or
+    ``None`` when it is not decelerating (a steady or speeding-up descent has no floor yet)."""
+    n = len(curve)
+    if n < 8:
+        return None
+    a, b, c = curve[n // 2], curve[(3 * n) // 4], curve[-1]
+    d1, d2 = a - b, b - c
+    if not (d1 > 0 and 0 <= d2 < 0.7 * d1):
+        return None
+    return c - d2 * d2 / (d1 - d2)
+
+
+def _train(
+    clone: nn.Module,
+    small: Any,
+    loss_fn: LossFn,
+    opt: torch.optim.Optimizer,
+    result: OverfitResult,
+    *,
+    steps: int,
+    budget: Budget,
+) -> list[float]:
+    """Up to ``steps`` steps; the loss before each (a run stops at ``result.target``)."""
+    curve: list[float] = []
+    for _ in range(steps):
+        opt.zero_grad(set_to_none=True)
+        loss = evaluate(clone, small, loss_fn, SEED)
+        value = float(loss.detach())
+        curve.append(value)
+        if not math.isfinite(value):
+            result.diverged = True
+            break
+        if value <= result.target:
+            break
+        if budget.left() <= 0:
+            result.stopped_by_budget = True
+            break
+        torch.autograd.backward(loss)  # not Tensor.backward: a watcher's wrapper is not for us
+        opt.step()
+    return curve
+
+
+def _start(clone: nn.Module, small: Any, loss_fn: LossFn, ratio: float) -> float:
+    """The loss at the start, and what it must reach (its target)."""
+    loss = evaluate(clone, small, loss_fn, SEED)
+    value = float(loss.detach())
+    if not loss.requires_grad:
+        raise CannotJudge("not_differentiable", "the loss does not require grad")
+    if not math.isfinite(value):
+        raise CannotJudge("nonfinite_loss", "the loss is not finite at the start")
+    if value == 0.0:
+        raise CannotJudge("loss_at_zero", "the loss is already 0 at the start")
+    return value - (1.0 - ratio) * abs(value)
+
+
+def overfit_one_batch(
+    model: nn.Module,
+    batch: Any,
+    loss_fn: LossFn,
+    optimizer: Any,
+    *,
+    steps: int,
+    ratio: float,
+    max_samples: int,
+    budget: Budget,
+) -> OverfitResult:
+    """Train a copy on the first ``max_samples`` samples; stop once the loss reached its target.
+
+    When the user's learning rate leaves the loss still falling at the end, a fresh copy is
+    trained again at 10 x that rate: reaching the target then is a pass (the rate is only
+    slow on one batch); a floor at 10 x too is the finding; still falling is no verdict.
+
+    Raises:
+        CannotJudge: the loss is not differentiable or not finite at the start, the optimizer
+            cannot be re-created, or the loss was still falling when steps or budget ran out.
+    """
+    small = slice_batch(batch, max_samples)
+    clone = fresh_copy(model)
+    opt, described = copy_optimizer(optimizer, model, clone)
+    result = OverfitResult(optimizer=described, memory_bytes=param_bytes(clone))
+    result.target = _start(clone, small, loss_fn, ratio)
+    result.curve = _train(clone, small, loss_fn, opt, result, steps=steps, budget=budget)
+    result.steps = len(result.curve)
+    if result.learned or result.diverged:
+        result.not_moved = [] if result.learned else _not_moved(model, clone)
+        return result
+    if _still_falling(result.curve) and budget.left() > 0:
+        del clone, opt
+        clone = fresh_copy(model)
+        opt, _ = copy_optimizer(optimizer, model, clone)
+        try:
+            for g in opt.param_groups:
+                g["lr"] = g["lr"] * 10.0
+        except TypeError:  # no numeric lr (a relative-step Adafactor): no second run
+            pass
+        else:
+            result.boosted = _train(clone, small, loss_fn, opt, result, steps=steps, budget=budget)
+            result.diverged = False  # 10 x may diverge: that says nothing of the user's rate
+            if result.boosted and min(result.boosted) <= result.target:
+                return result
+    curve = result.boosted or result.curve
+    result.not_moved = _not_moved(model, clone)
+    heading = _asymptote(curve) if result.boosted else None
+    if heading is not None and heading > result.target:
+        result.floor_estimate = heading
+    elif _still_falling(curve):
+        why = "the time budget ran out" if budget.left() <= 0 else "steps ran out"
+        raise CannotJudge(
+            "still_falling",
+            f"{why} after {len(curve)} steps with the loss still falling "
+            f"({curve[0]:.4g} -> {min(curve):.4g}, target {result.target:.4g}), also at "
+            "10 x the learning rate: raise its steps or budget_s",
+            partial=result,
+        )
+    return result

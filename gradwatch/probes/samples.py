@@ -1,0 +1,195 @@
+"""The ``sample_dependence`` probe: does one sample's output depend on another's input?
+
+On a copy of the model, the batch's floating inputs (and the outputs of embedding layers,
+for token ids) become leaves that require grad; one backward from a random weighting of one
+sample's output (the model's first output with the batch's leading dimension) gives the
+gradient on every input. Independent samples give exactly zero on the others: any gradient
+there, beyond ``min_share`` of the sample's own, is a dependence. When the model trains batch
+norms, the backward is run again with them in eval mode: a dependence that vanishes is batch
+norm's, reported as ``info``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import torch
+from torch import Tensor, nn
+from torch.nn.modules.batchnorm import _BatchNorm
+
+from gradwatch.probes._sandbox import (
+    Budget,
+    CannotJudge,
+    LossFn,
+    batch_size,
+    evaluate,
+    fresh_copy,
+    param_bytes,
+)
+
+__all__ = ["SampleResult", "samples_reached"]
+
+SEED = 1729
+
+
+@dataclass
+class SampleResult:
+    """What the backward from one sample's output reached."""
+
+    sample: int = 0
+    batch: int = 0
+    others: list[int] = field(default_factory=list)
+    share: float = 0.0
+    inputs: list[str] = field(default_factory=list)
+    cause: Optional[str] = None  # "batch_norm" when eval-mode batch norms remove it
+    memory_bytes: int = 0
+
+    @property
+    def dependent(self) -> bool:
+        return bool(self.others)
+
+
+def _leafify(batch: Any, n: int, path: str, leaves: list[tuple[str, Tensor]]) -> Any:
+    if isinstance(batch, Tensor):
+        if batch.is_floating_point() and batch.dim() > 0 and batch.shape[0] == n:
+            leaf = batch.detach().clone().requires_grad_(True)
+            leaves.append((path, leaf))
+            return leaf
+        return batch
+    if isinstance(batch, Mapping):
+        out = {k: _leafify(v, n, f"{path}[{k!r}]", leaves) for k, v in batch.items()}
+        try:
+            return type(batch)(out)  # type: ignore[call-arg]
+        except Exception:
+            return out
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):
+        return type(batch)(
+            *(_leafify(v, n, f"{path}.{f}", leaves) for f, v in zip(batch._fields, batch))
+        )
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(_leafify(v, n, f"{path}[{i}]", leaves) for i, v in enumerate(batch))
+    return batch
+
+
+def _first_output(out: Any, n: int) -> Optional[Tensor]:
+    if isinstance(out, Tensor):
+        ok = out.is_floating_point() and out.dim() > 0 and out.shape[0] == n and out.requires_grad
+        return out if ok else None
+    values: Any = out.values() if isinstance(out, Mapping) else out
+    if isinstance(values, (list, tuple)) or isinstance(out, Mapping):
+        for v in values:
+            found = _first_output(v, n)
+            if found is not None:
+                return found
+    return None
+
+
+class _Capture:
+    """Hooks on the copy: the root's outputs, embedding outputs made leaves."""
+
+    def __init__(self, model: nn.Module, n: int, leaves: list[tuple[str, Tensor]]) -> None:
+        self.n, self.leaves = n, leaves
+        self.outputs: list[Any] = []  # the root's, else its children's (a GAN's G and D)
+        self.children: list[Any] = []
+        self.handles = [model.register_forward_hook(self._root)]
+        for child in model.children():
+            self.handles.append(child.register_forward_hook(self._child))
+        for name, mod in model.named_modules():
+            if isinstance(mod, (nn.Embedding, nn.EmbeddingBag)):
+                self.handles.append(mod.register_forward_hook(self._embedding(name)))
+
+    def _root(self, module: nn.Module, args: Any, output: Any) -> None:
+        self.outputs.append(output)
+
+    def _child(self, module: nn.Module, args: Any, output: Any) -> None:
+        self.children.append(output)
+
+    def _embedding(self, name: str) -> Any:
+        def hook(module: nn.Module, args: Any, output: Any) -> Any:
+            if isinstance(output, Tensor) and output.dim() > 0 and output.shape[0] == self.n:
+                leaf = output.detach().requires_grad_(True)
+                self.leaves.append((f"output of {name or 'embedding'}", leaf))
+                return leaf
+            return None
+
+        return hook
+
+    def remove(self) -> None:
+        for h in self.handles:
+            h.remove()
+
+
+def _reach(
+    model: nn.Module, batch: Any, loss_fn: LossFn, n: int, sample: int
+) -> tuple[list[int], float, list[str]]:
+    """The other samples one sample's output reaches, the share of gradient, the inputs."""
+    leaves: list[tuple[str, Tensor]] = []
+    leafy = _leafify(batch, n, "batch", leaves)
+    capture = _Capture(model, n, leaves)
+    try:
+        with torch.enable_grad():
+            evaluate(model, leafy, loss_fn, SEED)
+    finally:
+        capture.remove()
+    found = (_first_output(x, n) for x in capture.outputs or capture.children)
+    out = next((o for o in found if o is not None), None)
+    if out is None:
+        raise CannotJudge(
+            "no_per_sample_output",
+            f"the model returned no floating tensor that requires grad with the batch's "
+            f"{n} samples as its first dimension",
+        )
+    if not leaves:
+        raise CannotJudge("no_inputs", "the batch has no floating input and the model no embedding")
+    gen = torch.Generator().manual_seed(SEED)
+    weight = torch.randn(out[sample].shape, generator=gen).to(out.device, out.dtype)
+    grads = torch.autograd.grad(
+        (out[sample] * weight).sum(), [t for _, t in leaves], allow_unused=True
+    )
+    own, others = 0.0, 0.0
+    reached: set[int] = set()
+    names = []
+    for (path, _leaf), g in zip(leaves, grads):
+        if g is None:
+            continue
+        flat = g.detach().double().reshape(n, -1).abs()
+        per = flat.max(dim=1).values
+        own = max(own, float(flat[sample].norm()))
+        mask = torch.ones(n, dtype=torch.bool, device=per.device)
+        mask[sample] = False
+        rest = float(flat[mask].norm()) if n > 1 else 0.0
+        if rest > 0:
+            names.append(path)
+            others = max(others, rest)
+            reached |= {int(j) for j in torch.nonzero(per * mask > 0).flatten().tolist()}
+    share = others / own if own > 0 else (float("inf") if others > 0 else 0.0)
+    return sorted(reached), share, names
+
+
+def samples_reached(
+    model: nn.Module, batch: Any, loss_fn: LossFn, *, min_share: float, budget: Budget
+) -> SampleResult:
+    """One backward from the middle sample's output of a copy: which other samples it reaches.
+
+    Raises:
+        CannotJudge: one sample only, no per-sample output, or no input to differentiate.
+    """
+    n = batch_size(batch)
+    if n is None or n < 2:
+        raise CannotJudge("one_sample", "the batch has no leading dimension of two or more samples")
+    copy = fresh_copy(model)
+    result = SampleResult(sample=n // 2, batch=n, memory_bytes=param_bytes(copy))
+    others, share, names = _reach(copy, batch, loss_fn, n, result.sample)
+    if not others or share <= min_share:
+        return result
+    norms = [m for m in copy.modules() if isinstance(m, _BatchNorm) and m.training]
+    if norms and budget.left() > 0:
+        for m in norms:
+            m.eval()
+        still, still_share, _ = _reach(copy, batch, loss_fn, n, result.sample)
+        if not still or still_share <= min_share:
+            result.cause = "batch_norm"
+    result.others, result.share, result.inputs = others, share, names
+    return result

@@ -1,0 +1,282 @@
+"""``gradient_mismatch``: three real forms of a wrong derivative, and stop-gradients that are not."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from _probe_models import ce, data, findings, mlp, only, verdicts
+from torch import Tensor, nn
+
+import gradwatch
+
+CHECK = "gradient_mismatch"
+CFG = only(CHECK)
+
+
+def _probe(model: nn.Module, batch: Any, loss_fn: Any = ce, opt: Any = None) -> gradwatch.Report:
+    return gradwatch.probe(model, batch, loss_fn, opt, config=CFG)
+
+
+# -- the bugs -------------------------------------------------------------------------------
+
+
+class _Swish(torch.autograd.Function):
+    """A hand-fused swish whose backward forgot the product rule's second term."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor) -> Tensor:
+        ctx.save_for_backward(x)
+        return x * torch.sigmoid(x)
+
+    @staticmethod
+    def backward(ctx: Any, g: Tensor) -> Tensor:
+        (x,) = ctx.saved_tensors
+        return g * torch.sigmoid(x)  # d/dx x*s(x) = s(x) + x s(x)(1 - s(x))
+
+
+class _Linear(torch.autograd.Function):
+    """A custom linear whose weight gradient is transposed the wrong way round (square)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, w: Tensor, b: Tensor) -> Tensor:
+        ctx.save_for_backward(x, w)
+        return x @ w.t() + b
+
+    @staticmethod
+    def backward(ctx: Any, g: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        x, w = ctx.saved_tensors
+        return g @ w, (g.t() @ x).t(), g.sum(0)
+
+
+class SwishNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(4, 16), nn.Linear(16, 10)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.b(_Swish.apply(self.a(x)))
+
+
+class DataEditNet(nn.Module):
+    """Clamps its activations through ``.data``: the forward changes, the graph does not."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(4, 16), nn.Linear(16, 10)
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = self.a(x)
+        h.data = h.data * 0.5 + 0.1  # "rescale for stability"
+        return self.b(torch.tanh(h))
+
+
+class CustomLinearNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(4, 16)
+        self.w = nn.Parameter(torch.randn(16, 16) * 0.3)
+        self.bias = nn.Parameter(torch.zeros(16))
+        self.head = nn.Linear(16, 10)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.head(torch.tanh(_Linear.apply(torch.tanh(self.a(x)), self.w, self.bias)))
+
+
+@pytest.mark.parametrize("make", [SwishNet, DataEditNet, CustomLinearNet])
+def test_a_wrong_derivative_is_found(make: Any) -> None:
+    torch.manual_seed(0)
+    report = _probe(make(), data())
+    (finding,) = findings(report, CHECK)
+    assert finding.severity == "error" and report.failed
+    assert finding.details["layers"] and finding.module
+    assert verdicts(report) == {CHECK: "finding"}
+
+
+def test_the_finding_names_the_custom_function_and_brackets_it() -> None:
+    torch.manual_seed(0)
+    (finding,) = findings(_probe(SwishNet(), data()), CHECK)
+    assert finding.details["custom_functions"] == ["_Swish"]
+    assert finding.details["between"] == ["a", "b"]  # the bad op is after a, before b
+
+
+# -- look-alikes ----------------------------------------------------------------------------
+
+
+class SimSiam(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.enc = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 8))
+        self.pred = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.enc(x)
+
+
+def simsiam_loss(m: Any, b: Any) -> Tensor:
+    x1 = b[0] + 0.1 * torch.randn_like(b[0])  # augmentations drawn from the global RNG
+    x2 = b[0] + 0.1 * torch.randn_like(b[0])
+    z1, z2 = m(x1), m(x2)
+    p1, p2 = m.pred(z1), m.pred(z2)
+    return (
+        -(F.cosine_similarity(p1, z2.detach()).mean() + F.cosine_similarity(p2, z1.detach()).mean())
+        / 2
+    )
+
+
+class Byol(nn.Module):
+    """An online network, and a target network run under no_grad (its own weights trainable)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.online = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 8))
+        self.target = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 8))
+        self.pred = nn.Linear(8, 8)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.online(x)
+
+
+def byol_loss(m: Any, b: Any) -> Tensor:
+    p = m.pred(m(b[0] + 0.1 * torch.randn_like(b[0])))
+    with torch.no_grad():
+        t = m.target(b[0] + 0.1 * torch.randn_like(b[0]))
+    return (2 - 2 * F.cosine_similarity(p, t)).mean()
+
+
+class VQVAE(nn.Module):
+    """Straight-through quantisation (``z + (q - z).detach()``) and its codebook losses."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.enc, self.code, self.dec = nn.Linear(4, 8), nn.Embedding(16, 8), nn.Linear(8, 4)
+        self.aux = torch.zeros(())
+
+    def forward(self, x: Tensor) -> Tensor:
+        z = self.enc(x)
+        q = self.code.weight[torch.cdist(z, self.code.weight).argmin(-1)]
+        self.aux = F.mse_loss(q, z.detach()) + 0.25 * F.mse_loss(z, q.detach())
+        return self.dec(z + (q - z).detach())
+
+
+def vq_loss(m: Any, b: Any) -> Tensor:
+    return F.mse_loss(m(b[0]), b[0]) + m.aux
+
+
+class _SignSTE(torch.autograd.Function):
+    """Binarisation with a straight-through gradient, declared as such."""
+
+    straight_through = True
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor) -> Tensor:
+        return torch.sign(x)
+
+    @staticmethod
+    def backward(ctx: Any, g: Tensor) -> Tensor:
+        return g
+
+
+class BinaryNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(4, 16), nn.Linear(16, 10)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.b(_SignSTE.apply(self.a(x)))
+
+
+class Gan(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.G = nn.Sequential(nn.Linear(2, 16), nn.ReLU(), nn.Linear(16, 4))
+        self.D = nn.Sequential(nn.Linear(4, 16), nn.LeakyReLU(0.2), nn.Linear(16, 1))
+
+
+def d_loss(m: Any, b: Any) -> Tensor:
+    fake = m.G(torch.randn(len(b[0]), 2)).detach()  # noise in float32 whatever the model
+    ones, zeros = torch.ones(len(b[0]), 1), torch.zeros(len(b[0]), 1)
+    return F.binary_cross_entropy_with_logits(m.D(b[0]), ones) + F.binary_cross_entropy_with_logits(
+        m.D(fake), zeros
+    )
+
+
+def reinforce(m: Any, b: Any) -> Tensor:
+    dist = torch.distributions.Categorical(logits=m(b[0]))
+    action = dist.sample()
+    reward = (action == 1).float() - 0.5
+    return -(dist.log_prob(action) * reward).mean()
+
+
+def actor_critic(m: Any, b: Any) -> Tensor:
+    logits, value = m(b[0])[:, :3], m(b[0])[:, 3]
+    dist = torch.distributions.Categorical(logits=logits)
+    action = dist.sample()
+    advantage = (action == 2).float() - value
+    return -(dist.log_prob(action) * advantage.detach()).mean() + advantage.pow(2).mean()
+
+
+def dropout_mlp() -> nn.Module:
+    return nn.Sequential(nn.Linear(4, 32), nn.ReLU(), nn.Dropout(0.5), nn.Linear(32, 10))
+
+
+def bn_mlp() -> nn.Module:
+    return nn.Sequential(nn.Linear(4, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Linear(32, 10))
+
+
+LOOK_ALIKES = {
+    "simsiam": (SimSiam, simsiam_loss),
+    "byol": (Byol, byol_loss),
+    "vqvae": (VQVAE, vq_loss),
+    "binary_ste": (BinaryNet, ce),
+    "gan_d_step": (Gan, d_loss),
+    "reinforce": (lambda: mlp(out=3), reinforce),
+    "actor_critic": (lambda: mlp(out=4), actor_critic),
+    "dropout": (dropout_mlp, ce),
+    "batchnorm": (bn_mlp, ce),
+}
+
+
+@pytest.mark.parametrize("name", sorted(LOOK_ALIKES))
+def test_correct_models_agree(name: str) -> None:
+    make, loss_fn = LOOK_ALIKES[name]
+    torch.manual_seed(0)
+    report = _probe(make(), data(), loss_fn)
+    assert not findings(report, CHECK), findings(report, CHECK)[0].message
+    assert verdicts(report) == {CHECK: "passed"}, report.probes[0].note
+
+
+def test_a_declared_straight_through_estimator_is_explained() -> None:
+    torch.manual_seed(0)
+    (record,) = _probe(BinaryNet(), data()).probes
+    assert {r.name: r.status for r in record.layers}["a"] == "explained"
+    assert record.details["straight_through"] == ["_SignSTE"]
+
+
+def test_a_loss_that_keeps_state_is_not_judged() -> None:
+    calls = [0]
+
+    def drifting(m: Any, b: Any) -> Tensor:
+        calls[0] += 1
+        return ce(m, b) * (1 + 0.01 * calls[0])
+
+    report = _probe(mlp(), data(), drifting)
+    assert verdicts(report) == {CHECK: "not_observed"}
+    (note,) = [f for f in report.findings if f.check == "not_observed"]
+    assert note.severity == "info" and note.details["reason"] == "probe_not_reproducible"
+
+
+def test_over_budget_it_samples_layers_and_says_so() -> None:
+    torch.manual_seed(0)
+    deep = nn.Sequential(*[m for _ in range(12) for m in (nn.Linear(8, 8), nn.Tanh())])
+    cfg = {**CFG, "checks": {**CFG["checks"], CHECK: {"budget_s": 1e-6}}}
+    report = gradwatch.probe(deep, (torch.randn(8, 8), torch.randn(8, 8)), _mse, config=cfg)
+    (record,) = report.probes
+    assert record.sampled and "of 12 layers" in record.note
+    assert record.verdict == "passed" and 1 <= len(record.layers) < 12
+
+
+def _mse(m: Any, b: Any) -> Tensor:
+    return F.mse_loss(m(b[0]), b[1])
