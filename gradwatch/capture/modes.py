@@ -18,6 +18,13 @@ What a training step saw is the latest forwards' state (:meth:`ModeWatch.take`):
 in another state replaces it, so a validation forward in eval mode under grad, followed by
 ``model.train()`` and a training forward, leaves no trace. No tensor is read, nothing syncs.
 
+Frozen batch norms are judged by their statistics, not by their mode at the forward's
+start: a batch norm in train mode bumps the version counter of its ``num_batches_tracked``
+at every call (``add_(1)``), one in eval never does. So a network that puts a frozen
+sub-network in eval inside its own ``forward`` (a perceptual-loss backbone) is not flagged,
+and one that puts it back in train there is. A norm without that counter (instance norm)
+is judged by its mode at the forward's start.
+
 Also here, read once per layout: freezing flags that PyTorch ignores (``module.requires_grad
 = False``, ``trainable = False``, ``frozen = True``) on modules whose parameters still
 require grad (``freeze_not_applied``).
@@ -26,7 +33,7 @@ require grad (``freeze_not_applied``).
 from __future__ import annotations
 
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Optional
 
 import torch
@@ -83,6 +90,15 @@ class _Candidate:
     chain: list[tuple[str, weakref.ref[nn.Module]]] = field(default_factory=list)  # ancestors
 
 
+def _counter_version(mod: Optional[nn.Module]) -> Optional[int]:
+    """The version of a batch norm's ``num_batches_tracked`` (bumped by each train-mode call),
+    or ``None`` where it has none."""
+    counter = getattr(mod, "num_batches_tracked", None) if mod is not None else None
+    if not isinstance(mod, nn.modules.batchnorm._BatchNorm) or counter is None:
+        return None
+    return int(counter._version)
+
+
 def _reads_training(cls: type) -> bool:
     forward = getattr(cls, "forward", None)
     code = getattr(forward, "__code__", None)
@@ -136,6 +152,10 @@ class ModeWatch:
         self._root_eval_snap: Optional[ModeSnapshot] = None
         self.flags: list[tuple[str, str]] = []
         self.calls = ModeCalls()  # where eval() was called on the watched modules
+        # Frozen batch norms: ``num_batches_tracked``'s version when last read, and the event
+        # number when it was last seen to change (their statistics moved).
+        self._counted: dict[str, int] = {}
+        self._moved_at: dict[str, int] = {}
 
     def collect(self, model: nn.Module, trainable: Callable[[torch.Tensor], bool]) -> None:
         """Pick the mode-dependent modules that matter (once per layout)."""
@@ -179,11 +199,27 @@ class ModeWatch:
             out.append(_Candidate(clean_name(name), weakref.ref(mod), kind, ref, chain))
         self._candidates = out
         self.flags = ignored_freeze_flags(model, trainable)
+        for c in out:
+            version = _counter_version(c.ref()) if c.kind == "frozen_norm" else None
+            if version is not None:
+                self._counted.setdefault(c.name, version)
+
+    def _note_moves(self) -> None:
+        """Stamp the frozen batch norms whose statistics moved since they were last read."""
+        for c in self._candidates:
+            if c.kind != "frozen_norm" or c.name not in self._counted:
+                continue
+            version = _counter_version(c.ref())
+            if version is not None and version != self._counted[c.name]:
+                self._counted[c.name] = version
+                self._moved_at[c.name] = self.tracker.now()
 
     def seen(self, entered: nn.Module) -> None:
         """An outermost forward in grad mode entered ``entered`` (the root, or a child of it)."""
         if not self._candidates and not self._root_relevant:
             return
+        if self._counted:
+            self._note_moves()
         root = self._root() if self._root is not None else None
         if self._named:
             # Named models (a GAN's G and D) are each a root the loop calls: one of them in
@@ -215,6 +251,8 @@ class ModeWatch:
             if mod is None or (member is not None and member_of(c.name) != member):
                 continue  # gone, or in another named model than the one the forward entered
             if c.kind == "frozen_norm":
+                if c.name in self._counted:  # judged by its statistics (take)
+                    continue
                 if mod.training and not root_eval:
                     frozen_training.append(c.name)
                 continue
@@ -275,4 +313,11 @@ class ModeWatch:
             return None
         if self._root_eval_snap is not None and self._root_eval_seq > start:
             return self._root_eval_snap  # a named model in eval (a root) ran since ``start``
-        return self._pending
+        if not self._counted:
+            return self._pending
+        self._note_moves()
+        moved = [n for n, seq in self._moved_at.items() if seq > start]
+        if not moved:
+            return self._pending
+        names = tuple(dict.fromkeys([*self._pending.frozen_norms_training, *moved]))
+        return replace(self._pending, frozen_norms_training=names[:_MAX_NAMED])

@@ -4,9 +4,11 @@ Fine-tuning with a frozen backbone (detection, segmentation, linear probes) free
 batch-norm parameters with ``requires_grad_(False)``, but ``model.train()`` puts those layers
 back in training mode, where every forward updates ``running_mean``/``running_var`` from the
 current (often tiny) batches: the "frozen" backbone drifts, and eval results change. The
-evidence (``module_modes``, ``gradwatch/capture/modes.py``) is the mode of the norm layers
-whose affine parameters are all frozen, at the latest training forward of each step: in
-train mode with running statistics tracked (momentum not 0), the statistics change.
+evidence (``module_modes``, ``gradwatch/capture/modes.py``) is, for the norm layers whose
+affine parameters are all frozen, whether their statistics moved in the step: a batch
+norm's ``num_batches_tracked`` counts its train-mode calls, so a forward that puts a frozen
+sub-network in eval itself (a perceptual-loss network) is judged by what happened, not by
+the mode at its start. An instance norm (no such counter) is judged by its mode then.
 
 Correct and silent: frozen norm layers kept in eval (a ``train()`` override, ``norm_eval``),
 ``FrozenBatchNorm2d``, norm layers without affine parameters, and trainable ones.
