@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 __all__ = [
+    "EVAL_STOCHASTIC",
     "FAULT",
     "FOREIGN_TENSORS",
     "REPLICAS_DIFFER",
@@ -35,6 +36,9 @@ SKIPPED_STEPS = "skipped_steps"
 """A GradScaler skipped optimizer steps for inf/NaN gradients (``details``: ``skipped``,
 ``total``, and the NaN probe's ``trace`` when it had one)."""
 
+EVAL_STOCHASTIC = "eval_stochastic"
+"""A dropout ran as in training inside an eval-mode forward (``details``: ``module``,
+``function``, ``p``, ``called_at``)."""
 REPLICAS_DIFFER = "replicas_differ"
 """Parameters that data-parallel replicas must hold identical differ across ranks
 (``details``: ``ranks``, ``first_step``)."""

@@ -20,6 +20,7 @@ from gradwatch.checks.does_not_learn import DoesNotLearn
 from gradwatch.checks.double_backward import DoubleBackward
 from gradwatch.checks.double_update import DoubleUpdate
 from gradwatch.checks.eval_mode import EvalModeTraining
+from gradwatch.checks.eval_stochastic import EvalForwardStochastic
 from gradwatch.checks.exploding import ExplodingGrad
 from gradwatch.checks.freeze_flag import FreezeNotApplied
 from gradwatch.checks.frozen_stats import FrozenStatsUpdated
@@ -93,6 +94,7 @@ ALL_CHECKS: list[type[Check]] = [
     LossBroadcast,
     GraphRetainedAcrossSteps,
     NormalisedOverBatch,
+    EvalForwardStochastic,
 ]
 
 # gradwatch's own: always on, in no config (a fault or a synthesized name must be said).

@@ -20,6 +20,7 @@ from gradwatch.sources.built import BuiltSource
 from gradwatch.sources.calls import BackwardCallsSource
 from gradwatch.sources.clips import ClipSource
 from gradwatch.sources.discarded import DiscardedSource
+from gradwatch.sources.eval_forward import EvalForwardSource
 from gradwatch.sources.forward import ForwardSource
 from gradwatch.sources.loss import LossSource
 from gradwatch.sources.loss_graph import LossGraphSource
@@ -41,6 +42,7 @@ ALL_SOURCES: list[type[EvidenceSource]] = [
     AutocastSource,
     LossSource,
     LossGraphSource,
+    EvalForwardSource,
     BackwardProbeSource,
     UnscaleSource,
     ZeroGradSource,
