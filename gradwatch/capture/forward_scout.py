@@ -22,6 +22,7 @@ Nothing here syncs with the device: flags stay 0-dim tensors until the step's ga
 from __future__ import annotations
 
 import weakref
+from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
@@ -43,6 +44,7 @@ OnError = Callable[[str, BaseException], None]
 
 _MODULE_ATTRS = frozenset(vars(nn.Module()))  # nn.Module's own bookkeeping, not user state
 _MAX_DEPTH = 4  # nesting of plain containers walked to name an unregistered module
+_MAX_BATCHES = 256  # batch starts remembered (windows longer than that are not capped)
 
 
 def _walk(value: Any, path: str, out: dict[int, str], depth: int) -> None:
@@ -117,6 +119,11 @@ class ForwardScout(NanProbe):
         # Called at each outermost forward in grad mode with the module it entered
         # (``capture/modes.py``'s ModeWatch.seen), where a check needs the model's modes.
         self.on_outer: Optional[Callable[[nn.Module], None]] = None
+        # Event numbers of the outermost grad-mode forwards that began a new batch: the
+        # first after a backward pass completed (a model called twice per batch, as a
+        # Siamese one is, is one batch; a backward repeated on one forward is one batch).
+        self.batch_starts: deque[int] = deque(maxlen=_MAX_BATCHES)
+        self._ended_seen = -1
 
     # -- installing ------------------------------------------------------------------------
 
@@ -168,6 +175,9 @@ class ForwardScout(NanProbe):
                 seq = self.tracker.now()
                 if torch.is_grad_enabled():
                     self.ran_grad = seq
+                    if self.tracker.ended_at != self._ended_seen:
+                        self._ended_seen = self.tracker.ended_at
+                        self.batch_starts.append(seq)
                     if self.on_outer is not None:
                         self.on_outer(module)
                 else:
@@ -288,6 +298,13 @@ class ForwardScout(NanProbe):
                 )
             out.append((f"{where}.{pname}", cls))
         return out
+
+    def batches_since(self, start: int) -> Optional[int]:
+        """Batches the watched model's training forwards began after event ``start`` (see
+        ``batch_starts``); ``None`` while its entry hooks are not on (nothing counted)."""
+        if not self.installed:
+            return None
+        return sum(1 for seq in self.batch_starts if seq > start)
 
     def follows(self, p: torch.Tensor) -> bool:
         """Whether ``p`` is an unregistered module's parameter this scout judges (waiting for

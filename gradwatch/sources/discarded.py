@@ -21,6 +21,10 @@ class DiscardedSource(EvidenceSource):
         ctx = self.ctx
         assert state.track is not None
         passes = discarded_passes(
-            ctx.tracker, state.track, ctx.structure.tracks, exact=ctx.dist is None
+            ctx.tracker,
+            state.track,
+            ctx.structure.tracks,
+            exact=ctx.dist is None,
+            batches=ctx.scout.batches_since(state.track.start),
         )
         return {"discarded_passes": passes}
