@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+import torch
+
 __all__ = [
     "COMPILED",
     "PASS_THROUGH",
@@ -52,6 +54,7 @@ PASS_THROUGH = frozenset(
 #: The node a compiled region (torch.compile's AOTAutograd) leaves: one opaque node.
 COMPILED = frozenset({"CompiledFunctionBackward", "CompiledFunction"})
 
+_SCALAR_ONLY = frozenset({"MulBackward0", "DivBackward0"})  # their scalars only: cheap
 _SETTINGS = ("_saved_dim", "_saved_reduction", "_saved_other", "_saved_p", "_saved_train")
 
 
@@ -200,9 +203,17 @@ class GraphDesc:
 
     def terms(self) -> list[int]:
         """The terms of a summed loss: the root's ``AddBackward0`` tree (a term scaled by a
-        number, ``0.5 * l_box``, is one term), as node indices; one term: ``[0]``."""
+        number, ``0.5 * l_box``, is one term), as node indices, below a scaling of the whole
+        (a GradScaler's ``loss * scale``, accumulation's ``loss / k``); one term: ``[root]``."""
+        top = 0
+        for _ in range(4):
+            n = self.nodes[top]
+            if n.kind.startswith(("Mul", "Div")) and n.shape == () and len(n.inputs) == 1:
+                top = n.inputs[0]
+            else:
+                break
         out: list[int] = []
-        stack = [0]
+        stack = [top]
         while stack and len(out) < 32:
             i = stack.pop()
             n = self.nodes[i]
@@ -220,6 +231,8 @@ def _setting(node: Any, name: str) -> Any:
         return None
     if isinstance(v, bool) or isinstance(v, float):
         return v
+    if isinstance(v, torch.Tensor):  # a Python number autograd wrapped (always on the CPU)
+        return float(v.detach()) if v.numel() == 1 and v.device.type == "cpu" else None
     if isinstance(v, int):
         return v - (1 << 64) if v >= (1 << 63) else v  # autograd saves dims as unsigned
     return None
@@ -240,12 +253,15 @@ def describe(
     max_nodes: int,
     window: int,
     settings_of: frozenset[str] = frozenset(),
+    keep: Optional[list[Any]] = None,
 ) -> GraphDesc:
     """Walk the graph from ``root`` (a ``grad_fn``), at most ``max_nodes`` nodes.
 
     ``marks``: ``id(grad_fn)`` -> the module whose output it is, for grad_fns the caller
     keeps alive until this walk (ids are only valid while their objects live).
     ``settings_of``: node kinds whose saved settings (``_saved_dim``, ...) are read.
+    ``keep``: filled with the nodes in index order, for a caller that hooks some of them
+    before the backward (and drops the list then).
     """
     index: dict[int, int] = {id(root): 0}
     objs: list[Any] = [root]
@@ -276,12 +292,14 @@ def describe(
             inputs.append(j)
         info = NodeInfo(kind, _shape(fn), tuple(inputs), leaf=leaf, consts=consts)
         info.mark = marks.get(id(fn))
-        if kind in settings_of:
+        if kind in settings_of and (kind not in _SCALAR_ONLY or info.shape == ()):
             for name in _SETTINGS:
                 v = _setting(fn, name)
                 if v is not None:
                     info.settings[name[7:]] = v
         nodes.append(info)
         i += 1
-    objs.clear()  # no reference to the graph outlives the walk
+    if keep is not None:
+        keep.extend(objs)
+    objs.clear()  # no reference to the graph outlives the walk (but the caller's ``keep``)
     return GraphDesc(nodes, dropped, window, compiled=compiled, marked=bool(marks))

@@ -25,6 +25,7 @@ from torch import nn
 
 from gradwatch.capture.graph_walk import GraphDesc, Mark, describe
 from gradwatch.capture.loose import BackwardRoots
+from gradwatch.capture.term_shares import TermShares
 from gradwatch.model.locations import call_site
 
 __all__ = ["MAX_GRAPH_NODES", "LossGraphs"]
@@ -42,7 +43,9 @@ _SETTINGS_OF = frozenset(
         "BinaryCrossEntropyWithLogitsBackward0",
         "BinaryCrossEntropyBackward0",
         "MseLossBackward0",
+        "MulBackward0",
         "MulBackward1",
+        "DivBackward0",
         "DivBackward1",
         "NativeDropoutBackward0",
     }
@@ -72,6 +75,7 @@ class LossGraphs(BackwardRoots):
         *,
         scan_steps: int,
         observe_modules: bool,
+        terms: bool = False,
     ) -> None:
         super().__init__(lambda p: True, on_error, loss=False, scan_steps=scan_steps)
         self._names = {id(m): (n, m) for n, m in model.named_modules()}
@@ -85,6 +89,7 @@ class LossGraphs(BackwardRoots):
         self._batch: Optional[int] = None  # the model's input's first dim, latest forward
         self._batch_from: Optional[str] = None  # the module it was read at ("": the model)
         self.described = 0  # nodes described so far (for benchmarks)
+        self.shares = TermShares() if terms else None  # per-term attribution
         if self.scanning:
             self._arm()
 
@@ -138,13 +143,18 @@ class LossGraphs(BackwardRoots):
             if not self.scanning or t.grad_fn is None or len(self.graphs) >= _MAX_GRAPHS:
                 return
             fn = t.grad_fn
+            keep: Optional[list[Any]] = [] if self.shares is not None else None
             desc = describe(
                 fn,
                 self._marks,
                 max_nodes=MAX_GRAPH_NODES,
                 window=self.window,
                 settings_of=_SETTINGS_OF,
+                keep=keep,
             )
+            if self.shares is not None and keep is not None:
+                self.shares.attach(desc, keep)
+                keep.clear()
             desc.marked = self._observe
             desc.batch = self._batch
             desc.model = self._model_cls

@@ -32,6 +32,7 @@ from gradwatch.checks.internal_error import InternalError
 from gradwatch.checks.loss_broadcast import LossBroadcast
 from gradwatch.checks.loss_disconnected import LossDisconnected
 from gradwatch.checks.loss_normalised import LossInputAlreadyNormalised
+from gradwatch.checks.loss_term_dominates import LossTermDominates
 from gradwatch.checks.nonfinite import NonfiniteGrad
 from gradwatch.checks.nonfinite_param import NonfiniteParam
 from gradwatch.checks.normalised_over_batch import NormalisedOverBatch
@@ -95,6 +96,7 @@ ALL_CHECKS: list[type[Check]] = [
     GraphRetainedAcrossSteps,
     NormalisedOverBatch,
     EvalForwardStochastic,
+    LossTermDominates,
 ]
 
 # gradwatch's own: always on, in no config (a fault or a synthesized name must be said).

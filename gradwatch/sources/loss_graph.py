@@ -18,6 +18,8 @@ from typing import Any, Optional
 from gradwatch.capture.facts import UNOBSERVABLE, Fact
 from gradwatch.capture.graph_walk import GraphDesc
 from gradwatch.capture.loss_graphs import LossGraphs
+from gradwatch.capture.term_shares import TermInfo
+from gradwatch.capture.window import Track
 from gradwatch.sources.base import EvidenceSource, SourceContext, StepState
 
 __all__ = ["LossGraphRecord", "LossGraphSource"]
@@ -33,20 +35,24 @@ class LossGraphRecord:
     """The earlier windows whose described graphs are still alive at this step."""
     window: int = 0
     """Windows closed before this one (0: the first step)."""
+    terms: Optional[tuple[list[TermInfo], list[float]]] = None
+    """A summed loss's terms and the norm of the gradient each sent into the values the
+    terms share (``loss_terms``), or ``None``."""
 
 
 class LossGraphSource(EvidenceSource):
     name = "loss_graph"
-    serves = frozenset({"loss_graph"})
+    serves = frozenset({"loss_graph", "loss_terms"})
 
     def __init__(self, ctx: SourceContext, wanted: dict[str, Any]) -> None:
         super().__init__(ctx, wanted)
         self.graphs: Optional[LossGraphs] = None
         self._told_compiled = False
+        self._values: list[float] = []
 
     def install(self) -> None:
         ctx = self.ctx
-        steps = int(self.wanted.get("loss_graph", 0))
+        steps = max(int(self.wanted.get(k, 0)) for k in ("loss_graph", "loss_terms"))
         if self.graphs is not None or ctx.model is None or steps <= 0:
             return
         self.graphs = LossGraphs(
@@ -54,9 +60,17 @@ class LossGraphSource(EvidenceSource):
             ctx.faults.callback(),
             scan_steps=steps,
             observe_modules=not ctx.hooks.keep_all,
+            terms=int(self.wanted.get("loss_terms", 0)) > 0,
         )
         if ctx.hooks.keep_all:
             self._compiled("the model runs under torch.compile")
+
+    def device_values(self, track: Track) -> list[Any]:
+        g = self.graphs
+        return g.shares.values() if g is not None and g.shares is not None else []
+
+    def read(self, state: StepState, values: list[float]) -> None:
+        self._values = values
 
     def record(self, state: StepState) -> Optional[LossGraphRecord]:
         g = self.graphs
@@ -65,7 +79,9 @@ class LossGraphSource(EvidenceSource):
         graphs = g.take()
         if any(d.compiled for d in graphs):
             self._compiled("the loss's graph holds a compiled region (torch.compile)")
-        return LossGraphRecord(graphs=graphs, retained=g.retained(), window=g.window)
+        values, self._values = self._values, []
+        terms = g.shares.take(values) if g.shares is not None else None
+        return LossGraphRecord(graphs, g.retained(), g.window, terms)
 
     def _compiled(self, why: str) -> None:
         if self._told_compiled:

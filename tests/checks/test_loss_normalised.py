@@ -159,7 +159,7 @@ def test_distillation_softmax_target_is_silent() -> None:
 
 
 def test_nothing_is_described_after_the_scan_steps() -> None:
-    scanners = [c.id for c in ALL_CHECKS if "loss_graph" in c.needs]
+    scanners = [c.id for c in ALL_CHECKS if c.needs & {"loss_graph", "loss_terms"}]
     cfg = {**CFG, "checks": {c: {"scan_steps": 2} for c in scanners}}
     model = Classifier(softmax=True)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)

@@ -1,0 +1,126 @@
+"""``loss_term_dominates``: one term of a summed loss gives nearly all the gradient on what the
+terms share.
+
+From the ``loss_terms`` evidence of the loss-graph source: on scan steps, the norm of the
+gradient each term of ``loss = a + b + ...`` sends into the values they share (the model's
+trunk, measured where each term's own ops meet it). Over at least ``min_steps`` scan steps,
+a term whose mean share is at least ``max_share`` fires, also with the user's own constant
+weights taken out (``0.01 * aux`` drowned by its weight is scaled on purpose; ``-0.5 * kl``'s
+constant is not what drowns it), unless a term's weight is learned (Kendall-style
+uncertainty weighting balances the terms itself).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from pydantic import Field, StrictFloat, StrictInt
+
+from gradwatch._severity import Severity
+from gradwatch.checks._loss_graph import ScanConfig, graph_record
+from gradwatch.checks.base import Check, severity_field
+from gradwatch.checks.docs import CheckDoc
+from gradwatch.checks.views import StepView
+
+if TYPE_CHECKING:
+    from gradwatch.checks.base import FindingLog
+
+
+class LossTermDominatesConfig(ScanConfig):
+    """``loss_term_dominates``: the share that fires and the steps it is judged over."""
+
+    severity: Severity = severity_field("warning")
+    max_share: StrictFloat = Field(
+        default=0.98,
+        gt=0.5,
+        le=1.0,
+        description="A term whose mean share of the gradient on the shared values is at "
+        "least this fires.",
+    )
+    min_steps: StrictInt = Field(
+        default=3, ge=1, le=1000, description="Scan steps with a summed loss it is judged over."
+    )
+
+
+class LossTermDominates(Check):
+    """One term of a summed loss gives nearly all of the gradient on the parameters the terms
+    share: the others barely train them (an unscaled regression term in pixels next to a
+    classification term, a reconstruction summed over pixels next to a KL averaged)."""
+
+    id = "loss_term_dominates"
+    Config = LossTermDominatesConfig
+    config: LossTermDominatesConfig
+    needs = frozenset({"loss_terms"})
+    doc = CheckDoc(
+        summary="One term of a summed loss gives nearly all of the gradient on the parameters "
+        "shared with the other terms, over the scan steps.",
+        why="The other terms are there to shape the shared trunk, yet they move it by a few "
+        "percent at most: the model trains as if they were not in the loss, and their own "
+        "curves look flat.",
+        causes=(
+            "A detector's box regression in pixels (`l1_loss` on raw coordinates) next to its "
+            "classification loss.",
+            "A VAE's reconstruction summed over pixels (`reduction='sum'`) next to a KL "
+            "averaged over the batch.",
+            "Multitask heads whose targets have different scales (depth in millimetres, "
+            "segmentation in logits).",
+        ),
+        fix="Normalise the terms' scales (targets in comparable units, the same reduction), "
+        "weight them explicitly, or learn the weights (uncertainty weighting).",
+        silence=(
+            "A term scaled on purpose (`0.01 * aux_loss`, `beta * kl`) and losses with learned "
+            "weights (Kendall et al.'s uncertainty weighting) are not judged.",
+        ),
+    )
+
+    def __init__(self, config, watch_config) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(config, watch_config)
+        self._sums: dict[tuple[str, ...], list[float]] = {}
+        self._raw: dict[tuple[str, ...], list[float]] = {}
+        self._steps: dict[tuple[str, ...], int] = {}
+
+    def evidence(self) -> dict[str, int]:
+        return {"loss_terms": self.config.scan_steps}
+
+    def on_step(self, view: StepView, log: FindingLog) -> None:
+        rec = graph_record(view)
+        if rec is None or rec.terms is None:
+            return
+        terms, norms = rec.terms
+        total = sum(norms)
+        if total <= 0 or any(t.learned for t in terms):
+            return
+        # without the user's own weights (0.01 * aux): a term drowned by its weight is chosen
+        raw = [v / abs(t.weight) if t.weight else v for v, t in zip(norms, terms)]
+        key = tuple(t.label for t in terms)
+        sums = self._sums.setdefault(key, [0.0] * len(terms))
+        unweighted = self._raw.setdefault(key, [0.0] * len(terms))
+        for k, v in enumerate(norms):
+            sums[k] += v / total
+            unweighted[k] += raw[k] / (sum(raw) or 1.0)
+        self._steps[key] = n = self._steps.get(key, 0) + 1
+        if n < self.config.min_steps:
+            return
+        shares = [s / n for s in sums]
+        top = max(range(len(shares)), key=shares.__getitem__)
+        if min(shares[top], unweighted[top] / n) < self.config.max_share:
+            return
+        names = [f"{t.label}" + (f" ({t.module})" if t.module else "") for t in terms]
+        log.emit(
+            self.id,
+            severity=self.severity,
+            step=view.step,
+            message=f"The loss term {names[top]} gives {shares[top]:.1%} of the gradient on the "
+            f"values its terms share, over {n} scan steps: "
+            f"{', '.join(names[k] for k in range(len(terms)) if k != top)} barely train them.",
+            hint="Bring the terms to comparable scales (units of the targets, the same "
+            "reduction), weight them explicitly, or learn the weights.",
+            module=terms[top].module,
+            details={
+                "terms": names,
+                "share": [round(s, 4) for s in shares],
+                "dominant": names[top],
+                "steps": n,
+            },
+            key="|".join(key),
+        )
