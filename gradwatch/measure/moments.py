@@ -4,7 +4,8 @@ Adam divides the first moment by ``sqrt(v_hat) + eps``; where ``eps`` is larger 
 ``sqrt(v_hat)`` the step is ``lr * m / eps``: momentum SGD with learning rate ``lr / eps``.
 :func:`eps_dominance` counts, on device, the elements whose second moment has seen a
 gradient (``v > 0``) and, of those, the ones where ``eps >= sqrt(v_hat)``: two scalars per
-param group, read with the step's one transfer. A quantized state (8-bit optimizers) or an
+param group, read with the step's one transfer; a large state tensor is read on a strided
+sample of 65,536 elements. A quantized state (8-bit optimizers) or an
 optimizer without ``exp_avg_sq`` is not measured.
 
 Example:
@@ -24,6 +25,8 @@ from typing import Any, Optional
 import torch
 
 __all__ = ["eps_dominance"]
+
+_SAMPLE = 1 << 16  # elements read per state tensor at most (a strided sample beyond)
 
 
 def eps_dominance(opt: Any, group: Mapping[str, Any]) -> Optional[torch.Tensor]:
@@ -47,9 +50,13 @@ def eps_dominance(opt: Any, group: Mapping[str, Any]) -> Optional[torch.Tensor]:
             step = st.get("step", 1)
             t = torch.as_tensor(step, dtype=torch.float32).to(v.device)
             bias = 1.0 - torch.pow(torch.tensor(beta2, device=v.device), t)
-            seen = v > 0
-            small = (v.float() / bias.clamp_min(1e-30)).sqrt() <= eps
-            parts.append(torch.stack([(seen & small).sum(), seen.sum()]).float())
+            flat = v.reshape(-1)
+            if flat.numel() > _SAMPLE:  # a strided sample: a view, no copy
+                flat = flat[:: -(-flat.numel() // _SAMPLE)]
+            # eps >= sqrt(v / bias)  <=>  v <= eps^2 * bias, for v >= 0: no division or sqrt
+            small = torch.count_nonzero(flat <= bias * (eps * eps))
+            unseen = torch.count_nonzero(flat == 0)
+            parts.append(torch.stack([small - unseen, flat.numel() - unseen]).float())
     if not parts:
         return None
     device = parts[0].device
