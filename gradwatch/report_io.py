@@ -50,8 +50,9 @@ def resolve_output(path: Union[str, Path], *, what: str = "output") -> Path:
     """The file that writing ``path`` must replace: symlinks followed, non-regular refused.
 
     Raises:
-        ConfigError: ``path`` holds a NUL byte, or exists and is not a regular file (or a
-            symlink to one).
+        ConfigError: ``path`` holds a NUL byte, exists and is not a regular file (or a
+            symlink to one), or goes through another user's link in a sticky folder.
+        OSError: the path cannot be looked at (a name too long, a loop of links).
     """
     text = os.fspath(path)
     if "\x00" in text:
@@ -63,8 +64,6 @@ def resolve_output(path: Union[str, Path], *, what: str = "output") -> Path:
         st = None  # a new file, or a dangling symlink whose target gets created
     except NotADirectoryError:
         raise ConfigError(f"cannot write {what} {text!r}: a parent is not a directory") from None
-    except OSError as exc:  # a name too long, a loop of links, a folder it may not search
-        raise ConfigError(f"cannot write {what} {text!r}: {exc.strerror or exc}") from None
     if st is not None and not stat.S_ISREG(st.st_mode):
         hint = " (use '-' for standard output where the option allows it)"
         raise ConfigError(
@@ -195,8 +194,8 @@ def check_report_path(path: Optional[Union[str, Path]]) -> None:
     """
     if path is None:
         return
-    real = resolve_output(path, what="report_path")
     try:
+        real = resolve_output(path, what="report_path")
         real.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{real.name}.", suffix=".tmp", dir=real.parent)
         os.close(fd)

@@ -9,6 +9,9 @@
   on: selecting one is allowed (a no-op), ignoring one is a usage error.
 - :func:`check_outputs`: every output path of a command can be written, checked before any
   work (a probe can take minutes; its result must not be lost to a typo in ``--json``).
+- :func:`write_output` / :func:`write_sarif`: an output written, its failure one line;
+  :func:`add_output_options`: ``--sarif``, ``--baseline``, ``--style`` of ``check`` and
+  ``report``.
 """
 
 from __future__ import annotations
@@ -18,13 +21,14 @@ import difflib
 import os
 import tempfile
 from collections.abc import Sequence
-from typing import NoReturn, Optional
+from typing import Any, NoReturn, Optional
 
 from gradwatch._text import safe
-from gradwatch.cli.targets import CliError
+from gradwatch.cli.targets import CliError, first_line
 
 __all__ = [
     "Parser",
+    "add_output_options",
     "add_selection",
     "check_outputs",
     "enabled",
@@ -32,6 +36,8 @@ __all__ = [
     "positive",
     "seconds",
     "select_ids",
+    "write_output",
+    "write_sarif",
 ]
 
 
@@ -239,3 +245,41 @@ def check_outputs(outputs: Sequence[tuple[str, str, Optional[str]]]) -> None:
         if real in seen:
             raise CliError(f"{seen[real]} and {option} both write '{safe(path)}'")
         seen[real] = option
+
+
+def write_output(what: str, fn: Any, *args: Any, **kwargs: Any) -> None:
+    """``fn(*args, **kwargs)``, which writes ``what``; its failure is a one-line CliError."""
+    what = safe(what)  # a newline in an output path must not cut the one-line error
+    try:
+        fn(*args, **kwargs)
+    except ImportError as exc:
+        raise CliError(f"cannot write {what}: {first_line(exc)}") from exc
+    except OSError as exc:
+        raise CliError(f"cannot write {what}: {exc.strerror or exc}") from exc
+
+
+def write_sarif(report: Any, path: Optional[str], extra: list[str]) -> None:
+    """Write ``report`` as SARIF to ``path`` when one was given."""
+    if path is not None:
+        from gradwatch.render.sarif import write_sarif as write
+
+        write_output(f"SARIF {path}", write, report, path, extra_checks=extra)
+
+
+def add_output_options(parser: argparse.ArgumentParser) -> None:
+    """``--sarif``, ``--baseline`` and ``--style``, shared by ``check`` and ``report``."""
+    parser.add_argument(
+        "--sarif", metavar="OUT", help="also write SARIF 2.1.0 here (GitHub code scanning)"
+    )
+    parser.add_argument(
+        "--baseline",
+        metavar="FILE",
+        help="a saved JSON report: its findings do not fail the run, new ones do (matched by "
+        "check and layer/parameters, not by step)",
+    )
+    parser.add_argument(
+        "--style",
+        choices=["diagnostic", "table"],
+        default="diagnostic",
+        help="console output: a block per finding (default) or a compact table",
+    )

@@ -3,7 +3,8 @@
 Exit codes: 0 clean, 1 findings at or above ``fail_on``, 2 usage, config or target errors
 (one line on stderr naming the cause; ``--verbose`` adds the traceback). ``check`` runs the
 probe in a child process (see ``_isolate``): a ``sys.exit``/``os._exit``/crash inside it or
-a run past ``--timeout`` is exit 2, never a pass.
+a run past ``--timeout`` is exit 2, never a pass. ``report`` and the saved reports that it and
+``--baseline`` read are :mod:`gradwatch.cli.saved`'s.
 
 Example:
     $ gradwatch check examples/ci_ghost.py:build --junit gradwatch.xml
@@ -29,30 +30,24 @@ from gradwatch._text import safe
 from gradwatch._version import __version__
 from gradwatch.cli._options import (
     Parser,
+    add_output_options,
     add_selection,
     check_outputs,
     enabled,
     positive,
     seconds,
+    write_output,
+    write_sarif,
 )
+from gradwatch.cli.saved import add_parser as add_report
+from gradwatch.cli.saved import load_baseline, with_baseline
 from gradwatch.cli.targets import CliError, first_line, load_target
 
 __all__ = ["CliError", "build_parser", "load_target", "main"]
 
 PROG = "gradwatch"
 DEFAULT_TIMEOUT = 900.0  # a probe is a few steps: 15 min is a hang, long before CI's 6 h
-MAX_REPORT_BYTES = 256 << 20  # a saved report read by `report`/`--baseline`, as config files are
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell shows for a reader that went away
-
-
-def _write(what: str, fn: Any, *args: Any, **kwargs: Any) -> None:
-    what = safe(what)  # a newline in an output path must not cut the one-line error
-    try:
-        fn(*args, **kwargs)
-    except ImportError as exc:
-        raise CliError(f"cannot write {what}: {first_line(exc)}") from exc
-    except OSError as exc:
-        raise CliError(f"cannot write {what}: {exc.strerror or exc}") from exc
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
@@ -71,12 +66,13 @@ def _cmd_check(args: argparse.Namespace) -> int:
             ("--update-baseline", "baseline", args.update_baseline),
         ]
     )
-    baseline = _load_baseline(args.baseline)
+    baseline = load_baseline(args.baseline)
     out = sys.stderr if to_stdout else sys.stdout  # stdout carries the JSON then
     request = {k: getattr(args, k) for k in ("target", "steps", "config", "ignore", "fail_on")}
     for key in ("verbose", "overfit_steps", "curvature", "curvature_samples", "select"):
         request[key] = getattr(args, key)
     request["ignore_checks"] = args.ignore_check
+    request["probes"] = not args.no_probes
     # --overfit only produces loss_not_decreasing: a selection without it skips the phase.
     request["overfit"] = args.overfit and enabled(
         LOSS_NOT_DECREASING, args.select, args.ignore_check
@@ -91,7 +87,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
         print(report.curvature.table(), file=out)
         path = report.config.report_path
         if path is not None:  # the watcher wrote it without the curvature
-            _write(f"JSON report {path}", report.write, path)
+            write_output(f"JSON report {path}", report.write, path)
     losses: Optional[list[float]] = result["losses"]
     if losses is not None:
         extra.append(LOSS_NOT_DECREASING)
@@ -100,21 +96,21 @@ def _cmd_check(args: argparse.Namespace) -> int:
             add_finding(report, finding)
             path = report.config.report_path
             if path is not None:  # the watcher wrote it before the overfit phase
-                _write(f"JSON report {path}", report.write, path)
+                write_output(f"JSON report {path}", report.write, path)
         print(
             f"overfit: loss {losses[0]:.4g} -> {losses[-1]:.4g} over {len(losses)} steps "
             "on one batch",
             file=out,
         )
     raw = report  # the baseline to write: every finding, none marked baselined
-    report = _with_baseline(report, baseline)
+    report = with_baseline(report, baseline)
     report.print(file=out, style=args.style)
     if to_stdout:
         print(report.model_dump_json(indent=2), flush=True)
     elif args.json is not None:
-        _write(f"JSON report {args.json}", report.write, args.json)
+        write_output(f"JSON report {args.json}", report.write, args.json)
     if args.junit is not None:
-        _write(
+        write_output(
             f"JUnit XML {args.junit}",
             write_junit,
             report,
@@ -122,7 +118,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
             extra_checks=extra,
             time=result["elapsed"],
         )
-    _write_sarif(report, args.sarif, extra)
+    write_sarif(report, args.sarif, extra)
     if args.update_baseline is not None:
         _update_baseline(raw, args.update_baseline, out)
         return 0  # creating a baseline is never a failing run
@@ -133,7 +129,7 @@ def _update_baseline(report: Any, path: str, out: Any) -> None:
     """Write ``report`` (every finding, none marked baselined) as the baseline at ``path``."""
     from gradwatch.checks.not_observed import NotObserved
 
-    _write(f"baseline {path}", report.write, path)
+    write_output(f"baseline {path}", report.write, path)
     n = len(report.findings)
     line = (
         f"baseline: wrote {n} finding{'' if n == 1 else 's'} to {safe(path)}; runs with "
@@ -142,87 +138,6 @@ def _update_baseline(report: Any, path: str, out: Any) -> None:
     if report.by_check(NotObserved.id):
         line += f" (a {NotObserved.id} finding is never accepted: the run was not judged)"
     print(line, file=out)
-
-
-def _read_report(path: str) -> Any:
-    from pydantic import ValidationError
-
-    from gradwatch.config._errors import format_validation_error
-    from gradwatch.report import Report
-
-    try:
-        with open(path, "rb") as fh:  # bounded: /dev/zero or a huge file is not read whole
-            raw = fh.read(MAX_REPORT_BYTES + 1)
-        if len(raw) > MAX_REPORT_BYTES:
-            raise CliError(f"cannot read report {path!r}: larger than {MAX_REPORT_BYTES >> 20} MiB")
-        return Report.model_validate_json(raw.decode("utf-8"))
-    except OSError as exc:
-        raise CliError(f"cannot read report {path!r}: {exc.strerror or exc}") from exc
-    except UnicodeDecodeError as exc:
-        raise CliError(f"cannot read report {path!r}: not a text file") from exc
-    except ValidationError as exc:
-        raise CliError(
-            "cannot read report: " + format_validation_error(exc, Report, source=path)
-        ) from exc
-
-
-def _load_baseline(path: Optional[str]) -> Any:
-    """The saved report of ``--baseline`` (read before any training: a bad path fails fast)."""
-    return None if path is None else _read_report(path)
-
-
-def _with_baseline(report: Any, baseline: Any) -> Any:
-    """``report`` with the findings of ``baseline`` accepted: only new ones fail."""
-    return report if baseline is None else report.with_baseline(baseline)
-
-
-def _write_sarif(report: Any, path: Optional[str], extra: list[str]) -> None:
-    if path is not None:
-        from gradwatch.render.sarif import write_sarif
-
-        _write(f"SARIF {path}", write_sarif, report, path, extra_checks=extra)
-
-
-def _add_output_options(parser: argparse.ArgumentParser) -> None:
-    """``--sarif``, ``--baseline`` and ``--style``, shared by ``check`` and ``report``."""
-    parser.add_argument(
-        "--sarif", metavar="OUT", help="also write SARIF 2.1.0 here (GitHub code scanning)"
-    )
-    parser.add_argument(
-        "--baseline",
-        metavar="FILE",
-        help="a saved JSON report: its findings do not fail the run, new ones do (matched by "
-        "check and layer/parameters, not by step)",
-    )
-    parser.add_argument(
-        "--style",
-        choices=["diagnostic", "table"],
-        default="diagnostic",
-        help="console output: a block per finding (default) or a compact table",
-    )
-
-
-def _cmd_report(args: argparse.Namespace) -> int:
-    from gradwatch.render.junit import write_junit
-
-    check_outputs(
-        [
-            ("--html", "HTML report", args.html),
-            ("--junit", "JUnit XML", args.junit),
-            ("--sarif", "SARIF", args.sarif),
-        ]
-    )
-    report = _read_report(args.file)
-    # The stored flag is data from a file: judge the findings against the saved fail_on.
-    report.failed = bool(report.failing())
-    report = _with_baseline(report, _load_baseline(args.baseline))
-    report.print(style=args.style)
-    if args.html is not None:
-        _write(f"HTML report {args.html}", report.to_html, args.html)
-    if args.junit is not None:
-        _write(f"JUnit XML {args.junit}", write_junit, report, args.junit)
-    _write_sarif(report, args.sarif, [])
-    return 1 if report.failed else 0
 
 
 def _cmd_schema(args: argparse.Namespace) -> int:
@@ -251,7 +166,7 @@ def build_parser() -> Parser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     _add_check(sub, common)
-    _add_report(sub, common)
+    add_report(sub, common)
     _add_schema(sub, common)
 
     from gradwatch.cli.explain import add_parser as add_explain
@@ -329,24 +244,15 @@ def _add_check(sub: Any, common: argparse.ArgumentParser) -> None:
         default=16,
         help="Hutchinson probes per layer for --curvature (default: 16)",
     )
-    add_selection(check)
-    _add_output_options(check)
-    check.set_defaults(func=_cmd_check)
-
-
-def _add_report(sub: Any, common: argparse.ArgumentParser) -> None:
-    """The ``report`` subcommand: show a saved JSON report."""
-    report = sub.add_parser(
-        "report",
-        parents=[common],
-        help="show a saved JSON report",
-        description="Print a saved JSON report; exit 1 when it failed.",
+    check.add_argument(
+        "--no-probes",
+        action="store_true",
+        help="skip the probes run on copies of the model before the steps (gradient_mismatch, "
+        "sample_dependence, does_not_learn)",
     )
-    report.add_argument("file", metavar="FILE", help="a JSON report (Report.write, --json)")
-    report.add_argument("--html", metavar="OUT", help="also write a self-contained HTML report")
-    report.add_argument("--junit", metavar="OUT", help="also write JUnit XML")
-    _add_output_options(report)
-    report.set_defaults(func=_cmd_report)
+    add_selection(check)
+    add_output_options(check)
+    check.set_defaults(func=_cmd_check)
 
 
 def _add_schema(sub: Any, common: argparse.ArgumentParser) -> None:

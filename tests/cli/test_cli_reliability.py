@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from gradwatch.checks.registry import ALL_CHECKS
+from gradwatch.cli.main import main
 
 ROOT = Path(__file__).resolve().parents[2]
 GHOST = str(ROOT / "examples" / "ci_ghost.py") + ":build"
@@ -144,10 +145,16 @@ def test_report_recomputes_failed_from_findings_and_fail_on(tmp_path: Path) -> N
         assert (tmp_path / name).stat().st_size < 1 << 20
 
 
-def test_report_read_is_bounded(tmp_path: Path) -> None:
+def test_report_read_is_bounded(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     proc = gradwatch_cli("report", "/dev/zero", cwd=tmp_path, timeout=60)
-    assert proc.returncode == 2
-    assert proc.stderr.count("\n") == 1 and "larger than" in proc.stderr
+    assert proc.returncode == 2  # a device is refused unread, as config files are (issue 44.3)
+    assert proc.stderr.count("\n") == 1 and "a character device" in proc.stderr
+    big = tmp_path / "big.json"
+    with big.open("wb") as fh:  # a sparse file past the bound: read up to it, not whole
+        fh.truncate((256 << 20) + 2)
+    assert main(["report", str(big)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "larger than" in err
 
 
 def test_newline_in_an_output_path_keeps_the_one_line_reason(tmp_path: Path) -> None:
