@@ -26,7 +26,7 @@ import io
 import sys
 from typing import TYPE_CHECKING, Any, Optional
 
-from gradwatch._text import clip, safe
+from gradwatch._text import clip, name, safe
 from gradwatch.render.diagnostics import coverage_line, diagnostic_lines
 from gradwatch.render.terminal import hanging, longest_word, make_console
 
@@ -52,7 +52,7 @@ _STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 
 def _params(f: Finding, limit: int = _PARAMS_SHOWN) -> str:
     names = f.params or ([f.module] if f.module else [])
-    shown = ", ".join(clip(safe(n), 400) for n in names[:limit])
+    shown = ", ".join(name(n) for n in names[:limit])  # whole: never cut
     return shown + (f" +{len(names) - limit} more" if len(names) > limit else "")
 
 

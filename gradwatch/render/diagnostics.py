@@ -23,7 +23,7 @@ import linecache
 import os
 from typing import TYPE_CHECKING, Any, Optional
 
-from gradwatch._text import clip, safe
+from gradwatch._text import clip, name, safe
 from gradwatch.checks.ghost import GhostParam
 from gradwatch.render.terminal import hanging, make_console
 
@@ -96,18 +96,18 @@ def _fields(f: Finding) -> list[tuple[str, str, str]]:
     rows: list[tuple[str, str, str]] = []
     names = f.params
     if names:
-        shown = ", ".join(clip(safe(n), 400) for n in names[:_PARAMS_SHOWN])
+        shown = ", ".join(name(n) for n in names[:_PARAMS_SHOWN])  # names are never cut
         more = len(names) - _PARAMS_SHOWN
         rows.append(("params", shown + (f" +{more} more" if more > 0 else ""), ""))
     if f.module and (not names or f.check != GhostParam.id):  # a ghost names its params
-        rows.append(("module", clip(safe(f.module), 400), ""))
+        rows.append(("module", name(f.module), ""))
     details = f.details
     if details.get("cause"):
         rows.append(("cause", clip(safe(details["cause"]), 400), ""))
     elif details.get("origin"):
-        rows.append(("origin", clip(safe(details["origin"]), 400), ""))
+        rows.append(("origin", name(details["origin"]), ""))
     if details.get("cut"):  # the module whose detached output cut the params off
-        rows.append(("cut", clip(safe(details["cut"]), 400), ""))
+        rows.append(("cut", name(details["cut"]), ""))
     if details.get("ranks"):
         rows.append(("ranks", clip(safe(details["ranks"]), 400), ""))
     if details.get("first_layers"):

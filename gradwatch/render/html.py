@@ -17,7 +17,7 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
-from gradwatch._text import clip, safe
+from gradwatch._text import clip, name, safe
 from gradwatch.checks.registry import ALL_CHECKS
 from gradwatch.errors import ConfigError
 from gradwatch.render.diagnostics import spike_layers
@@ -185,7 +185,7 @@ def _findings(report: ReportData) -> str:
         cause = f.cause()
         said = f"<br><small>cause: <code>{_e(clip(cause, 400))}</code></small>" if cause else ""
         if f.details.get("cut"):  # one .detach() cut these parameters off: where
-            said += f"<br><small>cut: <code>{_e(clip(safe(f.details['cut']), 400))}</code></small>"
+            said += f"<br><small>cut: <code>{_e(name(f.details['cut']))}</code></small>"
         hint = f'<div class="hint">{_e(clip(f.hint))}</div>' if f.hint else ""
         rows.append(
             f'<tr><td class="id"><span class="sev-{_e(f.severity)}">{_e(f.severity)}</span><br>'
