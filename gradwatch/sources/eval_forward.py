@@ -43,7 +43,11 @@ class EvalForwardSource(EvidenceSource):
                     "its eval-mode forwards.",
                     hint="Run an eval forward without torch.compile (or `gradwatch check` on "
                     "the eager model) to cover it.",
-                    details={"reason": "compiled_eval_forward", "checks": checks},
+                    details={
+                        "reason": "compiled_forward",
+                        "part": "eval_forward",
+                        "checks": checks,
+                    },
                 )
             )
             return
