@@ -49,7 +49,7 @@ def test_compiled_model_says_what_it_cannot_see_and_judges_the_loss_outside() ->
     torch.manual_seed(0)
     model = Net(1, softmax=False)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    compiled = torch.compile(model, backend="aot_eager")
+    compiled: Any = torch.compile(model, backend="aot_eager")
     with gradwatch.watch(compiled, opt, config=CFG) as w, warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Using a target size")
         for k in range(3):
@@ -118,5 +118,6 @@ def test_lightning_style_training_step_loss_is_read() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         trainer.fit(Module(), train_dataloaders=data)
+    assert cb.report is not None
     (f,) = cb.report.by_check("loss_input_already_normalised")
     assert f.module == "net"
