@@ -14,14 +14,15 @@ Example:
 Options (group ``gradwatch``): ``--gradwatch-config FILE`` (a base config for every
 fixture; a test's own ``config`` is merged over it and ``ignore`` lists add up),
 ``--gradwatch-fail-on LEVEL`` (beats both), ``--gradwatch-report-dir DIR`` (one JSON
-report per test, named from its node id).
+report per test, named from its node id), ``--gradwatch-no-probes`` (skip the probes that
+``gradwatch(model, opt, batch=..., loss_fn=...)`` runs on copies of the model first).
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Generator
+from collections.abc import Generator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
@@ -35,6 +36,7 @@ __all__ = ["gradwatch", "report_filename"]
 
 _WATCHERS = pytest.StashKey[list]()
 _BASE = pytest.StashKey[dict]()
+_PROBED = pytest.StashKey[list]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -58,6 +60,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         choices=["info", "warning", "error", "never"],
         default=None,
         help="fail tests on findings at/above this severity (overrides every config).",
+    )
+    group.addoption(
+        "--gradwatch-no-probes",
+        action="store_true",
+        default=False,
+        help="skip the probes (gradient check, sample dependence, overfit one batch) that a "
+        "fixture given batch= and loss_fn= runs on copies of the model.",
     )
 
 
@@ -117,6 +126,9 @@ def gradwatch(request: pytest.FixtureRequest) -> Generator[Callable[..., Watcher
     The watcher is already entered; run a few ordinary training steps. After the test body
     every watcher is closed and the test fails (``pytest.fail``) when a report fails, listing
     the findings (check, parameters, cause, hint). Several watchers per test are fine.
+    Given ``batch=`` and ``loss_fn=`` (``loss_fn(model, batch) -> Tensor``), the probes
+    (:func:`gradwatch.probe`) run first on copies of the model, and their findings fail the
+    test too (``--gradwatch-no-probes`` skips them).
 
     Example:
         >>> def test_no_ghosts(gradwatch):  # doctest: +SKIP
@@ -124,14 +136,27 @@ def gradwatch(request: pytest.FixtureRequest) -> Generator[Callable[..., Watcher
         ...     train_steps(model, opt, 2)
     """
     from gradwatch.core.watcher import watch
+    from gradwatch.probes import probe
 
     watchers: list[Watcher] = []
     request.node.stash[_WATCHERS] = watchers
+    probed: list[Any] = []
+    request.node.stash[_PROBED] = probed
 
     def start(
-        model: Any, optimizer: Any = None, config: Any = None, *, scaler: Any = None
+        model: Any,
+        optimizer: Any = None,
+        config: Any = None,
+        *,
+        scaler: Any = None,
+        batch: Any = None,
+        loss_fn: Any = None,
     ) -> Watcher:
         cfg = effective_config(request.config, config)
+        if batch is not None and loss_fn is not None:
+            if not request.config.getoption("gradwatch_no_probes", False):
+                first = optimizer[0] if isinstance(optimizer, (list, tuple)) else optimizer
+                probed.append(probe(model, batch, loss_fn, first, config=cfg))
         watcher = watch(model, optimizer, config=cfg, scaler=scaler)
         watcher.__enter__()
         watchers.append(watcher)
@@ -154,23 +179,27 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
     if watchers:
         for w in watchers:
             w.close()
-        message = failure_message(watchers)
+        probed: list[Any] = item.stash.get(_PROBED, [])
+        message = failure_message(watchers, probed)
         if message:
             pytest.fail(message, pytrace=False)
     return result
 
 
-def failure_message(watchers: list[Watcher]) -> str:
-    """The findings of every failing report, or ``""`` when none failed."""
+def failure_message(watchers: list[Watcher], probed: Sequence[Any] = ()) -> str:
+    """The findings of every failing report (the probes' too), or ``""`` when none failed."""
     from gradwatch.render.junit import finding_text
 
     parts = []
-    for k, w in enumerate(watchers):
-        report = w.report()
+    reports = [(w.report(), "watcher") for w in watchers] + [(r, "probes") for r in probed]
+    for k, (report, kind) in enumerate(reports):
         if not report.failed:
             continue
         failing = report.failing()
-        which = f" (watcher {k + 1} of {len(watchers)})" if len(watchers) > 1 else ""
+        if kind == "probes":
+            which = " (probes, on a copy of the model)"
+        else:
+            which = f" (watcher {k + 1} of {len(watchers)})" if len(watchers) > 1 else ""
         parts.append(
             f"gradwatch{which}: {len(failing)} finding(s) at or above fail_on={report.fail_on!r}:\n"
             + "\n".join(f"- {f.check}: " + finding_text(f).replace("\n", "\n  ") for f in failing)

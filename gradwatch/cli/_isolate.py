@@ -206,7 +206,11 @@ def probe_result(request: dict[str, Any]) -> dict[str, Any]:
         ignore_checks=request["ignore_checks"],
     )
     start = time.perf_counter()
+    # The probes first, on copies of the model as the factory built it (RNG state restored).
+    probed = probe.probes(cfg) if request.get("probes", True) else None
     report = probe.run(request["steps"], config=cfg)
+    if probed is not None:
+        _merge_probes(report, probed)
     if request["curvature"]:
         report.curvature = probe.curvature(samples=request["curvature_samples"])
     losses = probe.overfit(request["overfit_steps"]) if request["overfit"] else None
@@ -215,6 +219,28 @@ def probe_result(request: dict[str, Any]) -> dict[str, Any]:
         "losses": losses,
         "elapsed": time.perf_counter() - start,
     }
+
+
+def _merge_probes(report: Any, probed: Any) -> None:
+    """The probes' records and findings into the watched steps' report (and its file)."""
+    from gradwatch.cli.probe import add_finding
+
+    report.probes = probed.probes
+    for finding in probed.findings:
+        add_finding(report, finding)
+    if not probed.probes:
+        return
+    print(
+        "probes: "
+        + ", ".join(
+            f"{p.id} {p.verdict} ({p.seconds:.2f} s{', sampled' if p.sampled else ''})"
+            for p in probed.probes
+        ),
+        flush=True,
+    )
+    path = report.config.report_path
+    if path is not None:  # the watcher wrote it at exit, without the probes
+        report.write(path)
 
 
 def _outcome(request: dict[str, Any]) -> dict[str, Any]:

@@ -89,6 +89,7 @@ class Probe:
     config: ConfigArg = None
     _cache: list[Any] = field(default_factory=list, init=False, repr=False)
     _source: Optional[Iterator[Any]] = field(default=None, init=False, repr=False)
+    _own_optimizer: bool = field(default=True, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, nn.Module):
@@ -109,6 +110,7 @@ class Probe:
                     f"Probe.model ({type(self.model).__name__}) has no trainable parameters"
                 )
             self.optimizer = torch.optim.SGD(params, lr=1e-2)
+            self._own_optimizer = False  # the probes then use their own default, not this
         elif not isinstance(self.optimizer, torch.optim.Optimizer):
             raise ProbeError(
                 f"Probe.optimizer must be a torch.optim.Optimizer or None, "
@@ -192,6 +194,15 @@ class Probe:
                 # fail_fast stopped the loop at a finding: the report holds it.
                 pass
         return watcher.report()
+
+    def probes(self, config: ConfigArg = None) -> Report:
+        """Run the probes (:func:`gradwatch.probe`) on copies of the model, on the first batch,
+        with the user's optimizer (``None`` when the Probe made its default one)."""
+        from gradwatch.probes import probe
+
+        cfg = GradWatchConfig.coerce(config if config is not None else self.config)
+        opt = self.optimizer if self._own_optimizer else None
+        return probe(self.model, self.first_batch(), self.loss_fn, opt, config=cfg)
 
     def curvature(self, *, samples: int = 16, seed: int = 0) -> Curvature:
         """Per-layer curvature of the loss on the first batch (:func:`gradwatch.sensitivity`).

@@ -110,8 +110,9 @@ def run_probes(
             try:
                 finding = _one(check_id, cfg, record, model, batch, loss_fn, optimizer)
             except CannotJudge as exc:
-                if exc.partial is not None and hasattr(exc.partial, "curve"):
-                    record.curve = list(exc.partial.curve)
+                if exc.partial is not None:
+                    record.curve = list(getattr(exc.partial, "curve", []))
+                    record.memory_bytes = int(getattr(exc.partial, "memory_bytes", 0))
                 finding = not_judged(check_id, exc, record)
             record.seconds = time.perf_counter() - start
             if finding is not None:

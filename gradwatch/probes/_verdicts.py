@@ -135,6 +135,7 @@ def overfit_verdict(res: OverfitResult, record: ProbeResult, severity: str) -> O
         target=res.target,
         steps=res.steps,
         optimizer=res.optimizer,
+        curve_at_10x_lr=res.boosted,
     )
     if res.learned:
         record.verdict = "passed"

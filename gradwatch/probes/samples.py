@@ -185,7 +185,7 @@ def samples_reached(
     if not others or share <= min_share:
         return result
     norms = [m for m in copy.modules() if isinstance(m, _BatchNorm) and m.training]
-    if norms and budget.left() > 0:
+    if norms:  # over budget or not: without it, batch norm's coupling would read as a bug
         for m in norms:
             m.eval()
         still, still_share, _ = _reach(copy, batch, loss_fn, n, result.sample)

@@ -291,6 +291,7 @@ def render_html(report: ReportData) -> str:
         norm_timelines,
         update_ratios,
     )
+    from gradwatch.render.html_probes import probes_section
 
     title = f"gradwatch report: {report.verdict()}"
     parts = [
@@ -303,6 +304,7 @@ def render_html(report: ReportData) -> str:
         ),
         _chart("Update ratio", update_ratios, report, "No layer statistics were recorded."),
         *([_chart("Curvature", curvature_bars, report, "")] if report.curvature else []),
+        probes_section(report),
         _coverage(report),
         _layers_table(report),
     ]
