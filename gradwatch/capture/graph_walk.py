@@ -93,6 +93,7 @@ class GraphDesc:
     marked: bool = False  # module outputs were marked (the forward was observed)
     batch: Optional[int] = None  # the watched model's input's first dim (its batch), if seen
     model: str = ""  # the watched model's class name (module "" in findings)
+    time_major: bool = False  # it holds a module with batch_first=False: dim 0 may be time
 
     def node(self, i: int) -> NodeInfo:
         return self.nodes[i]

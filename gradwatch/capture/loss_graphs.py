@@ -80,6 +80,7 @@ class LossGraphs(BackwardRoots):
         super().__init__(lambda p: True, on_error, loss=False, scan_steps=scan_steps)
         self._names = {id(m): (n, m) for n, m in model.named_modules()}
         self._model_cls = type(model).__name__
+        self._time_major = any(getattr(m, "batch_first", True) is False for m in model.modules())
         self._observe = observe_modules
         self._hook: Optional[Any] = None
         self._marks: dict[int, Mark] = {}
@@ -158,6 +159,7 @@ class LossGraphs(BackwardRoots):
             desc.marked = self._observe
             desc.batch = self._batch
             desc.model = self._model_cls
+            desc.time_major = self._time_major
             desc.backward_at = call_site()
             self.described += len(desc.nodes)
             self.graphs.append(desc)

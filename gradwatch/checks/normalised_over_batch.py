@@ -6,7 +6,9 @@ on a tensor whose first dim is the model's batch (the first dim of its input), s
 sample's output depends on the others. ``Softmax(dim=1)`` over actions or classes, attention
 over keys, a samples x samples logits matrix (InfoNCE, CLIP: both dims are the batch, by
 design), a loss's own softmax outside the model, and batch norm in train mode (the known
-exception, not a softmax) never fire.
+exception, not a softmax) never fire. A model holding a module with ``batch_first=False``
+(an ``nn.LSTM``/``nn.MultiheadAttention`` default) may be time-major, where dim 0 is time and
+a softmax over it is attention over time: it is not judged.
 """
 
 from __future__ import annotations
@@ -72,7 +74,7 @@ class NormalisedOverBatch(Check):
         if rec is None:
             return
         for g in rec.graphs:
-            if not g.marked or not g.batch or g.batch < 2:
+            if not g.marked or not g.batch or g.batch < 2 or g.time_major:
                 continue
             inside = None
             for i, node in enumerate(g.nodes):

@@ -155,6 +155,26 @@ def test_look_alikes_are_silent(model: nn.Module, loss: Any, shape: tuple[int, .
     assert not _found(_run(model, loss, shape=shape))
 
 
+class TimeMajorAttention(nn.Module):
+    """A seq2seq encoder in PyTorch's default layout (T, B, D): attention over time is dim 0."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rnn = nn.GRU(8, 16)  # batch_first=False
+        self.score = nn.Linear(16, 1)
+        self.out = nn.Linear(16, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (T, B, 8)
+        h, _ = self.rnn(x)
+        w = torch.softmax(self.score(h).squeeze(-1), dim=0)  # over time: right here
+        return self.out((w.unsqueeze(-1) * h).sum(0))
+
+
+def test_time_major_attention_over_time_is_silent() -> None:
+    model = TimeMajorAttention()
+    assert not _found(_run(model, lambda m, x: m(x).pow(2).mean(), shape=(B, 4, 8)))
+
+
 def test_unbatched_policy_is_silent() -> None:
     """One state at a time: ``Softmax(dim=0)`` over a 1-D action vector is right."""
 
