@@ -45,6 +45,11 @@ REPORT_NAME = "gradwatch-report.json"
 INSTALL_HINT = "pip install gradwatch[lightning]"
 
 
+def _training_step(module: Any, batch: Any) -> Any:
+    """What the probes call as the loss: the module's own ``training_step`` (its loss)."""
+    return module.training_step(batch, 0)
+
+
 def _import_lightning() -> tuple[Any, ...]:
     """Every installed Lightning: ``lightning.pytorch`` and/or ``pytorch_lightning``.
 
@@ -192,6 +197,7 @@ class GradWatchCallback(WatchAdapter, *_CALLBACK_BASES):  # type: ignore[misc]
         report_name: Optional[str] = REPORT_NAME,
         log_metrics: bool = True,
         fail_on_report: bool = False,
+        probes: bool = False,
     ) -> None:
         # Lightning's Callback bases define no __init__: the adapter's is the whole of it.
         try:
@@ -207,6 +213,9 @@ class GradWatchCallback(WatchAdapter, *_CALLBACK_BASES):  # type: ignore[misc]
                 _exit_as_cli(exc)
             raise
         self.fail_on_report = fail_on_report
+        self.probes = probes  # run gradwatch.probe once, on the first batch, on a copy
+        self.probe_report: Optional[Any] = None
+        self._probe_due = False
         self._restored: Optional[dict[str, Any]] = None
         self._saved: Optional[dict[str, Any]] = None
         self._tail = _AfterProgressBar(self._finish)
@@ -240,6 +249,7 @@ class GradWatchCallback(WatchAdapter, *_CALLBACK_BASES):  # type: ignore[misc]
             self._bar_warnings.install()
         scaler = getattr(trainer.strategy.precision_plugin, "scaler", None)
         watcher = self._start(pl_module, list(trainer.optimizers), scaler)
+        self._probe_due, self.probe_report = self.probes, None
         if self._restored is not None:
             state, self._restored = self._restored, None
             try:
@@ -320,6 +330,19 @@ class GradWatchCallback(WatchAdapter, *_CALLBACK_BASES):  # type: ignore[misc]
         self, trainer: Any, pl_module: Any, optimizer: torch.optim.Optimizer
     ) -> None:
         """Nothing to do: the core tells a reset gradient by its identity and version."""
+
+    def on_train_batch_start(
+        self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int
+    ) -> None:
+        """With ``probes=True``, once: the probes on a copy, with the first batch and the
+        Trainer's first optimizer (``probe_report``; failing findings are logged)."""
+        if not self._probe_due:
+            return
+        self._probe_due = False
+        from gradwatch.probes.fit_start import probe_at_fit_start
+
+        opt = trainer.optimizers[0] if trainer.optimizers else None
+        self.probe_report = probe_at_fit_start(pl_module, batch, _training_step, opt, self.config)
 
     def on_train_batch_end(
         self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int

@@ -160,6 +160,7 @@ class GradWatchCallback(WatchAdapter, TrainerCallback):  # type: ignore[misc]
         report_name: Optional[str] = REPORT_NAME,
         log_metrics: bool = True,
         fail_on_report: bool = False,
+        probes: bool = False,
     ) -> None:
         # TrainerCallback defines no __init__: the adapter's is the whole of it.
         WatchAdapter.__init__(
@@ -171,6 +172,8 @@ class GradWatchCallback(WatchAdapter, TrainerCallback):  # type: ignore[misc]
         )
         self.trainer = trainer
         self.fail_on_report = fail_on_report
+        self.probes = probes  # run gradwatch.probe once at train begin, on a copy
+        self.probe_report: Optional[Any] = None
         self._found: Any = None  # the Trainer found calling on_train_begin
         self._emitting = False
 
@@ -182,10 +185,25 @@ class GradWatchCallback(WatchAdapter, TrainerCallback):  # type: ignore[misc]
         self._found = self.trainer or _calling_trainer()
         optimizer = kwargs.get("optimizer")
         watcher = self._start(kwargs["model"], optimizer, _scaler_of(optimizer))
+        self.probe_report = None
+        if self.probes:
+            self._probe(kwargs["model"], kwargs.get("train_dataloader"), optimizer)
         step = int(getattr(state, "global_step", 0) or 0)
         path = _checkpoint_dir(args, step) / STATE_NAME
         if step and path.is_file():  # resumed: the Trainer restored its state of step N
             self._guarded(watcher, "checkpoint restore", _load_state, watcher, path, step)
+
+    def _probe(self, model: Any, loader: Any, optimizer: Any) -> None:
+        """The probes on a copy of ``model``, on a batch of the dataset's first samples."""
+        from gradwatch.probes.fit_start import first_batch, probe_at_fit_start
+
+        device = next((p.device for p in model.parameters()), None)
+        batch = first_batch(loader, device)
+        if batch is None:
+            self.log.warning("gradwatch: probes skipped: no dataset to take a batch from")
+            return
+        step = lambda m, b: m(**b) if isinstance(b, dict) else m(b)  # noqa: E731
+        self.probe_report = probe_at_fit_start(model, batch, step, optimizer, self.config)
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """Save the watcher's state into the checkpoint folder the Trainer just wrote."""
