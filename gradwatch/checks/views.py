@@ -100,9 +100,9 @@ class StepView:
     """What one step exposes to the checks. Per-parameter lists align with ``ids``.
 
     ``arrived`` comes from the hooks that fired (a gradient really accumulated since the
-    optimizer's previous step), never from ``.grad is None``. Statistics lists are ``None``
-    on steps that are not observed (see ``every_n_steps``); a parameter without ``.grad``
-    has ``None`` in them.
+    optimizer's previous step), never from ``.grad is None``. ``grad_norm`` has ``None`` for
+    a parameter without ``.grad``; the other statistics are per layer (``layers``), filled on
+    observed steps only (see ``every_n_steps``).
     """
 
     step: int
@@ -124,11 +124,6 @@ class StepView:
     # Per position: no gradient arrived from a backward pass, yet ``.grad`` holds a non-zero
     # tensor the last step did not leave (written by hand). Empty: none.
     written: list[bool] = field(default_factory=list)
-    mean_abs: Optional[list[Optional[float]]] = None
-    max_abs: Optional[list[Optional[float]]] = None
-    nonzero: Optional[list[Optional[float]]] = None
-    param_norm: Optional[list[Optional[float]]] = None
-    delta_norm: Optional[list[Optional[float]]] = None
     numel: list[int] = field(default_factory=list)
     ranks_missing: Optional[list[list[int]]] = None
     world_size: int = 1
