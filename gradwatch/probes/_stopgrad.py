@@ -69,6 +69,7 @@ class StopGradients(TorchFunctionMode):
         self._user_off = False  # the user's code disabled grad (not a Function's forward)
         self._params = params or {}
         self.first_use: list[int] = []
+        self.autocast = False  # an op of the recorded forward ran under autocast
         self._used: set[int] = set()
 
     def start(self, *, replay: bool) -> StopGradients:
@@ -95,6 +96,8 @@ class StopGradients(TorchFunctionMode):
             return func(*args, **kwargs)
         if not self.replay:
             self._note_params(args)
+            if not self.autocast and _autocast_on():
+                self.autocast = True
         stop = name in _DETACH or (
             self._user_off and not torch.is_grad_enabled() and not name.endswith("_")
         )
@@ -109,6 +112,10 @@ class StopGradients(TorchFunctionMode):
         value = self.saved[self._next]
         self._next += 1
         return _clone(value)
+
+
+def _autocast_on() -> bool:
+    return any(torch.is_autocast_enabled(d) for d in ("cpu", "cuda"))
 
 
 def _walk(loss: Tensor) -> list[Any]:

@@ -129,6 +129,15 @@ def _judge(row: ProbeLayer, noise: float, rtol: float) -> str:
     return "mismatch" if err > 10.0 * noise else "inconclusive"
 
 
+def _precision(dtype: str, rtol: float) -> tuple[float, float]:
+    """The relative step and the tolerance a loss computed at ``dtype`` allows."""
+    if dtype == "float64":
+        return 1e-5, rtol
+    if dtype == "autocast":
+        return 3e-2, max(rtol, 0.25)
+    return 3e-3, max(rtol, 5e-2)
+
+
 def _central(ev: _Evaluator, layer: _Layer, h: float) -> float:
     layer.shift(h)
     up = ev.replayed()
@@ -201,6 +210,10 @@ def _agreement(
     result.memory_bytes = param_bytes(copy)
     t0 = budget.elapsed()
     loss, grads = _base(ev, groups)
+    if mode.autocast:  # the forward ran in bf16/fp16: compared at that precision
+        result.dtype = "autocast"
+    elif loss.dtype != torch.float64:  # a loss upcast to float32 (HF's .float()) limits all
+        result.dtype = str(loss.dtype).removeprefix("torch.")
     result.custom_functions = custom_functions(loss)
     ste_ids, result.straight_through = straight_through_params(loss)
     value = float(loss.detach())
@@ -220,8 +233,7 @@ def _agreement(
     result.sampled = len(chosen) < len(order)
     flat = iter(grads)
     grad_of = [[next(flat) for _ in g[2]] for g in groups]
-    h_rel = 1e-5 if dtype == "float64" else 3e-3
-    tol = rtol if dtype == "float64" else max(rtol, 5e-2)
+    h_rel, tol = _precision(result.dtype, rtol)
     for k in chosen:
         if budget.left() <= 0 and result.layers:
             result.sampled = True

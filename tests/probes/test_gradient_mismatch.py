@@ -280,3 +280,25 @@ def test_over_budget_it_samples_layers_and_says_so() -> None:
 
 def _mse(m: Any, b: Any) -> Tensor:
     return F.mse_loss(m(b[0]), b[1])
+
+
+def _autocast_loss(m: Any, b: Any) -> Tensor:
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = m(b[0])
+    return F.cross_entropy(out.float(), b[1])
+
+
+def test_mixed_precision_is_compared_at_its_own_precision() -> None:
+    (record,) = _probe(mlp(), data(), _autocast_loss).probes
+    assert record.verdict == "passed" and record.details["dtype"] == "autocast"
+
+
+def test_a_hf_gpt2_whose_loss_is_upcast_to_float32_agrees() -> None:
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(vocab_size=100, n_positions=32, n_embd=32, n_layer=2, n_head=2)
+    model = transformers.GPT2LMHeadModel(config)
+    ids = torch.randint(0, 100, (4, 12), generator=torch.Generator().manual_seed(0))
+    report = _probe(model, {"input_ids": ids, "labels": ids}, lambda m, b: m(**b).loss)
+    assert verdicts(report) == {CHECK: "passed"}, [f.message for f in report.findings]
+    assert report.probes[0].details["dtype"] == "float32"  # ForCausalLMLoss's logits.float()
