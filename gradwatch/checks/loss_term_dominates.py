@@ -7,7 +7,9 @@ trunk, measured where each term's own ops meet it). Over at least ``min_steps`` 
 a term whose mean share is at least ``max_share`` fires, also with the user's own constant
 weights taken out (``0.01 * aux`` drowned by its weight is scaled on purpose; ``-0.5 * kl``'s
 constant is not what drowns it), unless a term's weight is learned (Kendall-style
-uncertainty weighting balances the terms itself).
+uncertainty weighting balances the terms itself), or a term gave (next to) no gradient when
+first seen (a consistency term to an EMA teacher copied from the student, a KL to a
+reference policy: at its optimum at the start, small by design).
 """
 
 from __future__ import annotations
@@ -77,6 +79,7 @@ class LossTermDominates(Check):
         super().__init__(config, watch_config)
         self._sums: dict[tuple[str, ...], list[float]] = {}
         self._raw: dict[tuple[str, ...], list[float]] = {}
+        self._at_start: dict[tuple[str, ...], bool] = {}
         self._steps: dict[tuple[str, ...], int] = {}
 
     def evidence(self) -> dict[str, int]:
@@ -93,6 +96,13 @@ class LossTermDominates(Check):
         # without the user's own weights (0.01 * aux): a term drowned by its weight is chosen
         raw = [v / abs(t.weight) if t.weight else v for v, t in zip(norms, terms)]
         key = tuple(t.label for t in terms)
+        if key not in self._at_start:
+            # a term at its optimum when it is first seen (a consistency term to an EMA
+            # teacher copied from the student, RLHF's KL to the reference policy) is small
+            # by design while the model is near its start: that loss is not judged
+            self._at_start[key] = any(v <= 1e-6 * total for v in norms)
+        if self._at_start.get(key):
+            return
         sums = self._sums.setdefault(key, [0.0] * len(terms))
         unweighted = self._raw.setdefault(key, [0.0] * len(terms))
         for k, v in enumerate(norms):

@@ -137,6 +137,27 @@ def test_balanced_scaled_and_learned_weights_are_silent() -> None:
     assert not _found(_run(Kendall(), kendall))
 
 
+def test_consistency_term_at_its_optimum_at_the_start_is_silent() -> None:
+    """Mean teacher / RLHF's KL to the reference: the second term starts at exactly zero."""
+    import copy
+
+    student = TwoHeads()
+    teacher = copy.deepcopy(student).requires_grad_(False)
+
+    def loss(m: nn.Module, x: torch.Tensor, k: int) -> torch.Tensor:
+        logits, boxes = m(x)
+        t_logits, _ = teacher(x)
+        kl = F.kl_div(
+            F.log_softmax(logits, 1),
+            F.log_softmax(t_logits, 1),
+            log_target=True,
+            reduction="batchmean",
+        )
+        return F.mse_loss(boxes, torch.rand(N, 4) * 640) + kl
+
+    assert not _found(_run(student, loss))
+
+
 def test_accumulated_and_scaled_losses_are_still_judged_per_term() -> None:
     """``loss / k`` (accumulation) and ``loss * scale`` (a GradScaler) wrap the whole sum."""
     (f,) = _found(_run(TwoHeads(), _detector, accumulate=2))
