@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import importlib
 import logging
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional, Union
 
@@ -31,6 +30,7 @@ from gradwatch.adapter import WatchAdapter
 from gradwatch.config import GradWatchConfig
 from gradwatch.errors import ConfigError
 from gradwatch.lightning._artifacts import upload_report
+from gradwatch.lightning._cli_errors import built_by_argument_parser, exit_as_cli
 from gradwatch.lightning._console import BarWarnings
 from gradwatch.lightning._log_steps import logging_step
 
@@ -111,29 +111,6 @@ def _send(trainer: Any, values: dict[str, float], step: int) -> None:
         logger.log_metrics(values, step=step)
 
 
-def _built_by_argument_parser() -> bool:
-    """Whether jsonargparse (``LightningCLI``, ``jsonargparse.CLI``) is building this callback."""
-    frame = sys._getframe(1)
-    for _ in range(64):
-        if frame is None:
-            return False
-        if str(frame.f_globals.get("__name__", "")).startswith("jsonargparse."):
-            return True
-        frame = frame.f_back  # type: ignore[assignment]
-    return False
-
-
-def _exit_as_cli(exc: ConfigError) -> None:
-    """A bad gradwatch config under a command line: one ``error:`` line and exit status 2.
-
-    jsonargparse would wrap the exception into a union-of-types error of some 90 lines with
-    the reason in the middle; a command line reports a bad argument in one line, as
-    ``argparse`` does, and so does gradwatch's own CLI.
-    """
-    sys.stderr.write(f"error: gradwatch.lightning.GradWatchCallback: {exc}\n")
-    raise SystemExit(2) from None
-
-
 class _AfterProgressBar(*_CALLBACK_BASES):  # type: ignore[misc]
     """Appended last to the Trainer's callbacks, after the progress bar: the bar stops in its
     own ``teardown``/``on_exception``, and the summary printed here comes after its last line."""
@@ -209,8 +186,8 @@ class GradWatchCallback(WatchAdapter, *_CALLBACK_BASES):  # type: ignore[misc]
                 log_metrics=log_metrics,
             )
         except ConfigError as exc:
-            if _built_by_argument_parser():
-                _exit_as_cli(exc)
+            if built_by_argument_parser():
+                exit_as_cli(exc, config)
             raise
         self.fail_on_report = fail_on_report
         self.probes = probes  # run gradwatch.probe once, on the first batch, on a copy
