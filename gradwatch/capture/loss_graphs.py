@@ -105,6 +105,10 @@ class LossGraphs(BackwardRoots):
     def _disarm(self) -> None:
         if self._hook is not None:
             self._hook.remove()
+            # torch keeps a removed with_kwargs global hook's id in this dict (its handle is
+            # not told of it): left there, every later torch.compile'd call in the process
+            # warns of global hooks, and module calls keep the global-hook path.
+            nn.modules.module._global_forward_hooks_with_kwargs.pop(self._hook.id, None)
             self._hook = None
         self._marks.clear()
         self._alive_fns.clear()
