@@ -9,6 +9,8 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 import pytest
 import torch
 from _loops import batches, mlp
@@ -34,7 +36,7 @@ def test_a_compiled_model_that_never_steps_is_no_pass() -> None:
     torch.manual_seed(0)
     model = mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    compiled = torch.compile(model, backend="aot_eager")
+    compiled = cast(nn.Module, torch.compile(model, backend="aot_eager"))
     report = _no_step_run(compiled, opt)
     assert report.failed
     assert _reasons(report).get("no_step") == "error"

@@ -160,8 +160,9 @@ class NoHooks(nn.Parameter):
 
 
 def test_a_parameter_refusing_hooks_at_enter_is_contained() -> None:
-    model = nn.Sequential(nn.Linear(4, 8), nn.Linear(8, 1))
-    model[1].weight = NoHooks(model[1].weight.detach().clone())
+    head = nn.Linear(8, 1)
+    head.weight = NoHooks(head.weight.detach().clone())
+    model = nn.Sequential(nn.Linear(4, 8), head)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     with gradwatch.watch(model, opt) as w:  # no RuntimeError out of __enter__
         for _ in range(3):
