@@ -2,7 +2,7 @@
 
 ``style="diagnostic"`` prints one compiler-style block per finding (see
 :mod:`gradwatch.render.diagnostics`) and a one-line summary; ``style="table"`` the compact
-one-screen table (the findings sorted by severity, at most ``MAX_ROWS``, hints shortened).
+one-screen table (the findings sorted by severity, at most ``MAX_ROWS``, each hint whole).
 Both print through one ``rich`` Console (:mod:`gradwatch.render.terminal`): colour on a
 terminal only, as rich reads ``NO_COLOR``/``FORCE_COLOR``/``TERM``, and every name literally
 (markup in a module name is text, control bytes are escaped).
@@ -45,7 +45,7 @@ MAX_ROWS = 12
 #: The narrowest hint column of the five-column table; narrower, the rows stack.
 HINT_MIN = 30
 _PARAMS_SHOWN = 3
-_HINT_CHARS = 160
+_HINT_CHARS = 400
 _ORDER = {"error": 0, "warning": 1, "info": 2}
 _STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 
@@ -57,8 +57,14 @@ def _params(f: Finding, limit: int = _PARAMS_SHOWN) -> str:
 
 
 def _short(text: str, limit: int = _HINT_CHARS) -> str:
+    # Whole up to a length no hint of gradwatch's reaches (its last words are often the
+    # identifier to use: ``encoder_stack.feed_forward_intermediate_dense.train()``); longer
+    # text (a hostile name in it) is cut between words, never inside one.
     text = safe(text)
-    return text if len(text) <= limit else text[: limit - 3].rstrip() + "..."
+    if len(text) <= limit:
+        return text
+    cut = text.rfind(" ", 0, limit - 3)
+    return text[: cut if cut > 0 else limit - 3].rstrip() + " ..."
 
 
 def _count(n: int, word: str) -> str:
