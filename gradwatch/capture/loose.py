@@ -106,6 +106,7 @@ class BackwardRoots:
         self.host_nonfinite = False  # a float loss an integration handed over was NaN/Inf
         self._finite: Optional[bool] = None  # the step being decided: its losses' flag
         self.walked = 0  # graph nodes walked so far (for benchmarks)
+        self.calls = 0  # Tensor.backward calls seen (a loss that reaches no parameter too)
         _add(self)
 
     @classmethod
@@ -150,6 +151,7 @@ class BackwardRoots:
 
     def root(self, t: torch.Tensor) -> None:
         """``t.backward()`` is about to run."""
+        self.calls += 1
         try:
             if self.loss and t.is_floating_point():
                 self._note_loss(t.detach())

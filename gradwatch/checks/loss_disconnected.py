@@ -69,6 +69,10 @@ class LossDisconnected(Check):
         "it; keep `no_grad` for evaluation only. `details.cause` says which case it was.",
     )
 
+    def __init__(self, config, watch_config) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(config, watch_config)
+        self._calls: dict[int, int] = {}  # per optimizer: backward() calls that reached nothing
+
     def on_step(self, view: StepView, log: FindingLog) -> None:
         if view.optimizer is None or not view.ids or view.window.model_ran is None:
             return
@@ -84,18 +88,29 @@ class LossDisconnected(Check):
             return  # gradients set by hand (torch.autograd.grad, gradient surgery): not cut off
         cause = "disconnected" if view.window.model_ran == "grad" else "no_grad"
         names = view.index.names(view.ids)
+        details: dict[str, object] = {"cause": cause, "optimizer": view.optimizer}
+        said = ""
+        calls = (view.window.records.get("loss") or {}).get("backward_calls")
+        if calls:  # backward() ran, on a loss that reached none of the model's parameters
+            total = self._calls[view.optimizer] = self._calls.get(view.optimizer, 0) + calls
+            details["backward_calls"] = total
+            said = f"; backward() ran {_times(total)} and reached none of them"
         log.emit(
             self.id,
             severity=self.severity,
             step=view.step,
             message=f"the model ran but {view.optimizer_name}.step() found no gradient on "
             f"any of its {len(names)} parameter(s): the loss is not connected to the model "
-            f"(cause: {cause}).",
+            f"(cause: {cause}){said}.",
             hint=HINTS[cause],
             params=names,
             key=f"optimizer[{view.optimizer}]",
-            details={"cause": cause, "optimizer": view.optimizer},
+            details=details,
         )
+
+
+def _times(n: int) -> str:
+    return "once" if n == 1 else f"{n} times"
 
 
 def _cut_off_part(check: LossDisconnected, view: StepView, log: FindingLog) -> None:

@@ -167,8 +167,12 @@ def coverage_line(report: ReportData) -> str:
 
 def _passes(report: ReportData) -> str:
     """``20 backward passes``; none counted although steps ran: none reached the model (a
-    ``backward()`` on a loss cut off from it is no pass gradwatch can see)."""
+    ``backward()`` on a loss cut off from it is no pass of the model's), with the
+    ``backward()`` calls seen when a finding counted them (``details.backward_calls``)."""
     if report.steps and not report.backward_passes:
+        calls = max((f.details.get("backward_calls", 0) for f in report.findings), default=0)
+        if isinstance(calls, int) and calls > 0:
+            return f"{_count(calls, 'backward() call')}, none reached the model"
         return "no backward pass reached the model"
     return _count(report.backward_passes, "backward pass", "backward passes")
 

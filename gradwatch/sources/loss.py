@@ -22,6 +22,7 @@ class LossSource(EvidenceSource):
     def __init__(self, ctx: SourceContext, wanted: dict[str, Any]) -> None:
         super().__init__(ctx, wanted)
         self.roots: Optional[BackwardRoots] = None
+        self._calls_at_start: dict[Optional[int], int] = {}  # per optimizer's window
 
     def install(self) -> None:
         if self.roots is None and self.ctx.model is not None:
@@ -48,6 +49,14 @@ class LossSource(EvidenceSource):
             "loss_finite": roots.verdict(state.skipped),
         }
 
+    def record(self, state: StepState) -> Any:
+        """``{"backward_calls": n}``: ``Tensor.backward`` calls in this optimizer's window,
+        counted also when the loss reaches no watched parameter (no hook sees those)."""
+        if self.roots is None or state.track is None:
+            return None
+        return {"backward_calls": self.roots.calls - self._calls_at_start.get(state.track.index, 0)}
+
     def window_closed(self, k: Optional[int]) -> None:
         if self.roots is not None:
+            self._calls_at_start[k] = self.roots.calls
             self.roots.window_closed()
