@@ -125,6 +125,7 @@ class EvalDropoutWatch:
         for h in self._handles:
             h.remove()
         self._handles = []
+        self._names = {}  # (name, module) pairs: the watched model must not outlive the watch
 
 
 def _params_near(names: dict[int, tuple[str, nn.Module]], where: str) -> list[str]:

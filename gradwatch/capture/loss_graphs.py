@@ -204,6 +204,8 @@ class LossGraphs(BackwardRoots):
     def remove(self) -> None:
         self._disarm()
         self._tokens.clear()
+        self._names.clear()  # (name, module) pairs: the watched model must not outlive the watch
+        self.graphs = []
         super().remove()
 
 

@@ -76,3 +76,4 @@ class EvalForwardSource(EvidenceSource):
     def remove(self) -> None:
         if self.watch is not None:
             self.watch.remove()
+            self.watch = None

@@ -110,3 +110,4 @@ class LossGraphSource(EvidenceSource):
     def remove(self) -> None:
         if self.graphs is not None:
             self.graphs.remove()
+            self.graphs = None
