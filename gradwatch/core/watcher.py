@@ -51,13 +51,13 @@ from gradwatch.core.entry import (
 from gradwatch.core.faults import Faults
 from gradwatch.core.findings import FindingLog, Judges, call_site
 from gradwatch.core.layers import LayerRecorder
-from gradwatch.core.persist import ReportRefresher, write_outputs
 from gradwatch.core.steps import StepPipeline
 from gradwatch.core.structure import Structure
 from gradwatch.distributed.layout import hook_backward, report_layout
 from gradwatch.distributed.sync import DistSync
 from gradwatch.errors import GradWatchError
 from gradwatch.model.locations import Locations
+from gradwatch.persist import ReportRefresher, write_outputs
 from gradwatch.report import Report
 from gradwatch.report_io import check_report_path, write_watched_report
 

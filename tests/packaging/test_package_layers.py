@@ -131,3 +131,10 @@ def test_caps_keep_ten_percent_room() -> None:
         f"{unit}: {size} > {int(ROOM * cap)}" for unit, size, cap in _sizes() if size > ROOM * cap
     ]
     assert not tight, tight
+
+
+def test_core_keeps_ten_percent_room_under_its_module_cap() -> None:
+    """``core/`` holds at most 90 % of the dozen modules its architecture rule allows."""
+    core = Path(__file__).resolve().parents[2] / "gradwatch" / "core"
+    modules = sorted(p.name for p in core.glob("*.py") if p.name != "__init__.py")
+    assert len(modules) <= int(ROOM * 12), modules

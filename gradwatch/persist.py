@@ -1,4 +1,5 @@
-"""Keep ``report_path`` current during the run, so a preempted job still leaves a report.
+"""Keep ``report_path`` current during the run (the watcher's, outside the run's core: it needs
+only the report and its writer), so a preempted job still leaves a report.
 
 One live watcher writes one file: a second one entered with the same ``report_path`` is a
 :class:`~gradwatch.errors.ConfigError` (whichever exited last would win, so a failed run's
