@@ -87,7 +87,7 @@ class ParamOutsideModel(Check):
             message=f"{len(outside)} optimizer tensor(s) are the old parameters of {layers} "
             f"(same shapes), replaced {when}: the optimizer still holds them, and the new "
             "ones are in no optimizer; watched under synthesized names.",
-            hint="Rebuild the optimizer from model.parameters() after replacing the layer"
+            hint="The layer was replaced: rebuild the optimizer from model.parameters()"
             + (", then watcher.add_optimizer(new_optimizer)" if after else "")
             + " (or add_param_group() the new layer's parameters); see ghost_param "
             "(cause: not_in_model) and not_in_optimizer.",

@@ -49,7 +49,7 @@ def _said_replaced(report: gradwatch.Report, layer: str) -> gradwatch.Finding:
     (f,) = report.by_check(ID)
     assert f.details["replaced"] == [layer], f.line()
     assert f"old parameters of '{layer}'" in f.message and "replaced" in f.message
-    assert "Watch the whole model" not in f.hint and "Rebuild the optimizer" in f.hint
+    assert "Watch the whole model" not in f.hint and "rebuild the optimizer" in f.hint
     return f
 
 
