@@ -183,7 +183,7 @@ class ForwardScout(NanProbe):
                 else:
                     self.ran_nograd = seq
                 if self.scanning and self._global is None:
-                    self._global = nn.modules.module.register_module_forward_hook(self._seen())
+                    self._global = nn.modules.module.register_module_forward_hook(_seen(self))
             self._depth += 1
         except Exception as exc:
             self._on_error("forward scout", exc)
@@ -204,37 +204,6 @@ class ForwardScout(NanProbe):
             self._on_error("forward scout", exc)
 
     # -- unregistered modules --------------------------------------------------------------
-
-    def _seen(self) -> Callable[..., None]:
-        wself = weakref.ref(self)
-
-        def seen(module: nn.Module, args: Any, output: Any) -> None:
-            me = wself()
-            if me is None:
-                return
-            key = id(module)
-            # The common case (a registered module) costs one set lookup.
-            if key in me._registered or not module._parameters:
-                return
-            for ref in (me._new_ids.get(key), me._judged.get(key)):
-                if ref is not None and ref() is module:
-                    return
-            # Its parameters now, while they live: a layer built inside forward is gone by
-            # the time the forward returns (only the graph keeps its parameters); and the
-            # line that called it (read once per module object, during the scan only).
-            params = [
-                (n, weakref.ref(p))
-                for n, p in module._parameters.items()
-                if p is not None and p.requires_grad
-            ]
-            mref = weakref.ref(module)
-            if not params:  # frozen: never this bug
-                me._judged[key] = mref
-                return
-            me._new.append(_Called(mref, type(module).__name__, params, call_site()))
-            me._new_ids[key] = mref
-
-        return seen
 
     def _adopt(self) -> None:
         """Judge the modules that ran in the forward without being registered in the model."""
@@ -330,3 +299,36 @@ class ForwardScout(NanProbe):
         self._grad_hooks.clear()
         self._waiting.clear()
         self.disarm()
+
+
+def _seen(scout: ForwardScout) -> Callable[..., None]:
+    """The global forward hook of a scan: note each module run but not registered."""
+    wself = weakref.ref(scout)
+
+    def seen(module: nn.Module, args: Any, output: Any) -> None:
+        me = wself()
+        if me is None:
+            return
+        key = id(module)
+        # The common case (a registered module) costs one set lookup.
+        if key in me._registered or not module._parameters:
+            return
+        for ref in (me._new_ids.get(key), me._judged.get(key)):
+            if ref is not None and ref() is module:
+                return
+        # Its parameters now, while they live: a layer built inside forward is gone by
+        # the time the forward returns (only the graph keeps its parameters); and the
+        # line that called it (read once per module object, during the scan only).
+        params = [
+            (n, weakref.ref(p))
+            for n, p in module._parameters.items()
+            if p is not None and p.requires_grad
+        ]
+        mref = weakref.ref(module)
+        if not params:  # frozen: never this bug
+            me._judged[key] = mref
+            return
+        me._new.append(_Called(mref, type(module).__name__, params, call_site()))
+        me._new_ids[key] = mref
+
+    return seen

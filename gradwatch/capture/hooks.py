@@ -197,18 +197,7 @@ class HookSet:
                 self._callers[name] = None
                 continue
 
-            def record(module: nn.Module, args: Any, output: Any, name: str = name) -> None:
-                try:
-                    site = call_site()
-                    if site is not None:
-                        tracker.called_at[name] = site
-                    tracker.want_call.discard(name)
-                    handle = self._callers.get(name)
-                    if handle is not None:
-                        handle.remove()
-                except Exception as exc:
-                    self._on_error("forward hook", exc)
-
+            record = _caller_recorder(tracker, self._callers, name, self._on_error)
             self._callers[name] = mod.register_forward_hook(ForwardStamp(record, mod))
 
     def trim(self, keep_layers: set[str]) -> None:
@@ -298,3 +287,23 @@ class _Detached:
 # ``sys.audit("...", module, args, output)`` returns None and does nothing unless an audit
 # hook listens: a picklable no-op that needs nothing but the standard library to load.
 _INERT_REDUCE = (functools.partial, (sys.audit, "gradwatch.detached_forward_hook"))
+
+
+def _caller_recorder(
+    tracker: Any, callers: dict[str, Any], name: str, on_error: Callable[[str, BaseException], None]
+) -> Callable[..., None]:
+    """A one-shot forward hook: the line that called module ``name``, then it removes itself."""
+
+    def record(module: nn.Module, args: Any, output: Any) -> None:
+        try:
+            site = call_site()
+            if site is not None:
+                tracker.called_at[name] = site
+            tracker.want_call.discard(name)
+            handle = callers.get(name)
+            if handle is not None:
+                handle.remove()
+        except Exception as exc:
+            on_error("forward hook", exc)
+
+    return record
