@@ -235,7 +235,10 @@ class BackwardRoots:
         self._done.add(key)
         if leaf._version != s.version:
             return  # something updates it (an optimizer gradwatch does not watch, by hand)
-        self._loose.append(name_of(leaf, self._model() if self._model is not None else None))
+        model = self._model() if self._model is not None else None
+        if model is not None and any(p is leaf for p in model.parameters()):
+            return  # the model's own (a layer replaced in the run, not read yet): no leaf
+        self._loose.append(name_of(leaf, model))
 
     def _forget(self) -> None:
         """Drop the sightings whose tensor is gone, then the oldest (fresh inputs)."""

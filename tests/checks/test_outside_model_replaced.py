@@ -87,3 +87,21 @@ def test_a_submodule_watched_keeps_the_watch_the_whole_model_hint() -> None:
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     (f,) = _loop(model.backbone, model, opt).by_check(ID)
     assert "Watch the whole model" in f.hint and "replaced" not in f.details
+
+
+def test_a_head_swapped_inside_the_watch_is_no_loose_leaf() -> None:
+    """Swapped after ``with watch`` began, before the layout is read again: the new head's
+    parameters are the model's own (not_in_optimizer says they are in no optimizer), never
+    an ``unregistered_param`` loose leaf named ``model``."""
+    torch.manual_seed(0)
+    model = Classifier()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    with gradwatch.watch(model, opt, config={"every_n_steps": 1, "warn": False}) as w:
+        model.fc = nn.Linear(16, 1)
+        for x, y in batches(4):
+            opt.zero_grad()
+            nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+    report = w.report()
+    assert not report.by_check("unregistered_param"), [f.line() for f in report.findings]
+    assert {f.module for f in report.by_check("not_in_optimizer")} == {"fc"}
