@@ -120,9 +120,7 @@ def run_isolated(
     Raises:
         IsolationError: one line: the child's own error, its death, or the timeout.
     """
-    import gradwatch
-
-    root = str(Path(gradwatch.__file__).resolve().parent.parent)
+    root = str(Path(__file__).resolve().parents[2])  # the folder holding the gradwatch package
     posix = os.name == "posix"
     with tempfile.TemporaryDirectory(prefix="gradwatch-check-") as tmp:
         req, res = Path(tmp, "request.json"), Path(tmp, "result.json")
