@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING
 from pydantic import Field
 
 from gradwatch._severity import Severity
-from gradwatch.checks.base import Check, CheckConfig, WatchSettings, severity_field
+from gradwatch.checks._as_built import AsBuiltCheck
+from gradwatch.checks.base import CheckConfig, severity_field
 from gradwatch.checks.docs import CheckDoc
 from gradwatch.checks.views import StepView
 
@@ -41,7 +42,7 @@ class DecayExcludedConfig(CheckConfig):
     )
 
 
-class DecayOnExcludedParams(Check):
+class DecayOnExcludedParams(AsBuiltCheck):
     """Once per layout read: decayed parameters of a kind the grouping excludes."""
 
     id = "decay_on_excluded_params"
@@ -63,15 +64,10 @@ class DecayOnExcludedParams(Check):
         "with `weight_decay=0.0`, e.g. `[p for p in model.parameters() if p.dim() < 2]`.",
     )
 
-    def __init__(self, config: CheckConfig, watch_config: WatchSettings) -> None:
-        super().__init__(config, watch_config)
-        self._judged = -1
-
     def on_step(self, view: StepView, log: FindingLog) -> None:
-        built = view.window.records.get("built")
-        if built is None or built.revision == self._judged:
+        built = self.fresh(view)
+        if built is None:
             return
-        self._judged = built.revision
         groups = {(g.optimizer, g.group): g for g in built.groups}
         for miss in built.decay:
             decays = [groups[k].decay for k in miss.groups if k in groups]

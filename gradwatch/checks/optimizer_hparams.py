@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any
 from pydantic import Field
 
 from gradwatch._severity import Severity
-from gradwatch.checks.base import Check, CheckConfig, WatchSettings, severity_field
+from gradwatch.checks._as_built import AsBuiltCheck
+from gradwatch.checks.base import CheckConfig, severity_field
 from gradwatch.checks.docs import CheckDoc
 from gradwatch.checks.views import StepView
 
@@ -44,7 +45,7 @@ class OptimizerHparamsConfig(CheckConfig):
     )
 
 
-class OptimizerHparamsDegenerate(Check):
+class OptimizerHparamsDegenerate(AsBuiltCheck):
     """Betas once per layout read; eps against the measured second moments once."""
 
     id = "optimizer_hparams_degenerate"
@@ -65,18 +66,13 @@ class OptimizerHparamsDegenerate(Check):
         "models) and a small eps (1e-8; 1e-6 under fp16).",
     )
 
-    def __init__(self, config: CheckConfig, watch_config: WatchSettings) -> None:
-        super().__init__(config, watch_config)
-        self._judged = -1
-
     def evidence(self) -> dict[str, Any]:
         return {"model_as_built": True, "adam_moments": self.config.at_step}  # type: ignore[attr-defined]
 
     def on_step(self, view: StepView, log: FindingLog) -> None:
         records = view.window.records
-        built = records.get("built")
-        if built is not None and built.revision != self._judged:
-            self._judged = built.revision
+        built = self.fresh(view)
+        if built is not None:
             for d in built.degenerate:
                 self._emit(
                     view,

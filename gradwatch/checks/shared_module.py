@@ -16,7 +16,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from gradwatch._severity import Severity
-from gradwatch.checks.base import Check, CheckConfig, WatchSettings, severity_field
+from gradwatch.checks._as_built import AsBuiltCheck
+from gradwatch.checks.base import CheckConfig, severity_field
 from gradwatch.checks.docs import CheckDoc
 from gradwatch.checks.views import StepView
 
@@ -30,7 +31,7 @@ class SharedModuleConfig(CheckConfig):
     severity: Severity = severity_field("warning")
 
 
-class SharedModule(Check):
+class SharedModule(AsBuiltCheck):
     """Once per layout read: each module object registered at several sibling places."""
 
     id = "shared_module"
@@ -52,15 +53,10 @@ class SharedModule(Check):
         "module once and apply it n times (ALBERT).",
     )
 
-    def __init__(self, config: CheckConfig, watch_config: WatchSettings) -> None:
-        super().__init__(config, watch_config)
-        self._judged = -1  # the layout revision judged last
-
     def on_step(self, view: StepView, log: FindingLog) -> None:
-        built = view.window.records.get("built")
-        if built is None or built.revision == self._judged:
+        built = self.fresh(view)
+        if built is None:
             return
-        self._judged = built.revision
         for shared in built.shared:
             n, paths = len(shared.paths), list(shared.paths)
             where = f"'{shared.container}'" if shared.container else "the model"

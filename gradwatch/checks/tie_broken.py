@@ -17,7 +17,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from gradwatch._severity import Severity
-from gradwatch.checks.base import Check, CheckConfig, WatchSettings, severity_field
+from gradwatch.checks._as_built import AsBuiltCheck
+from gradwatch.checks.base import CheckConfig, severity_field
 from gradwatch.checks.docs import CheckDoc
 from gradwatch.checks.views import StepView
 
@@ -31,7 +32,7 @@ class TieBrokenConfig(CheckConfig):
     severity: Severity = severity_field("error")
 
 
-class TieBroken(Check):
+class TieBroken(AsBuiltCheck):
     """Once per layout read: aliased storages, and declared ties that are two objects."""
 
     id = "tie_broken"
@@ -56,15 +57,10 @@ class TieBroken(Check):
         "`tie_word_embeddings=False` if untied embeddings are meant.",
     )
 
-    def __init__(self, config: CheckConfig, watch_config: WatchSettings) -> None:
-        super().__init__(config, watch_config)
-        self._judged = -1
-
     def on_step(self, view: StepView, log: FindingLog) -> None:
-        built = view.window.records.get("built")
-        if built is None or built.revision == self._judged:
+        built = self.fresh(view)
+        if built is None:
             return
-        self._judged = built.revision
         for tie in built.ties:
             names = list(tie.names)
             if tie.how == "storage":
