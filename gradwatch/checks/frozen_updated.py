@@ -9,7 +9,7 @@ optimizer changed is read from copy-free fingerprints of the frozen parameters i
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from gradwatch._severity import Severity
 from gradwatch.checks.base import Check, CheckConfig, severity_field
@@ -31,6 +31,7 @@ class FrozenParamUpdated(Check):
 
     id = "frozen_param_updated"
     Config = FrozenParamUpdatedConfig
+    needs = frozenset({"model_as_built"})  # each param group's momentum and weight decay
     doc = CheckDoc(
         summary="A parameter with `requires_grad=False` changed across an optimizer step.",
         why="A layer meant to be frozen (a pretrained backbone, a teacher) drifts: results "
@@ -51,18 +52,49 @@ class FrozenParamUpdated(Check):
         by_layer: dict[str, list[int]] = {}
         for i in view.frozen_changed:
             by_layer.setdefault(view.index.params[i].layer, []).append(i)
+        # The optimizer's param groups as built: which hold frozen parameters is not known
+        # (a step reads only the trainable ones), so the causes are named when every group
+        # of the optimizer has the same (one group, as usual).
+        built = view.window.records.get("built")
+        groups = [g for g in getattr(built, "groups", ()) if g.optimizer == view.optimizer]
+        per_group = {tuple(_causes([g])) for g in groups}
+        causes = list(next(iter(per_group))) if len(per_group) == 1 else []
+        what = " and ".join(text for _, text in causes) or "weight decay or momentum"
         for layer, idxs in by_layer.items():
             log.emit(
                 self.id,
                 severity=self.severity,
                 step=view.step,
                 message=f"{len(idxs)} frozen parameter(s) of '{layer}' (requires_grad=False) "
-                f"changed across {view.optimizer_name}.step(): weight decay or momentum "
-                "still moves them.",
+                f"changed across {view.optimizer_name}.step(): {what} still "
+                f"move{'s' if len(causes) == 1 else ''} them.",
                 hint="Remove them from the optimizer (rebuild it after freezing, or keep only "
                 "p.requires_grad parameters in its groups), or set their grads to None "
                 "(zero_grad(set_to_none=True)) so the optimizer skips them.",
                 params=view.index.names(idxs),
                 module=layer,
-                details={"optimizer": view.optimizer},
+                details={"optimizer": view.optimizer, "causes": [c for c, _ in causes]},
             )
+
+
+def _causes(groups: list[Any]) -> list[tuple[str, str]]:
+    """``(cause, how a message says it)`` of the param groups holding the moved parameters:
+    ``momentum`` (SGD's, or an Adam-family optimizer's moving averages) and ``weight_decay``
+    (with its value); empty when the groups are not known."""
+    momentum, decay = [], []
+    for g in groups:
+        if g is None:
+            continue
+        m = g.hparams.get("momentum")
+        if isinstance(m, (int, float)) and m > 0:
+            momentum.append(f"{g.cls}'s momentum ({m:g})")
+        elif g.adam_family:
+            momentum.append(f"{g.cls}'s moving averages of past gradients")
+        if g.decay > 0:
+            decay.append(f"weight decay ({g.decay:g})")
+    out = []
+    if momentum:
+        out.append(("momentum", momentum[0]))
+    if decay:
+        out.append(("weight_decay", decay[0]))
+    return out

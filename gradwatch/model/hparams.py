@@ -43,7 +43,7 @@ class GroupInfo:
     optimizer: int
     group: int
     cls: str  # the optimizer's class name
-    hparams: dict[str, Any]  # betas, eps, weight_decay, lr (what the group has of them)
+    hparams: dict[str, Any]  # betas, eps, weight_decay, lr, momentum (what the group has)
     names: dict[str, list[str]] = field(default_factory=dict)  # kind -> parameter names
 
     @property
@@ -124,7 +124,7 @@ def read_groups(
                 continue
             hp = {
                 key: _plain(group[key])
-                for key in ("betas", "eps", "weight_decay", "lr")
+                for key in ("betas", "eps", "weight_decay", "lr", "momentum")
                 if key in group
             }
             names: dict[str, list[str]] = {}

@@ -7,7 +7,8 @@ two branches taken in turn, an encoder and a decoder trained in turn by one opti
 one-shot NAS supernet that samples one candidate op per step.
 
 Each step's freeze is a layout change; the frozen set must be fingerprinted after it,
-before the step (today the change is seen only after the step, and the step goes unjudged).
+before the step (it was seen only after the step, and the step went unjudged). The finding
+names the cause: the optimizer's momentum, its weight decay, or both (``details.causes``).
 """
 
 from __future__ import annotations
@@ -96,6 +97,10 @@ def _run(model: nn.Module, choose: Choose, opt: torch.optim.Optimizer) -> gradwa
     return w.report()
 
 
+def _causes(report: gradwatch.Report) -> set[tuple[str, ...]]:
+    return {tuple(f.details["causes"]) for f in report.by_check("frozen_param_updated")}
+
+
 def _moved(report: gradwatch.Report) -> set[str]:
     return {f.module or "" for f in report.by_check("frozen_param_updated")}
 
@@ -106,6 +111,11 @@ def test_the_branch_skipped_in_turn_moves_by_momentum() -> None:
     report = _run(model, _branch, torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9))
     assert _moved(report) == {"a", "b"}, [f.line() for f in report.findings]
     assert all(f.severity == "error" for f in report.by_check("frozen_param_updated"))
+    assert _causes(report) == {("momentum",)}
+    assert (
+        "SGD's momentum (0.9) still moves them"
+        in report.by_check("frozen_param_updated")[0].message
+    )
 
 
 def test_encoder_and_decoder_trained_in_turn_move_by_weight_decay() -> None:
@@ -114,6 +124,10 @@ def test_encoder_and_decoder_trained_in_turn_move_by_weight_decay() -> None:
     opt = torch.optim.SGD(model.parameters(), lr=0.05, weight_decay=0.1)
     report = _run(model, _alternate, opt)
     assert _moved(report) == {"encoder.0", "encoder.2", "decoder.0", "decoder.2"}
+    assert _causes(report) == {("weight_decay",)}
+    assert (
+        "weight decay (0.1) still moves them" in report.by_check("frozen_param_updated")[0].message
+    )
 
 
 def test_supernet_ops_not_sampled_move_by_momentum_and_decay() -> None:
@@ -122,3 +136,20 @@ def test_supernet_ops_not_sampled_move_by_momentum_and_decay() -> None:
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-2)
     report = _run(model, _sample, opt)
     assert {"ops.0", "ops.1.0", "ops.2.1"} <= _moved(report), [f.line() for f in report.findings]
+    assert _causes(report) == {("momentum", "weight_decay")}
+    f = report.by_check("frozen_param_updated")[0]
+    assert "SGD's momentum (0.9) and weight decay (0.01) still move them" in f.message
+
+
+def test_adam_with_several_groups_of_one_kind_names_both_causes() -> None:
+    torch.manual_seed(0)
+    model = TwoBranch()
+    opt = torch.optim.AdamW(
+        [{"params": [*model.a.parameters(), *model.b.parameters()]},
+         {"params": model.out.parameters()}],
+        lr=1e-2,
+    )  # fmt: skip
+    report = _run(model, _branch, opt)
+    assert _moved(report) == {"a", "b"}
+    assert _causes(report) == {("momentum", "weight_decay")}
+    assert "AdamW's moving averages" in report.by_check("frozen_param_updated")[0].message
