@@ -1,7 +1,7 @@
 """What the loose-leaf search and the loss flag cost (issues 29 and 30).
 
 During the first ``scan_steps`` steps (default 8) ``unregistered_param`` walks the graph of
-each ``loss.backward()`` from its root in Python (``gradwatch/capture/loose.py``), and
+each ``loss.backward()`` from its root in Python (``gradwatch/capture/loss/loose.py``), and
 ``nonfinite_param`` keeps one ``isfinite(loss)`` device flag per backward on every step.
 This times, on a ResNet-18 layout and a 12-layer GPT-2 (transformers configs, random
 weights, CPU, one thread, process CPU time):
@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 import gradwatch
-from gradwatch.capture.loose import BackwardRoots
+from gradwatch.capture.loss.loose import BackwardRoots
 
 Batch = dict[str, torch.Tensor]
 

@@ -2,7 +2,7 @@
 
 During the first ``scan_steps`` steps (default 8) the ``loss_graph`` source notes which module
 produced which ``grad_fn`` (one global forward hook) and describes each backward's graph
-(``gradwatch/capture/graph_walk.py``: kinds, output shapes, a few saved settings; bounded by
+(``gradwatch/capture/loss/graph_walk.py``: kinds, output shapes, a few saved settings; bounded by
 node count). After the scan nothing is installed. This times, on a ResNet-18 layout and a
 12-layer GPT-2 (transformers configs, random weights, CPU, one thread, process CPU time):
 
@@ -26,8 +26,8 @@ from loose_leaves import Batch, _cpu_ms, _step, gpt2_12, resnet18
 from torch import nn
 
 import gradwatch
-from gradwatch.capture.graph_walk import describe
-from gradwatch.capture.loss_graphs import _SETTINGS_OF, MAX_GRAPH_NODES
+from gradwatch.capture.loss.graph_walk import describe
+from gradwatch.capture.loss.loss_graphs import _SETTINGS_OF, MAX_GRAPH_NODES
 from gradwatch.checks.registry import ALL_CHECKS
 
 RULES = [c.id for c in ALL_CHECKS if c.needs & {"loss_graph", "loss_terms"}]

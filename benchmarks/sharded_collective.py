@@ -24,8 +24,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from gradwatch.capture.evidence import Tracker
-from gradwatch.capture.window import Track
+from gradwatch.capture.grads.evidence import Tracker
+from gradwatch.capture.grads.window import Track
 from gradwatch.distributed.replicas import ReplicaCheck
 from gradwatch.distributed.sync import DistSync
 from gradwatch.measure.fingerprint import fingerprint

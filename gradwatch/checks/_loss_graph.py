@@ -6,7 +6,7 @@ from typing import Any, Optional
 
 from pydantic import Field, StrictInt
 
-from gradwatch.capture.graph_walk import GraphDesc, Mark
+from gradwatch.capture.loss.graph_walk import GraphDesc, Mark
 from gradwatch.checks.base import CheckConfig
 from gradwatch.checks.views import StepView
 from gradwatch.sources.loss_graph import LossGraphRecord

@@ -6,7 +6,7 @@ hand-written matmul autocast does not cover (a broadcast multiply-and-sum, a ker
 an autocast rule), or a branch run in another thread (autocast is thread-local:
 ``nn.DataParallel`` replicas, a thread pool). It trains correctly, only slower and with more
 memory, so nothing ever says so. The evidence (``autocast_dtypes``,
-``gradwatch/capture/autocast_probe.py``) is each layer's output dtype during the first
+``gradwatch/capture/forward/autocast_probe.py``) is each layer's output dtype during the first
 training steps: metadata, no sync.
 
 Correct and silent: ``torch.autocast(enabled=False)`` around a layer, a custom function with

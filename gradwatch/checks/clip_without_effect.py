@@ -3,7 +3,7 @@
 ``clip_grad_norm_(params, 1.0)`` with ``params = filter(...)`` or a generator already read
 by the optimizer's constructor gets an empty list: it clips nothing, every step, and only
 an empty *generator* makes torch warn. The evidence (``clip_calls``,
-:mod:`gradwatch.capture.clip_calls`) sees every ``clip_grad_norm_`` and
+:mod:`gradwatch.capture.loop.clip_calls`) sees every ``clip_grad_norm_`` and
 ``clip_grad_value_`` call while watching, and the user's line of one that saw no gradient.
 
 Correct and silent: a materialised list, ``model.parameters()`` called anew at each clip,

@@ -3,10 +3,10 @@
 A validation or sampling helper that calls ``model.eval()`` and never ``model.train()``, a
 model put in eval once before the loop, ``decoder.eval()`` for a preview left on: every
 later step trains with dropout off and batch norm on frozen running statistics, and nothing
-fails. The evidence (``module_modes``, ``gradwatch/capture/modes.py``) is the mode of the
+fails. The evidence (``module_modes``, ``gradwatch/capture/forward/modes.py``) is the mode of the
 modules whose behaviour depends on it, read at the start of the latest training forward of
 each step's window: a handful of attribute reads per forward, no tensor, no sync. Where
-``eval()`` was called (``gradwatch/capture/mode_calls.py``): ``nn.Module.train`` is wrapped
+``eval()`` was called (``gradwatch/capture/forward/mode_calls.py``): ``nn.Module.train`` is wrapped
 while watching, so the finding names that line (``details.eval_called_at``).
 
 Correct and silent: a validation forward in eval mode followed by ``model.train()``;

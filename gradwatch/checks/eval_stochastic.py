@@ -1,6 +1,6 @@
 """``eval_forward_stochastic``: a forward in eval mode ran dropout as in training.
 
-From the ``eval_forward`` source (``gradwatch/capture/eval_dropout.py``): during the watched
+From the ``eval_forward`` source (``gradwatch/capture/forward/eval_dropout.py``): during the watched
 model's first ``scan_forwards`` eval-mode forwards, a functional dropout called with
 ``training=True`` (its default) and ``p > 0`` from the forward of a module in eval mode.
 ``F.dropout(x, p, training=self.training)``, ``nn.Dropout`` modules and dropout modules put

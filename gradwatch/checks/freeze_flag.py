@@ -3,7 +3,7 @@
 ``module.requires_grad = False`` (no underscore, no call) sets a plain Python attribute on
 the module: PyTorch never reads it, and the module's parameters keep requiring grad. The same
 holds for flags from other frameworks (``trainable = False``, ``frozen = True``). The evidence
-(``module_flags``, ``gradwatch/capture/modes.py``) is read once per layout from the modules'
+(``module_flags``, ``gradwatch/capture/forward/modes.py``) is read once per layout from the modules'
 own attributes; the finding needs the parameters to have really changed across a step (the
 update every observed step measures).
 

@@ -4,7 +4,7 @@ Fine-tuning with a frozen backbone (detection, segmentation, linear probes) free
 batch-norm parameters with ``requires_grad_(False)``, but ``model.train()`` puts those layers
 back in training mode, where every forward updates ``running_mean``/``running_var`` from the
 current (often tiny) batches: the "frozen" backbone drifts, and eval results change. The
-evidence (``module_modes``, ``gradwatch/capture/modes.py``) is, for the norm layers whose
+evidence (``module_modes``, ``gradwatch/capture/forward/modes.py``) is, for the norm layers whose
 affine parameters are all frozen, whether their statistics moved in the step: a batch
 norm's ``num_batches_tracked`` counts its train-mode calls, so a forward that puts a frozen
 sub-network in eval itself (a perceptual-loss network) is judged by what happened, not by

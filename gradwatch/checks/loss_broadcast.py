@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Optional
 
 from gradwatch._severity import Severity
-from gradwatch.capture.graph_walk import GraphDesc
+from gradwatch.capture.loss.graph_walk import GraphDesc
 from gradwatch.checks._loss_graph import ScanConfig, describe_producer, graph_record, named
 from gradwatch.checks.base import Check, severity_field
 from gradwatch.checks.docs import CheckDoc

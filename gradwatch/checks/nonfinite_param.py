@@ -8,7 +8,7 @@ device, read with the step's one transfer, ``gradwatch/measure/fingerprint.py``)
 norm is a NaN/Inf weight. The first steps of a run are all observed
 (``core/steps.py``), so weights broken by the first updates are seen at once.
 
-The loss (``loss_value``, ``gradwatch/capture/loose.py``): a device flag per
+The loss (``loss_value``, ``gradwatch/capture/loss/loose.py``): a device flag per
 ``loss.backward()`` root, and per loss a framework callback reports (Lightning's
 ``on_before_backward``, the HF Trainer's logged loss, ``Watcher.note_loss``), read with the
 step's transfer. A NaN/Inf loss whose gradients are all finite (a non-finite term added

@@ -2,7 +2,7 @@
 
 ``Watcher.state_dict()`` records, at checkpoint time, the parameters' exact bit checksums,
 each optimizer's step counts and moment checksum, its learning rates, its LR schedulers'
-epochs and the step counter (``gradwatch/capture/resume.py``); after ``load_state_dict()``
+epochs and the step counter (``gradwatch/capture/loop/resume.py``); after ``load_state_dict()``
 the first optimizer step reads them again before it changes anything and records a
 ``resumed`` fact per aspect that differs. This check judges those facts.
 

@@ -1,6 +1,6 @@
 """``unregistered_param``: tensors that get gradients but are in no model and no optimizer.
 
-Two kinds of evidence (``gradwatch/capture/forward_scout.py``, ``gradwatch/capture/loose.py``):
+Two kinds of evidence (``gradwatch/capture/forward/forward_scout.py``, ``gradwatch/capture/loss/loose.py``):
 layers kept in a plain list/dict/tuple attribute of the model that run in its forward, and
 *loose leaves*: tensors that persist across steps, receive gradients from the loss (seen in
 the graph of ``Tensor.backward``'s root) and are in no watched model or optimizer.
@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import Field, StrictBool, StrictInt
 
 from gradwatch._severity import Severity
-from gradwatch.capture.forward_scout import BUILT_IN_FORWARD
+from gradwatch.capture.forward.forward_scout import BUILT_IN_FORWARD
 from gradwatch.checks.base import Check, CheckConfig, severity_field
 from gradwatch.checks.docs import CheckDoc
 from gradwatch.checks.views import StepView

@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from gradwatch.capture.modes import ModeSnapshot
+from gradwatch.capture.forward.modes import ModeSnapshot
 from gradwatch.model.index import ParamIndex
 
 __all__ = ["ForwardOrder", "LayerSample", "RunView", "StepView", "StructureView", "WindowEvidence"]
@@ -41,7 +41,7 @@ class ForwardOrder:
     ``stamps``: layer -> the event number of its latest forward in grad mode (later runs have
     larger numbers). ``links``: layer -> the layers whose parameters are nearest upstream of
     its inputs in autograd's graph, recorded during the first window
-    (:mod:`gradwatch.capture.flow`); a layer missing from it was not seen then.
+    (:mod:`gradwatch.capture.forward.flow`); a layer missing from it was not seen then.
     """
 
     stamps: dict[str, int] = field(default_factory=dict)
@@ -85,7 +85,7 @@ class WindowEvidence:
     repeated_backward: int = 0
     """Backward passes of the window that repeated an earlier one of the same loss."""
     loose: list[Any] = field(default_factory=list)
-    """Loose leaves found (``capture.loose.LooseLeaf``): persistent tensors that get
+    """Loose leaves found (``capture.loss.loose.LooseLeaf``): persistent tensors that get
     gradients from the loss and are in no watched model or optimizer (``loose_leaves``)."""
     loss_finite: Optional[bool] = None
     """``False``: a loss backpropagated (or reported by an integration) in the window was

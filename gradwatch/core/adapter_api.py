@@ -21,8 +21,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Optional, Protocol
 
-from gradwatch.capture.hooks import HookSet
-from gradwatch.capture.resume import compare, snapshot
+from gradwatch.capture.grads.hooks import HookSet
+from gradwatch.capture.loop.resume import compare, snapshot
 from gradwatch.core.faults import Faults
 from gradwatch.core.findings import FindingLog
 from gradwatch.core.steps import StepPipeline

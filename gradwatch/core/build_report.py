@@ -7,7 +7,7 @@ import torch
 
 from gradwatch._severity import at_least
 from gradwatch._version import __version__
-from gradwatch.capture.idle import idle_optimizers
+from gradwatch.capture.grads.idle import idle_optimizers
 from gradwatch.checks import RunView
 from gradwatch.core.layers import LayerTrack
 from gradwatch.core.steps import StepPipeline

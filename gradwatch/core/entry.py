@@ -33,7 +33,7 @@ import torch
 from torch import nn
 
 from gradwatch.capture.facts import UNOBSERVABLE, Fact
-from gradwatch.capture.hooks import HookSet
+from gradwatch.capture.grads.hooks import HookSet
 from gradwatch.core.faults import Faults
 from gradwatch.core.steps import StepPipeline
 from gradwatch.errors import ConfigError, GradWatchError, GradWatchWarning

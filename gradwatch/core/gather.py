@@ -8,8 +8,8 @@ from typing import Callable, Optional
 
 import torch
 
-from gradwatch.capture.evidence import Tracker
-from gradwatch.capture.window import Gathered, Track
+from gradwatch.capture.grads.evidence import Tracker
+from gradwatch.capture.grads.window import Gathered, Track
 from gradwatch.checks.views import LayerSample
 from gradwatch.core.layers import fast_layer_samples
 from gradwatch.distributed.gather import gather_sharded

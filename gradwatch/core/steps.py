@@ -12,16 +12,16 @@ from typing import Any, Callable, Optional
 import torch
 from torch import nn
 
-from gradwatch.capture.evidence import Tracker, make_cause
 from gradwatch.capture.facts import FOREIGN_TENSORS, Fact
-from gradwatch.capture.flow import layer_namer
-from gradwatch.capture.forward_scout import ForwardScout
-from gradwatch.capture.hooks import HookSet
-from gradwatch.capture.in_backward import note_hand_written
-from gradwatch.capture.scaler import ScalerWatch
-from gradwatch.capture.step_reading import StepReading
-from gradwatch.capture.unwatched import StepNesting, UnwatchedUpdates
-from gradwatch.capture.window import Gathered, Track
+from gradwatch.capture.forward.flow import layer_namer
+from gradwatch.capture.forward.forward_scout import ForwardScout
+from gradwatch.capture.grads.evidence import Tracker, make_cause
+from gradwatch.capture.grads.hooks import HookSet
+from gradwatch.capture.grads.in_backward import note_hand_written
+from gradwatch.capture.grads.step_reading import StepReading
+from gradwatch.capture.grads.window import Gathered, Track
+from gradwatch.capture.loop.scaler import ScalerWatch
+from gradwatch.capture.loop.unwatched import StepNesting, UnwatchedUpdates
 from gradwatch.checks import StepView, StructureView
 from gradwatch.checks.views import ForwardOrder, WindowEvidence
 from gradwatch.config import GradWatchConfig

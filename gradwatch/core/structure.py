@@ -14,9 +14,9 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
-from gradwatch.capture.evidence import Tracker
-from gradwatch.capture.hooks import HookSet
-from gradwatch.capture.window import Track
+from gradwatch.capture.grads.evidence import Tracker
+from gradwatch.capture.grads.hooks import HookSet
+from gradwatch.capture.grads.window import Track
 from gradwatch.checks.views import StructureView
 from gradwatch.model import registry
 from gradwatch.model.index import ParamIndex

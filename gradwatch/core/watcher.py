@@ -1,8 +1,8 @@
 """``gradwatch.watch()``: hooks on an unchanged training loop, removed on exit.
 
 :class:`Watcher` is the lifecycle facade: it wires the parts together on enter and takes
-them apart on exit. Hooks (:mod:`~gradwatch.capture.hooks`) record evidence
-(:mod:`~gradwatch.capture.evidence`); the step pipeline (:mod:`~gradwatch.core.steps`) turns it
+them apart on exit. Hooks (:mod:`~gradwatch.capture.grads.hooks`) record evidence
+(:mod:`~gradwatch.capture.grads.evidence`); the step pipeline (:mod:`~gradwatch.core.steps`) turns it
 into a view the checks judge; :func:`~gradwatch.core.build_report.build_report` makes the
 report.
 
@@ -25,12 +25,12 @@ from typing import Any, Callable, Optional, Union
 
 from torch import nn
 
-from gradwatch.capture.backward import BackwardEnds
-from gradwatch.capture.evidence import Tracker, task_id
 from gradwatch.capture.facts import UNOBSERVABLE, Fact
-from gradwatch.capture.hooks import HookSet
-from gradwatch.capture.resets import sweep_resets
-from gradwatch.capture.scaler import ScalerWatch
+from gradwatch.capture.grads.backward import BackwardEnds
+from gradwatch.capture.grads.evidence import Tracker, task_id
+from gradwatch.capture.grads.hooks import HookSet
+from gradwatch.capture.grads.resets import sweep_resets
+from gradwatch.capture.loop.scaler import ScalerWatch
 from gradwatch.checks import ALL_CHECKS, Check
 from gradwatch.checks.registry import SELF_CHECKS
 from gradwatch.config import GradWatchConfig

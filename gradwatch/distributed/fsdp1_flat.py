@@ -31,14 +31,14 @@ from typing import TYPE_CHECKING, Any, Optional
 import torch
 from torch import nn
 
-from gradwatch.capture.window import Track
+from gradwatch.capture.grads.window import Track
 from gradwatch.measure.fingerprint import Fingerprint, fingerprint
 from gradwatch.model.engines import clean_name, local
 from gradwatch.model.index import ROOT, ParamIndex
 
 if TYPE_CHECKING:
-    from gradwatch.capture.hooks import HookSet
-    from gradwatch.capture.window import Track
+    from gradwatch.capture.grads.hooks import HookSet
+    from gradwatch.capture.grads.window import Track
 
 __all__ = [
     "FlatLayout",

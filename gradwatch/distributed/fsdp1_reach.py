@@ -26,8 +26,8 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from gradwatch.capture.evidence import Tracker
-from gradwatch.capture.hooks import ForwardStamp
+from gradwatch.capture.grads.evidence import Tracker
+from gradwatch.capture.grads.hooks import ForwardStamp
 
 __all__ = ["OutputReach", "reach_of"]
 

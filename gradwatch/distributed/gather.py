@@ -16,8 +16,8 @@ from typing import Optional
 
 import torch
 
-from gradwatch.capture.evidence import Tracker
-from gradwatch.capture.window import Gathered, Track
+from gradwatch.capture.grads.evidence import Tracker
+from gradwatch.capture.grads.window import Gathered, Track
 from gradwatch.distributed.fsdp1_flat import grad_pieces, shard_pieces
 from gradwatch.distributed.sharded import combine, local_norms, payload
 from gradwatch.measure.fingerprint import Fingerprint, measure

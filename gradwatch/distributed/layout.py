@@ -15,7 +15,7 @@ from gradwatch.distributed.sharded import hook_flat_params, hook_layer_outputs
 from gradwatch.model.engines import FSDP1_FLAT, FSDP1_ORIG, engine_of
 
 if TYPE_CHECKING:
-    from gradwatch.capture.evidence import Tracker
+    from gradwatch.capture.grads.evidence import Tracker
     from gradwatch.model.index import ParamIndex
 
 __all__ = ["adopt_engine", "forward_arrival", "hook_backward", "late_sharding", "report_layout"]

@@ -30,7 +30,7 @@ from typing import Any, Optional
 import torch
 
 from gradwatch.capture.facts import REPLICAS_DIFFER, Fact, Report
-from gradwatch.capture.window import Track
+from gradwatch.capture.grads.window import Track
 from gradwatch.model.engines import FSDP2
 from gradwatch.model.index import ParamIndex
 

@@ -28,8 +28,8 @@ import torch
 import torch.distributed as dist
 
 if TYPE_CHECKING:
-    from gradwatch.capture.evidence import Tracker
-    from gradwatch.capture.window import Track
+    from gradwatch.capture.grads.evidence import Tracker
+    from gradwatch.capture.grads.window import Track
     from gradwatch.distributed.replicas import ReplicaCheck
 
 __all__ = ["CAUSES", "DistSync", "Exchanged"]

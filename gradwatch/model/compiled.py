@@ -3,7 +3,7 @@
 Adding or removing a module hook changes what dynamo guards on (``len(_forward_hooks)``):
 trimming the forward hooks after ``trim_hooks_after`` steps, a saving in eager mode, would
 cost a compiled model a recompile. Under compile the hooks are cheap (see
-:func:`gradwatch.capture.evidence.make_forward_hook`), so they simply stay.
+:func:`gradwatch.capture.grads.evidence.make_forward_hook`), so they simply stay.
 
 Example:
     >>> import torch

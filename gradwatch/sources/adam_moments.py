@@ -14,7 +14,7 @@ from typing import Any, Optional
 
 import torch
 
-from gradwatch.capture.window import Track
+from gradwatch.capture.grads.window import Track
 from gradwatch.measure.moments import eps_dominance
 from gradwatch.sources.base import EvidenceSource, SourceContext, StepState
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gradwatch.capture.autocast_probe import AutocastProbe
+from gradwatch.capture.forward.autocast_probe import AutocastProbe
 from gradwatch.sources.base import EvidenceSource, SourceContext, StepState
 
 __all__ = ["AutocastSource"]

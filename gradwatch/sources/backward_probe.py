@@ -7,8 +7,8 @@ from typing import Any
 
 import torch
 
-from gradwatch.capture.double_backward import BackwardProbe
-from gradwatch.capture.window import Track
+from gradwatch.capture.grads.double_backward import BackwardProbe
+from gradwatch.capture.grads.window import Track
 from gradwatch.sources.base import EvidenceSource, SourceContext, StepState
 
 __all__ = ["BackwardProbeSource"]

@@ -32,11 +32,11 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
-    from gradwatch.capture.evidence import Tracker
     from gradwatch.capture.facts import Fact
-    from gradwatch.capture.forward_scout import ForwardScout
-    from gradwatch.capture.hooks import HookSet
-    from gradwatch.capture.window import Gathered, Track
+    from gradwatch.capture.forward.forward_scout import ForwardScout
+    from gradwatch.capture.grads.evidence import Tracker
+    from gradwatch.capture.grads.hooks import HookSet
+    from gradwatch.capture.grads.window import Gathered, Track
 
 __all__ = ["EvidenceSource", "SourceContext", "StepState"]
 

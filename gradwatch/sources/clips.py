@@ -1,13 +1,13 @@
 """``clip_calls``: the gradient clipping calls of each window, and those that saw no
 gradient (an exhausted generator, a consumed ``filter``), with the user's line
-(:mod:`gradwatch.capture.clip_calls`)."""
+(:mod:`gradwatch.capture.loop.clip_calls`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from gradwatch.capture.clip_calls import ClipCalls
+from gradwatch.capture.loop.clip_calls import ClipCalls
 from gradwatch.sources.base import EvidenceSource, SourceContext, StepState
 
 __all__ = ["ClipSource", "ClipWindow"]

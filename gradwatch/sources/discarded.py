@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gradwatch.capture.discarded import discarded_passes
+from gradwatch.capture.grads.discarded import discarded_passes
 from gradwatch.sources.base import EvidenceSource, StepState
 
 __all__ = ["DiscardedSource"]

@@ -1,5 +1,5 @@
 """The forward in eval mode as computed (``eval_forward``): dropout run as in training inside
-the watched model's first eval-mode forwards (:mod:`gradwatch.capture.eval_dropout`), each
+the watched model's first eval-mode forwards (:mod:`gradwatch.capture.forward.eval_dropout`), each
 site recorded once as an ``eval_stochastic`` fact when it runs (a validation after the last
 step is seen too). Under torch.compile no hook is added: its checks are told
 ``not_observed``.
@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from gradwatch.capture.eval_dropout import DropoutSite, EvalDropoutWatch
 from gradwatch.capture.facts import EVAL_STOCHASTIC, UNOBSERVABLE, Fact
+from gradwatch.capture.forward.eval_dropout import DropoutSite, EvalDropoutWatch
 from gradwatch.sources.base import EvidenceSource, SourceContext
 
 __all__ = ["EvalForwardSource"]

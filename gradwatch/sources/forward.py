@@ -1,6 +1,6 @@
 """The forward as the model's entry hooks see it: when it ran, unregistered modules, NaN births.
 
-One source over the :class:`~gradwatch.capture.forward_scout.ForwardScout` the run shares:
+One source over the :class:`~gradwatch.capture.forward.forward_scout.ForwardScout` the run shares:
 ``forward_runs`` (the model ran in the window, in which grad mode), ``module_scan``
 (modules run but not registered, the first ``scan_steps`` steps) and ``nan_probe`` (per-module
 finiteness flags while armed, read with the step's transfer).
@@ -13,7 +13,7 @@ from typing import Any, Optional
 import torch
 
 from gradwatch.capture.facts import UNOBSERVABLE, Fact
-from gradwatch.capture.window import Track
+from gradwatch.capture.grads.window import Track
 from gradwatch.measure.stats import to_host
 from gradwatch.sources.base import EvidenceSource, SourceContext, StepState
 

@@ -8,8 +8,8 @@ from typing import Any, Optional
 
 import torch
 
-from gradwatch.capture.loose import BackwardRoots
-from gradwatch.capture.window import Track
+from gradwatch.capture.grads.window import Track
+from gradwatch.capture.loss.loose import BackwardRoots
 from gradwatch.sources.base import EvidenceSource, SourceContext, StepState
 
 __all__ = ["LossSource"]

@@ -1,5 +1,5 @@
 """The loss and the forward as computed (``loss_graph``): on scan steps, a compact description
-of each backward's graph (:class:`~gradwatch.capture.graph_walk.GraphDesc`: node kinds,
+of each backward's graph (:class:`~gradwatch.capture.loss.graph_walk.GraphDesc`: node kinds,
 output shapes, saved settings such as a softmax's dim or a loss's reduction, which module
 produced which node and in which mode, the terms of a summed loss), and the earlier steps
 whose graphs are still alive.
@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from gradwatch.capture.facts import UNOBSERVABLE, Fact
-from gradwatch.capture.graph_walk import GraphDesc
-from gradwatch.capture.loss_graphs import LossGraphs
-from gradwatch.capture.term_shares import TermInfo
-from gradwatch.capture.window import Track
+from gradwatch.capture.grads.window import Track
+from gradwatch.capture.loss.graph_walk import GraphDesc
+from gradwatch.capture.loss.loss_graphs import LossGraphs
+from gradwatch.capture.loss.term_shares import TermInfo
 from gradwatch.sources.base import EvidenceSource, SourceContext, StepState
 
 __all__ = ["LossGraphRecord", "LossGraphSource"]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gradwatch.capture.modes import ModeWatch
+from gradwatch.capture.forward.modes import ModeWatch
 from gradwatch.sources.base import EvidenceSource, SourceContext, StepState
 
 __all__ = ["ModesSource"]

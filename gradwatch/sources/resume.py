@@ -1,6 +1,6 @@
 """``resume_state``: what a faithful resume must restore, recorded by ``Watcher.state_dict``
 and compared at the first step after ``load_state_dict`` (``resume_mismatch``). The reading
-is the watcher's (:mod:`gradwatch.capture.resume`); this source only says it is wanted."""
+is the watcher's (:mod:`gradwatch.capture.loop.resume`); this source only says it is wanted."""
 
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gradwatch.capture.schedulers import SchedulerCounts
+from gradwatch.capture.loop.schedulers import SchedulerCounts
 from gradwatch.sources.base import EvidenceSource, SourceContext, StepState
 
 __all__ = ["SchedulerSource"]

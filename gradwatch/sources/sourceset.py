@@ -14,7 +14,7 @@ from typing import Any, Optional, TypeVar
 
 import torch
 
-from gradwatch.capture.window import Track
+from gradwatch.capture.grads.window import Track
 from gradwatch.sources.base import EvidenceSource, SourceContext, StepState
 from gradwatch.sources.forward import compiled_fact
 from gradwatch.sources.registry import ALL_SOURCES, NEEDS, unknown_needs

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from gradwatch.capture.unscale_watch import UnscaleWatch
+from gradwatch.capture.loop.unscale_watch import UnscaleWatch
 from gradwatch.sources.base import EvidenceSource, SourceContext, StepState
 
 __all__ = ["UnscaleSource"]

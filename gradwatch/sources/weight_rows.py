@@ -18,7 +18,7 @@ import torch
 from torch import nn
 from torch.nn.utils import parametrize
 
-from gradwatch.capture.window import Track
+from gradwatch.capture.grads.window import Track
 from gradwatch.measure.rows import duplicate_rows
 from gradwatch.sources.base import EvidenceSource, SourceContext, StepState
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from gradwatch.capture.zero_grad_watch import AfterStepEdits, ZeroGradWatch
+from gradwatch.capture.loop.zero_grad_watch import AfterStepEdits, ZeroGradWatch
 from gradwatch.sources.base import EvidenceSource, SourceContext, StepState
 
 __all__ = ["ZeroGradSource"]

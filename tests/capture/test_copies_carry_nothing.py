@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 import gradwatch
-from gradwatch.capture.copies import is_gradwatch_hook
+from gradwatch.capture.loop.copies import is_gradwatch_hook
 
 HOOK_DICTS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
 

@@ -1,4 +1,4 @@
-"""Arrivals read at the step (capture/step_reading.py): the same findings as with every hook on.
+"""Arrivals read at the step (capture/grads/step_reading.py): the same findings as with every hook on.
 
 Each loop runs on a model of ~100 tensors (enough for the step to read arrivals) twice: with
 the default configuration, where most post hooks come off after the first steps, and with
@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 import gradwatch
-from gradwatch.capture.step_reading import MIN_READ, ROTATE
+from gradwatch.capture.grads.step_reading import MIN_READ, ROTATE
 
 Loop = Callable[[int, nn.Module, torch.optim.Optimizer, "Deep"], None]
 LATE = 15  # every bug starts here, well after the reading begins (trim_hooks_after: 8)

@@ -25,7 +25,7 @@ from torch.func import functional_call
 from torch.nn import functional as F
 
 import gradwatch
-from gradwatch.capture import step_reading
+from gradwatch.capture.grads import step_reading
 
 pytestmark = pytest.mark.slow
 

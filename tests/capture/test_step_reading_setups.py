@@ -1,4 +1,4 @@
-"""Reading arrivals at the step on other optimizers and gradient kinds (capture/step_reading.py).
+"""Reading arrivals at the step on other optimizers and gradient kinds (capture/grads/step_reading.py).
 
 Each setup trains twice, with the default configuration (the step reads most arrivals after
 the first steps) and with ``trim_hooks_after: null`` (every hook always on: the ground truth),
@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 import gradwatch
-from gradwatch.capture.step_reading import MIN_READ
+from gradwatch.capture.grads.step_reading import MIN_READ
 
 STEPS = 30
 Setup = Callable[[], tuple[nn.Module, list[torch.optim.Optimizer], Callable[[int], None]]]

@@ -169,7 +169,7 @@ def test_sharded_parameters_compare_only_on_the_layout_and_rank_that_saved_them(
     size compares them; another rank does not; another layout says so (info) and compares
     the counters and rates only."""
     from gradwatch.capture.facts import UNOBSERVABLE
-    from gradwatch.capture.resume import compare, snapshot
+    from gradwatch.capture.loop.resume import compare, snapshot
 
     w = torch.ones(3)
     saved = snapshot([("w", w)], [], steps=4, world_size=2, sharded=True)

@@ -192,7 +192,7 @@ def test_forgetting_zero_grad_after_the_hooks_are_trimmed_is_still_caught() -> N
                 assert list(w._hooks.pre) == [3]
     (finding,) = w.report().by_check("missing_zero_grad")
     # Step 5 is the first without a reset: the trimmed parameters' gradients are looked at
-    # once when the backward starts (capture/resets.py), so it is seen at once.
+    # once when the backward starts (capture/grads/resets.py), so it is seen at once.
     assert finding.first_step == 5 and finding.last_step == 9
     assert finding.params == ["0.weight", "0.bias", "2.weight", "2.bias"]
 
@@ -211,5 +211,5 @@ def test_long_correct_loops_stay_silent_after_the_trim(name: str) -> None:
     assert fired(w.report(), "info") == set()
     # .data.zero_() cannot be told from a forgotten reset by the version counter: its
     # parameters keep the value check; zero_() bumps the counter and needs none, except
-    # the parameter that arrives first in each backward (capture/resets.py looks at the others).
+    # the parameter that arrives first in each backward (capture/grads/resets.py looks at the others).
     assert kept == (4 if name == "p.grad.data.zero_()" else 1)

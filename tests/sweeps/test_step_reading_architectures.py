@@ -1,4 +1,4 @@
-"""Reading arrivals at the step changes no finding on real architectures (capture/step_reading.py).
+"""Reading arrivals at the step changes no finding on real architectures (capture/grads/step_reading.py).
 
 Each architecture (transformers, tiny configs, including the MoE ones whose experts skip
 steps) trains 20 seeded steps with the default configuration twice: once with the reading
@@ -16,7 +16,7 @@ import torch
 from _architectures import ARCHITECTURES, SWEEP_MARKS
 
 import gradwatch
-from gradwatch.capture import step_reading
+from gradwatch.capture.grads import step_reading
 
 pytest.importorskip("transformers")
 

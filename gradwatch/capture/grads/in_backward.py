@@ -16,8 +16,8 @@ from __future__ import annotations
 import weakref
 from typing import Callable
 
-from gradwatch.capture.evidence import Tracker, task_id
-from gradwatch.capture.window import Gathered, Track
+from gradwatch.capture.grads.evidence import Tracker, task_id
+from gradwatch.capture.grads.window import Gathered, Track
 
 __all__ = ["note_hand_written", "read_in_backward", "written_arrive"]
 

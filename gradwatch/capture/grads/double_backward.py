@@ -18,7 +18,7 @@ import torch
 from torch.nn.parameter import is_lazy
 from torch.utils.hooks import RemovableHandle
 
-from gradwatch.capture.window import Track
+from gradwatch.capture.grads.window import Track
 
 __all__ = ["BackwardProbe"]
 

@@ -22,7 +22,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from gradwatch.capture.flow import upstream_layers
+from gradwatch.capture.forward.flow import upstream_layers
 from gradwatch.model.locations import call_site
 
 DirtyFlag = Any  # bool | torch.Tensor
@@ -71,17 +71,19 @@ class Tracker:
         self.ended_at = 0  # event number of the latest backward pass that completed
         self.want_pre: set[int] = set()  # parameters whose resets only values can tell
         self.backward_queued = False  # the end-of-backward callback is queued
-        self.task = -2  # the graph task whose end callback is queued (see capture/backward.py)
+        self.task = (
+            -2
+        )  # the graph task whose end callback is queued (see capture/grads/backward.py)
         self.leader = -1  # the parameter that arrived first in the latest graph task
         self.want_call: set[str] = set()  # flagged layers whose caller's line is wanted
         self.called_at: dict[str, str] = {}  # layer -> "file:line" that called it
-        # The forward's data flow, recorded until the first step (capture/flow.py): layer
+        # The forward's data flow, recorded until the first step (capture/forward/flow.py): layer
         # -> the layers nearest upstream of its inputs. ``layer_of`` names a parameter's
         # layer (set by the run, which holds the index).
         self.links: dict[str, frozenset[str]] = {}
         self.layer_of: Callable[[torch.Tensor], Optional[str]] = lambda t: None
         # Arrival order of the last step whose hooks were all on: a read step's order
-        # (capture/step_reading.py); None while every arrival is hooked.
+        # (capture/grads/step_reading.py); None while every arrival is hooked.
         self.rank: Optional[dict[int, int]] = None
 
     def now(self) -> int:
@@ -221,7 +223,7 @@ def _post_hook(
             ):
                 t.want_pre.add(i)  # accumulated into the step's gradient: reset or not?
             elif t.pending and i in t.pending:
-                # No value check here (trimmed): a flag capture/resets.py raised at an earlier
+                # No value check here (trimmed): a flag capture/grads/resets.py raised at an earlier
                 # backward's start is void when the gradient was reset since (a GAN's G).
                 # Fresh and reaching here: replaced or zero_()'d since the step.
                 if (

@@ -33,8 +33,8 @@ from typing import Any, Callable, Optional
 import torch
 from torch import nn
 
-from gradwatch.capture.forward_scout import ForwardScout
-from gradwatch.capture.leaf_names import LooseLeaf, name_of
+from gradwatch.capture.forward.forward_scout import ForwardScout
+from gradwatch.capture.loss.leaf_names import LooseLeaf, name_of
 
 __all__ = ["MAX_NODES", "BackwardRoots", "LooseLeaf", "name_of"]
 

@@ -29,7 +29,7 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from gradwatch.capture.nan_probe import _not_eager, _Owned
+from gradwatch.capture.forward.nan_probe import _not_eager, _Owned
 from gradwatch.model.engines import clean_name
 from gradwatch.model.named import entry_points
 

@@ -15,8 +15,8 @@ from __future__ import annotations
 import weakref
 from typing import Any, Callable, Optional
 
-from gradwatch.capture.evidence import Tracker, task_id
-from gradwatch.capture.window import Track
+from gradwatch.capture.grads.evidence import Tracker, task_id
+from gradwatch.capture.grads.window import Track
 
 __all__ = ["AfterStepEdits", "ZeroGradWatch", "edited_since_step"]
 

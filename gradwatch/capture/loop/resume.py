@@ -22,7 +22,7 @@ from typing import Any, Optional
 import torch
 
 from gradwatch.capture.facts import RESUMED, UNOBSERVABLE, Fact
-from gradwatch.capture.schedulers import _scheduler_states
+from gradwatch.capture.loop.schedulers import _scheduler_states
 from gradwatch.measure.checksums import checksums
 
 __all__ = ["compare", "snapshot"]

@@ -1,6 +1,6 @@
 """Installing, trimming and removing every hook gradwatch adds (and nothing else).
 
-The hooks themselves only record evidence (:mod:`gradwatch.capture.evidence`); this module
+The hooks themselves only record evidence (:mod:`gradwatch.capture.grads.evidence`); this module
 owns their handles so that leaving a watcher removes each one, also on error.
 """
 
@@ -15,8 +15,8 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from gradwatch.capture.copies import cover_class, uncover_class
-from gradwatch.capture.evidence import Tracker, make_forward_hook, make_param_hooks
+from gradwatch.capture.grads.evidence import Tracker, make_forward_hook, make_param_hooks
+from gradwatch.capture.loop.copies import cover_class, uncover_class
 from gradwatch.model.engines import clean_name
 from gradwatch.model.index import ParamIndex
 from gradwatch.model.locations import call_site
@@ -32,7 +32,7 @@ class HookSet:
     """Every handle of one watcher: parameter, forward and optimizer hooks.
 
     Per parameter: a post-accumulate hook (until the step can read its arrival itself,
-    ``capture/step_reading.py``) and a pre-accumulation value-check hook (every parameter until
+    ``capture/grads/step_reading.py``) and a pre-accumulation value-check hook (every parameter until
     :meth:`trim`, afterwards only where the tracker asks for it).
     Per layer (a module that owns parameters): a forward hook that stamps its grad mode,
     trimmed to the layers with a ghost finding after ``trim_hooks_after`` steps.
@@ -48,7 +48,7 @@ class HookSet:
         self._pre_fns: dict[int, Any] = {}
         self._post_fns: dict[int, Any] = {}
         self._refs: dict[int, weakref.ref[torch.Tensor]] = {}
-        # Parameters whose post hook is off: the step reads their arrival (capture/step_reading.py).
+        # Parameters whose post hook is off: the step reads their arrival (capture/grads/step_reading.py).
         self.unhooked: set[int] = set()
         self.forward: dict[str, RemovableHandle] = {}
         self._modules: dict[str, weakref.ref[nn.Module]] = {}
@@ -71,7 +71,7 @@ class HookSet:
         self.other.append(handle)
 
     def note_arrival(self) -> None:
-        """A gradient arrived that no hook of gradwatch's saw (``capture/in_backward.py``)."""
+        """A gradient arrived that no hook of gradwatch's saw (``capture/grads/in_backward.py``)."""
         self._on_arrival()
 
     def hook_param(self, i: int, p: torch.Tensor) -> None:
@@ -123,7 +123,7 @@ class HookSet:
         """A forward hook on each layer not seen before (until trimmed).
 
         Every module class of the model is covered: its copies carry none of gradwatch's
-        hooks (``capture/copies.py``), the scout's and the NaN probe's included.
+        hooks (``capture/loop/copies.py``), the scout's and the NaN probe's included.
         """
         self._root = weakref.ref(model)
         for cls in {type(m) for m in model.modules()} - self._classes.keys():
@@ -211,7 +211,7 @@ class HookSet:
         for layer in [name for name in self.forward if name not in keep_layers]:
             self.forward.pop(layer).remove()
             tracker.fwd_since.pop(layer, None)
-        # The first parameter to arrive keeps its own: capture/resets.py checks the others at
+        # The first parameter to arrive keeps its own: capture/grads/resets.py checks the others at
         # its arrival, when its gradient is already accumulated.
         keep = tracker.want_pre | {tracker.leader}
         for i in [i for i in self.pre if i not in keep]:

@@ -1,7 +1,7 @@
 """Naming a loose leaf: what holds it (an attribute of the model, a variable of the training
 code), or what holds a tensor computed from it; else its shape.
 
-Read once per loose leaf found (``gradwatch/capture/loose.py``), never on ordinary steps.
+Read once per loose leaf found (``gradwatch/capture/loss/loose.py``), never on ordinary steps.
 """
 
 from __future__ import annotations

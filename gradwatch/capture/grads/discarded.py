@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Optional
 
-from gradwatch.capture.evidence import Tracker
-from gradwatch.capture.window import Track
+from gradwatch.capture.grads.evidence import Tracker
+from gradwatch.capture.grads.window import Track
 
 __all__ = ["discarded_passes"]
 

@@ -39,8 +39,8 @@ from typing import Callable, Optional
 import torch
 from torch import nn
 
-from gradwatch.capture.evidence import Tracker
-from gradwatch.capture.mode_calls import ModeCalls
+from gradwatch.capture.forward.mode_calls import ModeCalls
+from gradwatch.capture.grads.evidence import Tracker
 from gradwatch.model.engines import clean_name
 from gradwatch.model.named import NamedModels, member_of
 
@@ -74,7 +74,7 @@ class ModeSnapshot:
     """The root was already in eval mode when watching began."""
     eval_sites: tuple[tuple[str, str], ...] = ()
     """(module in ``eval_modules``, or ``(root)``; the ``file:line`` that put it in eval
-    mode), where gradwatch saw the ``eval()`` call (``capture/mode_calls.py``)."""
+    mode), where gradwatch saw the ``eval()`` call (``capture/forward/mode_calls.py``)."""
 
     @property
     def clean(self) -> bool:

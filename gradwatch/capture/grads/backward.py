@@ -17,7 +17,7 @@ from typing import Any, Callable
 import torch
 from torch.utils.hooks import RemovableHandle
 
-from gradwatch.capture.evidence import Tracker, task_id
+from gradwatch.capture.grads.evidence import Tracker, task_id
 
 __all__ = ["BackwardEnds"]
 

@@ -19,8 +19,8 @@ from collections.abc import Sequence
 
 import torch
 
-from gradwatch.capture.evidence import Tracker
-from gradwatch.capture.window import Track
+from gradwatch.capture.grads.evidence import Tracker
+from gradwatch.capture.grads.window import Track
 
 __all__ = ["sweep_resets"]
 

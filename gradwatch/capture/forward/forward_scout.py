@@ -12,7 +12,7 @@ until the root is seen running in grad mode: a Lightning ``training_step`` often
   that is not registered in the model and owns parameters requiring grad gets a one-shot
   post-accumulate hook on those parameters. Those that receive a gradient are
   ``unregistered_param`` findings (frozen or no-grad ones never are);
-- *NaN probe* (:class:`~gradwatch.capture.nan_probe.NanProbe`, its base class): during the
+- *NaN probe* (:class:`~gradwatch.capture.forward.nan_probe.NanProbe`, its base class): during the
   first steps, then again after a non-finite gradient, device-side finiteness flags per
   module, read with the next step's single host transfer.
 
@@ -30,8 +30,8 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from gradwatch.capture.evidence import Tracker
-from gradwatch.capture.nan_probe import NanProbe, _not_eager, _Owned
+from gradwatch.capture.forward.nan_probe import NanProbe, _not_eager, _Owned
+from gradwatch.capture.grads.evidence import Tracker
 from gradwatch.model.locations import call_site
 
 __all__ = ["BUILT_IN_FORWARD", "ForwardScout", "container_paths"]
@@ -117,7 +117,7 @@ class ForwardScout(NanProbe):
         self._got: set[int] = set()
         self._reported: set[int] = set()  # unregistered parameters already returned
         # Called at each outermost forward in grad mode with the module it entered
-        # (``capture/modes.py``'s ModeWatch.seen), where a check needs the model's modes.
+        # (``capture/forward/modes.py``'s ModeWatch.seen), where a check needs the model's modes.
         self.on_outer: Optional[Callable[[nn.Module], None]] = None
         # Event numbers of the outermost grad-mode forwards that began a new batch: the
         # first after a backward pass completed (a model called twice per batch, as a

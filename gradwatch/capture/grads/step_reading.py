@@ -37,10 +37,10 @@ from typing import Any, Optional
 
 import torch
 
-from gradwatch.capture.evidence import Tracker
-from gradwatch.capture.hooks import HookSet
-from gradwatch.capture.in_backward import read_in_backward
-from gradwatch.capture.window import Gathered, Track
+from gradwatch.capture.grads.evidence import Tracker
+from gradwatch.capture.grads.hooks import HookSet
+from gradwatch.capture.grads.in_backward import read_in_backward
+from gradwatch.capture.grads.window import Gathered, Track
 
 __all__ = ["MIN_READ", "StepReading", "shared_ids"]
 
@@ -74,7 +74,7 @@ class StepReading:
         if g._version == t.snap_ver[i]:
             return False
         # The same tensor, changed: accumulated into, or edited in place. A value check at
-        # the backward's start (capture/resets.py) says it was not reset: an accumulation.
+        # the backward's start (capture/grads/resets.py) says it was not reset: an accumulation.
         return True if i in t.pending else None
 
     # -- the pipeline's two calls ----------------------------------------------------------
@@ -84,7 +84,7 @@ class StepReading:
 
         ``pipe`` is the :class:`~gradwatch.core.steps.StepPipeline` (typed loosely: that
         module imports this one). A step inside a backward pass reads its new gradients
-        first (``capture/in_backward.py``).
+        first (``capture/grads/in_backward.py``).
         """
         read_in_backward(self.tracker, track, pipe.hooks.note_arrival)
         readable = (
@@ -192,7 +192,9 @@ class StepReading:
         for i, g in zip(arrived, grads) if pending else ():
             if i in pending:
                 if snap_ref[i]() is g:  # not reset since the step: the value check holds
-                    t.want_pre.add(i)  # and stays on (capture/hooks.py restores it with its hook)
+                    t.want_pre.add(
+                        i
+                    )  # and stays on (capture/grads/hooks.py restores it with its hook)
                 else:  # reset since the flag was raised (a GAN's G): void
                     t.dirty[i] = False
                     pending.discard(i)

@@ -17,7 +17,7 @@ from typing import Any, Optional
 
 import torch
 
-from gradwatch.capture.graph_walk import GraphDesc
+from gradwatch.capture.loss.graph_walk import GraphDesc
 
 __all__ = ["TermInfo", "TermShares"]
 

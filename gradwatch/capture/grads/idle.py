@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Callable
 
-from gradwatch.capture.evidence import Tracker
-from gradwatch.capture.window import Track
+from gradwatch.capture.grads.evidence import Tracker
+from gradwatch.capture.grads.window import Track
 
 __all__ = ["idle_optimizers"]
 

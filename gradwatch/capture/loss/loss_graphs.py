@@ -1,7 +1,7 @@
 """The loss's graph on scan steps: described at each ``backward()``, with the modules that
 produced its nodes, and whether earlier steps' graphs are still alive.
 
-- *Described* (:mod:`gradwatch.capture.graph_walk`): during the first ``scan_steps`` optimizer
+- *Described* (:mod:`gradwatch.capture.loss.graph_walk`): during the first ``scan_steps`` optimizer
   windows, each ``Tensor.backward`` root's graph is walked once (at most ``max_nodes`` nodes).
 - *Module outputs*: during the same windows, one global module forward hook notes which
   module of the watched model produced which ``grad_fn`` (and in which mode), so a node is
@@ -23,9 +23,9 @@ from typing import Any, Callable, Optional
 import torch
 from torch import nn
 
-from gradwatch.capture.graph_walk import GraphDesc, Mark, describe
-from gradwatch.capture.loose import BackwardRoots
-from gradwatch.capture.term_shares import TermShares
+from gradwatch.capture.loss.graph_walk import GraphDesc, Mark, describe
+from gradwatch.capture.loss.loose import BackwardRoots
+from gradwatch.capture.loss.term_shares import TermShares
 from gradwatch.model.locations import call_site
 
 __all__ = ["MAX_GRAPH_NODES", "LossGraphs"]
@@ -64,7 +64,7 @@ class _Token:
 class LossGraphs(BackwardRoots):
     """One watcher's listener that describes the loss's graph on scan windows.
 
-    It rides on :class:`~gradwatch.capture.loose.BackwardRoots`'s one wrapper of
+    It rides on :class:`~gradwatch.capture.loss.loose.BackwardRoots`'s one wrapper of
     ``Tensor.backward`` (its loss flags and loose-leaf walk are off here: ``root`` is its own).
     """
 
