@@ -35,7 +35,7 @@ from torch import nn
 from gradwatch.capture.facts import UNOBSERVABLE, Fact
 from gradwatch.capture.grads.hooks import HookSet
 from gradwatch.core.faults import Faults
-from gradwatch.core.steps import StepPipeline
+from gradwatch.core.steps import StepPipeline, open_window
 from gradwatch.errors import ConfigError, GradWatchError, GradWatchWarning
 from gradwatch.model.compiled import is_compiled
 from gradwatch.model.engines import clean_name, engine_of, flat_params
@@ -351,7 +351,7 @@ class OptimizerEntry:
                 elif k in me._fresh:
                     if me._pipe.nesting.leave(k):
                         me._fresh.discard(k)
-                        _open_window(me._pipe, k)
+                        open_window(me._pipe, k)
                 elif me._pipe.step_post(k):
                     me._refresh()
             except (GradWatchError, GradWatchWarning):
@@ -360,19 +360,3 @@ class OptimizerEntry:
                 me._faults.error(where, exc)
 
         return hook
-
-
-def _open_window(pipe: StepPipeline, k: int) -> None:
-    """The first step of an optimizer added mid-run: counted, not judged; its window opens."""
-    pipe.step_calls += 1
-    track = pipe.structure.track_of(k)
-    if track is None:
-        return
-    pipe.tracker.snapshot(track.ids, [p.grad for p in track.params])
-    pipe.unwatched.stepped(k, track.params)
-    track.fingerprint = track.frozen_fp = None
-    track.start = pipe.tracker.now()
-    track.backward_at_start = pipe.backward_passes
-    pipe.sources.window_closed(k)
-    track.steps += 1
-    pipe.steps += 1

@@ -37,7 +37,7 @@ from gradwatch.distributed.sync import DistSync
 from gradwatch.model.optimizers import compensates, group_index, group_lr, group_members
 from gradwatch.sources import SourceSet, StepState
 
-__all__ = ["FIRST_OBSERVED", "StepPipeline"]
+__all__ = ["FIRST_OBSERVED", "StepPipeline", "open_window"]
 
 # Every step of a run's first steps is observed, whatever ``every_n_steps``: the statistics
 # checks (patience 3) and ``nonfinite_param`` fire within about five steps, in a 5-step
@@ -338,3 +338,19 @@ def _adjust_hooks(pipe: StepPipeline) -> None:
         and pipe.steps >= limit
     ):
         pipe.hooks.trim(pipe.judges.hooked_modules(pipe.findings.findings()))
+
+
+def open_window(pipe: StepPipeline, k: int) -> None:
+    """The first step of an optimizer added mid-run: counted, not judged; its window opens."""
+    pipe.step_calls += 1
+    track = pipe.structure.track_of(k)
+    if track is None:
+        return
+    pipe.tracker.snapshot(track.ids, [p.grad for p in track.params])
+    pipe.unwatched.stepped(k, track.params)
+    track.fingerprint = track.frozen_fp = None
+    track.start = pipe.tracker.now()
+    track.backward_at_start = pipe.backward_passes
+    pipe.sources.window_closed(k)
+    track.steps += 1
+    pipe.steps += 1
