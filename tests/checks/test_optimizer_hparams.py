@@ -64,6 +64,12 @@ class Lion(torch.optim.Optimizer):
                     p.add_(p.grad.sign(), alpha=-group["lr"])
 
 
+def _adafactor(params: Any) -> torch.optim.Optimizer:
+    """transformers' Adafactor: no betas, its own state (exp_avg_sq_row/col): not judged."""
+    transformers = pytest.importorskip("transformers")
+    return transformers.optimization.Adafactor(params, lr=1e-3, relative_step=False)
+
+
 @pytest.mark.parametrize(
     "make",
     [
@@ -75,6 +81,7 @@ class Lion(torch.optim.Optimizer):
         lambda ps: torch.optim.Adagrad(ps, lr=1e-2),
         lambda ps: torch.optim.SGD(ps, lr=1e-2, momentum=0.9),
         lambda ps: Lion(ps, betas=(0.95, 0.98)),
+        lambda ps: _adafactor(ps),
     ],
 )
 def test_recipes_in_use_are_silent(make: Make) -> None:
