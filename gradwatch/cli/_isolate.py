@@ -228,14 +228,12 @@ def _merge_probes(report: Any, probed: Any) -> None:
         add_finding(report, finding)
     if not probed.probes:
         return
-    print(
-        "probes: "
-        + ", ".join(
-            f"{p.id} {p.verdict} ({p.seconds:.2f} s{', sampled' if p.sampled else ''})"
-            for p in probed.probes
-        ),
-        flush=True,
-    )
+    # One line per probe: a terminal 80 columns wide shows each whole.
+    lines = [
+        f"  {p.id} {p.verdict} ({p.seconds:.2f} s{', sampled' if p.sampled else ''})"
+        for p in probed.probes
+    ]
+    print("probes:", *lines, sep="\n", flush=True)
     path = report.config.report_path
     if path is not None:  # the watcher wrote it at exit, without the probes
         report.write(path)

@@ -87,7 +87,7 @@ def test_a_process_exit_inside_the_probe_is_exit_2_with_one_line(
     body, expected = PROCESS_EXITS[case]
     t = target(tmp_path, body)
     out_json = tmp_path / "r.json"
-    assert main(["check", t, "--json", str(out_json)]) == 2
+    assert main(["check", t, "--json", str(out_json), "--no-probes"]) == 2  # the step itself
     captured = capsys.readouterr()
     assert expected.format(t=t) in one_error_line(captured.err)
     assert not out_json.exists()  # no report was judged, so none is written
@@ -132,7 +132,7 @@ def test_json_dash_writes_the_report_to_stdout_and_the_rest_to_stderr(
         print("hello from the factory")
         return probe(mse)
     """
-    assert main(["check", target(tmp_path, body), "--json", "-", "--overfit"]) == 0
+    assert main(["check", target(tmp_path, body), "--json", "-", "--overfit", "--no-probes"]) == 0
     out, err = capfd.readouterr()
     report = gradwatch.Report.model_validate_json(out)  # stdout holds nothing else
     assert report.steps == 3 and not report.failed
@@ -145,7 +145,7 @@ def test_verbose_shows_the_child_traceback(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     t = target(tmp_path, "def build():\n    return probe(lambda m, b: sys.exit(0))\n")
-    assert main(["check", t, "--verbose"]) == 2
+    assert main(["check", t, "--verbose", "--no-probes"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("gradwatch: error: loss_fn failed at step 0")
     assert "Traceback" in err and "SystemExit" in err

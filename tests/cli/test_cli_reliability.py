@@ -70,7 +70,9 @@ def test_probe_whose_loss_trains_another_instance_fails(tmp_path: Path) -> None:
     report = json.loads((tmp_path / "r.json").read_text())
     assert report["failed"]
     unobserved = [f for f in report["findings"] if f["check"] == "not_observed"]
-    assert [f["details"]["reason"] for f in unobserved] == ["never_ran"]
+    # the probes, on copies, cannot judge a loss that ignores the model either (their own
+    # not_observed reasons); the watched steps' verdict is never_ran
+    assert "never_ran" in [f["details"]["reason"] for f in unobserved]
     # The copy's parameters get the gradients outside the watched model: if named, as loose.
     loose = [f for f in report["findings"] if f["check"] == "unregistered_param"]
     assert {f["details"].get("cause") for f in loose} <= {"loose"}
