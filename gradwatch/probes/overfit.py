@@ -22,6 +22,7 @@ from gradwatch.probes._sandbox import (
     Budget,
     CannotJudge,
     LossFn,
+    batch_size,
     evaluate,
     fresh_copy,
     param_bytes,
@@ -33,6 +34,8 @@ __all__ = ["OverfitResult", "overfit_one_batch"]
 
 SEED = 31337
 MOVED = 1e-7  # |w - w0| / |w0| at or below this: the layer did not move
+FEW = 2  # samples of the capacity retry (Karpathy's recipe: overfit "as little as two")
+RETRY_SHARE = 0.2  # of budget_s, at least, for that retry
 
 
 @dataclass
@@ -46,6 +49,7 @@ class OverfitResult:
     stopped_by_budget: bool = False
     diverged: bool = False
     not_moved: list[str] = field(default_factory=list)
+    unreached: list[str] = field(default_factory=list)  # of those, the ones no gradient reached
     memory_bytes: int = 0
     boosted: list[float] = field(default_factory=list)  # the run at 10 x the rate, if any
     floor_estimate: Optional[float] = None  # where a decelerating curve is heading
@@ -142,6 +146,12 @@ def _not_moved(model: nn.Module, clone: nn.Module) -> list[str]:
     return out
 
 
+def _unreached(clone: nn.Module) -> list[str]:
+    """The layers none of whose parameters has a gradient after the copy's last backward:
+    outside the loss's graph (a ghost, reported as such), not a cause of its floor."""
+    return [name for name, _, params in layer_groups(clone) if all(p.grad is None for p in params)]
+
+
 def _still_falling(curve: list[float]) -> bool:
     """Whether the last quarter of the curve still fell by more than 1 % of the start: not a
     floor yet, only a slow descent (a small learning rate)."""
@@ -205,28 +215,17 @@ def _start(clone: nn.Module, small: Any, loss_fn: LossFn, ratio: float) -> float
     return value - (1.0 - ratio) * abs(value)
 
 
-def overfit_one_batch(
+def _fit(
     model: nn.Module,
-    batch: Any,
+    small: Any,
     loss_fn: LossFn,
     optimizer: Any,
     *,
     steps: int,
     ratio: float,
-    max_samples: int,
     budget: Budget,
 ) -> OverfitResult:
-    """Train a copy on the first ``max_samples`` samples; stop once the loss reached its target.
-
-    When the user's learning rate leaves the loss still falling at the end, a fresh copy is
-    trained again at 10 x that rate: reaching the target then is a pass (the rate is only
-    slow on one batch); a floor at 10 x too is the finding; still falling is no verdict.
-
-    Raises:
-        CannotJudge: the loss is not differentiable or not finite at the start, the optimizer
-            cannot be re-created, or the loss was still falling when steps or budget ran out.
-    """
-    small = slice_batch(batch, max_samples)
+    """One attempt on ``small``: the user's rate, then 10 x that rate if still falling."""
     clone = fresh_copy(model)
     opt, described = copy_optimizer(optimizer, model, clone)
     result = OverfitResult(optimizer=described, memory_bytes=param_bytes(clone))
@@ -252,6 +251,7 @@ def overfit_one_batch(
                 return result
     curve = result.boosted or result.curve
     result.not_moved = _not_moved(model, clone)
+    result.unreached = [n for n in _unreached(clone) if n in result.not_moved]
     heading = _asymptote(curve) if result.boosted else None
     if heading is not None and heading > result.target:
         result.floor_estimate = heading
@@ -262,6 +262,85 @@ def overfit_one_batch(
             f"{why} after {len(curve)} steps with the loss still falling "
             f"({curve[0]:.4g} -> {min(curve):.4g}, target {result.target:.4g}), also at "
             "10 x the learning rate: raise its steps or budget_s",
+            partial=result,
+        )
+    return result
+
+
+def _too_small(
+    model: nn.Module,
+    batch: Any,
+    loss_fn: LossFn,
+    optimizer: Any,
+    failed: OverfitResult,
+    *,
+    steps: int,
+    ratio: float,
+    budget: Budget,
+) -> bool:
+    """Whether a copy that trained everywhere but stopped at a floor fits ``FEW`` samples.
+
+    Then the floor is the model's capacity on more samples (a linear model on random
+    targets), not a bug: a softmax before the loss, a squashed output, a rate of 0 or a
+    frozen layer cannot fit two samples either. A layer that did not move is a bug whatever
+    the capacity, so such a result is not retried; one that no gradient reached is outside
+    the loss (a ghost, reported as such), so it is no cause of the floor.
+    """
+    size = batch_size(batch)
+    if set(failed.not_moved) - set(failed.unreached) or size is None or size <= FEW:
+        return False
+    retry = Budget(max(budget.left(), RETRY_SHARE * budget.seconds))
+    try:
+        few = _fit(
+            model,
+            slice_batch(batch, FEW),
+            loss_fn,
+            optimizer,
+            steps=steps,
+            ratio=ratio,
+            budget=retry,
+        )
+    except CannotJudge:
+        return False
+    return few.learned
+
+
+def overfit_one_batch(
+    model: nn.Module,
+    batch: Any,
+    loss_fn: LossFn,
+    optimizer: Any,
+    *,
+    steps: int,
+    ratio: float,
+    max_samples: int,
+    budget: Budget,
+) -> OverfitResult:
+    """Train a copy on the first ``max_samples`` samples; stop once the loss reached its target.
+
+    When the user's learning rate leaves the loss still falling at the end, a fresh copy is
+    trained again at 10 x that rate: reaching the target then is a pass (the rate is only
+    slow on one batch); a floor at 10 x too is the finding; still falling is no verdict. A
+    floor reached with every layer moving is tried once more on two samples: fitting those
+    means the model is only too small to memorise more (no verdict, ``capacity``).
+
+    Raises:
+        CannotJudge: the loss is not differentiable or not finite at the start, the optimizer
+            cannot be re-created, the loss was still falling when steps or budget ran out, or
+            the model fits two samples but not ``max_samples``.
+    """
+    small = slice_batch(batch, max_samples)
+    result = _fit(model, small, loss_fn, optimizer, steps=steps, ratio=ratio, budget=budget)
+    if result.learned or result.diverged:
+        return result
+    if _too_small(
+        model, small, loss_fn, optimizer, result, steps=steps, ratio=ratio, budget=budget
+    ):
+        raise CannotJudge(
+            "capacity",
+            f"every layer trained and the loss stopped at {result.floor:.4g} (target "
+            f"{result.target:.4g}) on {batch_size(small)} samples, but a copy fits {FEW}: the "
+            "model is too small to memorise this many; lower max_samples to judge it",
             partial=result,
         )
     return result

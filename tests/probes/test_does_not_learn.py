@@ -138,3 +138,40 @@ def test_a_loss_that_does_not_require_grad_is_not_judged() -> None:
     report = _probe(mlp(), data(), lambda m, b: ce(m, b).detach(), None)
     assert verdicts(report) == {CHECK: "not_observed"}
     assert report.findings[0].details["reason"] == "probe_not_differentiable"
+
+
+class TwoLinear(nn.Module):
+    """A correct linear regression (two summed heads, one unused): 5 degrees of freedom."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body, self.head, self.unused = nn.Linear(4, 1), nn.Linear(4, 1), nn.Linear(4, 1)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.body(x) + self.head(x)
+
+
+def test_a_model_too_small_to_memorise_the_batch_is_no_verdict() -> None:
+    """8 random targets are beyond a linear model: it fits 2 (its capacity, not a bug)."""
+    seen: dict[str, int] = {}
+    for seed in range(12):
+        torch.manual_seed(seed)
+        model = TwoLinear()
+        batch = (torch.randn(8, 4), torch.randn(8, 1))
+        report = _probe(model, batch, mse, torch.optim.Adam(model.parameters(), lr=1e-3))
+        assert not findings(report, CHECK), (seed, findings(report, CHECK)[0].message)
+        verdict = verdicts(report)[CHECK]
+        seen[verdict] = seen.get(verdict, 0) + 1
+        if verdict == "not_observed":
+            (blind,) = report.by_check("not_observed")
+            assert blind.details["reason"] == "probe_capacity", blind.details
+    assert seen.get("not_observed", 0) >= 2, seen  # some batches do lie beyond its capacity
+
+
+def test_a_squashed_output_fits_two_samples_no_better() -> None:
+    """The retry on two samples keeps a real floor a finding (a sigmoid before targets in [2, 5])."""
+    torch.manual_seed(0)
+    model = SquashedRegression()
+    x, y = _regression()
+    report = _probe(model, (x[:8], y[:8]), mse, torch.optim.Adam(model.parameters(), lr=1e-3))
+    assert verdicts(report) == {CHECK: "finding"}
