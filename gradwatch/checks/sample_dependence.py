@@ -2,10 +2,13 @@
 
 A probe (:mod:`gradwatch.probes.samples`): one backward from one sample's output of the
 model, on a copy; a gradient on any other sample's input is a dependence the batch must not
-have (or, where the model declares it causal, on a later position).
+have; so is one on a later position where the model declares itself causal, or on a
+padded position where the batch's ``attention_mask`` zeroes it.
 """
 
 from __future__ import annotations
+
+from typing import Optional
 
 from pydantic import Field
 
@@ -25,6 +28,12 @@ class SampleDependenceConfig(CheckConfig):
         ge=0,
         description="Gradient norm on other samples' inputs, relative to the sample's own, "
         "above which it is a dependence (independent samples give exactly zero).",
+    )
+    causal: Optional[bool] = Field(
+        default=None,
+        description="Whether position t of the model's output must not depend on its inputs "
+        "after t. None: as the model declares (an attention module's `is_causal = True`, a "
+        "class named `Causal...`; never for an encoder-decoder); true or false to say so.",
     )
     budget_s: float = Field(default=5.0, gt=0, description="Seconds the probe may take.")
 
@@ -47,6 +56,12 @@ class SampleDependence(Check):
             "tensor, or `transpose` then `view` in the wrong order.",
             "Statistics taken over the batch in the forward (`x - x.mean(0)`, a hand-written "
             "normaliser), outside a `BatchNorm` layer.",
+            "Inside a sample, what the model or batch declares: a causal model whose mask "
+            "lets a position see later ones (`triu` for `tril`, `is_causal` not passed to "
+            "`scaled_dot_product_attention`), or outputs that read the positions a batch's "
+            "`attention_mask` zeroes (the mask not passed to the model, a PyTorch "
+            "`key_padding_mask` given Hugging Face's 1-for-keep convention, a mean pooling "
+            "over the padding).",
         ),
         fix="Find the operation that reduces or reshapes over the batch dimension and make "
         "it act per sample (`dim=-1`, `permute` before `reshape`).",

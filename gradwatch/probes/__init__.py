@@ -65,7 +65,9 @@ def _one(
     """Run one probe and judge it into ``record``; its finding, if any."""
     budget = Budget(cfg.budget_s)
     if isinstance(cfg, SampleDependenceConfig):
-        found = samples_reached(model, batch, loss_fn, min_share=cfg.min_share, budget=budget)
+        found = samples_reached(
+            model, batch, loss_fn, min_share=cfg.min_share, budget=budget, causal=cfg.causal
+        )
         return sample_verdict(found, record, cfg.severity)
     if isinstance(cfg, GradientMismatchConfig):
         compared = gradient_agreement(

@@ -12,6 +12,7 @@ from gradwatch.checks.sample_dependence import SampleDependence
 from gradwatch.probes._sandbox import CannotJudge
 from gradwatch.probes.gradient import GradientResult
 from gradwatch.probes.overfit import OverfitResult
+from gradwatch.probes.positions import Leak
 from gradwatch.probes.samples import SampleResult
 from gradwatch.results import Finding, ProbeResult
 
@@ -88,13 +89,54 @@ def gradient_verdict(res: GradientResult, record: ProbeResult, severity: str) ->
     )
 
 
+def _leak_finding(leak: Leak, severity: str, leaks: list[Any]) -> Finding:
+    shown = ", ".join(str(p) for p in leak.reached[:8]) + (", ..." if len(leak.reached) > 8 else "")
+    via = ", ".join(leak.inputs[:3])
+    if leak.kind == "causal":
+        message = (
+            f"position {leak.position}'s output of sample {leak.sample} has a gradient on the "
+            f"inputs at later position(s) {shown} (via {via}), but the model declares itself "
+            f"causal ({leak.declared_by}): it sees the tokens it should predict, so it trains "
+            "on a leak and fails when it generates."
+        )
+        hint = (
+            "Check the attention mask: `tril` (not `triu`), `masked_fill(mask == 0, -inf)`, "
+            "`is_causal=True` passed to scaled_dot_product_attention or nn.Transformer's "
+            "causal mask; or set checks.sample_dependence.causal: false if it is not causal."
+        )
+    else:
+        message = (
+            f"sample {leak.sample}'s output at the positions its attention_mask keeps has a "
+            f"gradient on its padded position(s) {shown} (via {via}): the padding changes "
+            "the outputs, so a sample's result changes with how much the batch it lands in pads it."
+        )
+        hint = (
+            "Pass attention_mask to the model; a PyTorch key_padding_mask is True where to "
+            "ignore (the inverse of Hugging Face's 1-for-keep); pool with the mask "
+            "(`(h * m).sum(1) / m.sum(1)`), not over every position."
+        )
+    details = {"sample": leak.sample, "independence": leak.kind, "declared_by": leak.declared_by}
+    details.update(position=leak.position, reached_positions=leak.reached[:32], share=leak.share)
+    details.update(inputs=leak.inputs, within_sample=leaks, cause=None)
+    return _finding(SampleDependence.id, severity, message, hint, details=details)
+
+
 def sample_verdict(res: SampleResult, record: ProbeResult, severity: str) -> Optional[Finding]:
     record.memory_bytes = res.memory_bytes
     record.details.update(sample=res.sample, batch=res.batch, inputs=res.inputs)
-    if not res.dependent:
+    record.details["declared"] = res.declared
+    leaks = [
+        {"independence": k.kind, "sample": k.sample, "position": k.position, "share": k.share}
+        for k in res.leaks
+    ]
+    if leaks:
+        record.details["within_sample"] = leaks
+    if not res.dependent and not res.leaks:
         record.verdict = "passed"
         return None
-    record.verdict = "finding" if res.cause is None else "passed"
+    record.verdict = "finding" if res.cause is None or res.leaks else "passed"
+    if res.leaks and (not res.dependent or res.cause is not None):
+        return _leak_finding(res.leaks[0], severity, leaks)
     share = "inf" if math.isinf(res.share) else f"{res.share:.3g}"
     details = {
         "sample": res.sample,
@@ -102,6 +144,8 @@ def sample_verdict(res: SampleResult, record: ProbeResult, severity: str) -> Opt
         "share": res.share,
         "inputs": res.inputs,
         "cause": res.cause,
+        "independence": "batch",
+        "within_sample": leaks,
     }
     record.details.update(other_samples=res.others[:32], share=res.share, cause=res.cause)
     if res.cause == "batch_norm":

@@ -28,6 +28,13 @@ from gradwatch.probes._sandbox import (
     fresh_copy,
     param_bytes,
 )
+from gradwatch.probes.positions import (
+    Leak,
+    causal_leak,
+    declared_causal,
+    declared_padding,
+    padding_leak,
+)
 
 __all__ = ["SampleResult", "samples_reached"]
 
@@ -45,6 +52,8 @@ class SampleResult:
     inputs: list[str] = field(default_factory=list)
     cause: Optional[str] = None  # "batch_norm" when eval-mode batch norms remove it
     memory_bytes: int = 0
+    leaks: list[Leak] = field(default_factory=list)  # declared independences inside a sample
+    declared: dict[str, str] = field(default_factory=dict)  # what declared them
 
     @property
     def dependent(self) -> bool:
@@ -121,10 +130,10 @@ class _Capture:
             h.remove()
 
 
-def _reach(
-    model: nn.Module, batch: Any, loss_fn: LossFn, n: int, sample: int
-) -> tuple[list[int], float, list[str]]:
-    """The other samples one sample's output reaches, the share of gradient, the inputs."""
+def _forward(
+    model: nn.Module, batch: Any, loss_fn: LossFn, n: int
+) -> tuple[Tensor, list[tuple[str, Tensor]]]:
+    """One evaluation of the copy: its per-sample output and the leaves it reads."""
     leaves: list[tuple[str, Tensor]] = []
     leafy = _leafify(batch, n, "batch", leaves)
     capture = _Capture(model, n, leaves)
@@ -143,10 +152,17 @@ def _reach(
         )
     if not leaves:
         raise CannotJudge("no_inputs", "the batch has no floating input and the model no embedding")
+    return out, leaves
+
+
+def _reach(
+    out: Tensor, leaves: list[tuple[str, Tensor]], n: int, sample: int
+) -> tuple[list[int], float, list[str]]:
+    """The other samples one sample's output reaches, the share of gradient, the inputs."""
     gen = torch.Generator().manual_seed(SEED)
     weight = torch.randn(out[sample].shape, generator=gen).to(out.device, out.dtype)
     grads = torch.autograd.grad(
-        (out[sample] * weight).sum(), [t for _, t in leaves], allow_unused=True
+        (out[sample] * weight).sum(), [t for _, t in leaves], allow_unused=True, retain_graph=True
     )
     own, others = 0.0, 0.0
     reached: set[int] = set()
@@ -168,10 +184,50 @@ def _reach(
     return sorted(reached), share, names
 
 
+def _within(
+    copy: nn.Module,
+    batch: Any,
+    loss_fn: LossFn,
+    n: int,
+    result: SampleResult,
+    *,
+    causal: Optional[bool],
+    min_share: float,
+) -> list[Leak]:
+    """The declared independences inside a sample (:mod:`.positions`), judged with batch
+    norms in eval mode (their coupling is the batch axis's, not a position's)."""
+    by = declared_causal(copy, causal)
+    kept = declared_padding(copy, batch, n)
+    result.declared = {
+        "causal": by or "not declared",
+        "padding": "the batch's attention_mask" if kept is not None else "not declared",
+    }
+    if by is None and kept is None:
+        return []
+    for m in copy.modules():
+        if isinstance(m, _BatchNorm):
+            m.eval()
+    out, leaves = _forward(copy, batch, loss_fn, n)
+    found = [
+        causal_leak(out, leaves, result.sample, kept, declared_by=by, min_share=min_share)
+        if by is not None
+        else None,
+        padding_leak(out, leaves, kept, min_share=min_share) if kept is not None else None,
+    ]
+    return [leak for leak in found if leak is not None]
+
+
 def samples_reached(
-    model: nn.Module, batch: Any, loss_fn: LossFn, *, min_share: float, budget: Budget
+    model: nn.Module,
+    batch: Any,
+    loss_fn: LossFn,
+    *,
+    min_share: float,
+    budget: Budget,
+    causal: Optional[bool] = None,
 ) -> SampleResult:
-    """One backward from the middle sample's output of a copy: which other samples it reaches.
+    """One backward from the middle sample's output of a copy: which other samples it
+    reaches; then the independences the model or batch declare inside a sample.
 
     Raises:
         CannotJudge: one sample only, no per-sample output, or no input to differentiate.
@@ -181,15 +237,17 @@ def samples_reached(
         raise CannotJudge("one_sample", "the batch has no leading dimension of two or more samples")
     copy = fresh_copy(model)
     result = SampleResult(sample=n // 2, batch=n, memory_bytes=param_bytes(copy))
-    others, share, names = _reach(copy, batch, loss_fn, n, result.sample)
-    if not others or share <= min_share:
-        return result
-    norms = [m for m in copy.modules() if isinstance(m, _BatchNorm) and m.training]
-    if norms:  # over budget or not: without it, batch norm's coupling would read as a bug
-        for m in norms:
-            m.eval()
-        still, still_share, _ = _reach(copy, batch, loss_fn, n, result.sample)
-        if not still or still_share <= min_share:
-            result.cause = "batch_norm"
-    result.others, result.share, result.inputs = others, share, names
+    out, leaves = _forward(copy, batch, loss_fn, n)
+    others, share, names = _reach(out, leaves, n, result.sample)
+    del out, leaves
+    if others and share > min_share:
+        norms = [m for m in copy.modules() if isinstance(m, _BatchNorm) and m.training]
+        if norms:  # over budget or not: without it, batch norm's coupling would read as a bug
+            for m in norms:
+                m.eval()
+            still, still_share, _ = _reach(*_forward(copy, batch, loss_fn, n), n, result.sample)
+            if not still or still_share <= min_share:
+                result.cause = "batch_norm"
+        result.others, result.share, result.inputs = others, share, names
+    result.leaks = _within(copy, batch, loss_fn, n, result, causal=causal, min_share=min_share)
     return result
