@@ -84,14 +84,33 @@ def _is_ours(hook: Any) -> bool:
     return isinstance(owner, str) and owner.startswith("gradwatch.")
 
 
+def _keep_param_attributes(model: nn.Module, memo: dict[int, Any]) -> None:
+    """Give each copied parameter the Python attributes of its original.
+
+    ``Parameter.__deepcopy__`` drops them (``Tensor.__deepcopy__`` keeps them), but libraries
+    keep per-parameter state there that their hooks read in the forward: opacus's
+    ``_forward_counter`` and ``grad_sample``. Copied through the same ``memo``, so a value
+    that refers to the model refers to the copy.
+    """
+    for p in model.parameters():
+        twin = memo.get(id(p))
+        if twin is None or twin is p:
+            continue
+        for key, value in vars(p).items():
+            if key not in vars(twin):
+                setattr(twin, key, copy.deepcopy(value, memo))
+
+
 def fresh_copy(model: nn.Module) -> nn.Module:
     """A deep copy of ``model`` without gradwatch's own hooks (a watcher's, if one watches).
 
     Raises:
         CannotJudge: the model cannot be deep-copied.
     """
+    memo: dict[int, Any] = {}
     try:
-        clone = copy.deepcopy(model)
+        clone = copy.deepcopy(model, memo)
+        _keep_param_attributes(model, memo)
     except Exception as exc:
         raise CannotJudge(
             "not_copyable", f"the model cannot be deep-copied ({type(exc).__name__}: {exc})"

@@ -28,6 +28,10 @@ __all__ = ["ReplayMismatch", "StopGradients", "custom_functions", "straight_thro
 
 _DETACH = {"detach", "detach_"}
 _STE_NAME = re.compile(r"straight|(^|[^a-z])ste([^a-z]|$)", re.IGNORECASE)
+# torch's fake-quantisation nodes: ``FakeQuantize*Backward0`` (the per-tensor/per-channel,
+# cachemask and learnable ops) and ``FusedMovingAvgObsFqHelperBackward0``, the fused observer
+# and fake-quant op of the default QAT qconfigs (``get_default_qat_qconfig``).
+_FAKE_QUANT_NODE = re.compile(r"FakeQuantize|ObsFq")
 
 
 class ReplayMismatch(Exception):
@@ -153,7 +157,7 @@ def _is_straight_through(node: Any) -> bool:
     cls = getattr(node, "_forward_cls", None)
     if cls is not None:
         return bool(getattr(cls, "straight_through", False)) or bool(_STE_NAME.search(cls.__name__))
-    return "FakeQuantize" in type(node).__name__
+    return bool(_FAKE_QUANT_NODE.search(type(node).__name__))
 
 
 def straight_through_params(loss: Tensor) -> tuple[set[int], list[str]]:

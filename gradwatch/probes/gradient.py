@@ -90,6 +90,8 @@ class _Evaluator:
     def _restore(self) -> None:
         with torch.no_grad():
             for b, saved in self.buffers:
+                if b.shape != saved.shape:  # sized by the forward (a per-channel observer's
+                    b.resize_(saved.shape)  # min/max start empty): its shape is state too
                 b.copy_(saved)
 
     def recorded(self) -> Tensor:
