@@ -36,6 +36,7 @@ SEED = 31337
 MOVED = 1e-7  # |w - w0| / |w0| at or below this: the layer did not move
 FEW = 2  # samples of the capacity retry (Karpathy's recipe: overfit "as little as two")
 RETRY_SHARE = 0.2  # of budget_s, at least, for that retry
+FROZEN_MAJORITY = 0.5  # of the parameters frozen: an adapter on a base it cannot judge
 
 
 @dataclass
@@ -343,4 +344,23 @@ def overfit_one_batch(
             "model is too small to memorise this many; lower max_samples to judge it",
             partial=result,
         )
+    frozen = _frozen_share(model)
+    if frozen >= FROZEN_MAJORITY and not set(result.not_moved) - set(result.unreached):
+        raise CannotJudge(
+            "frozen_base",
+            f"every trained layer moved, but {frozen:.0%} of the parameters are frozen and the "
+            f"loss stopped at {result.floor:.4g} (target {result.target:.4g}): what an adapter "
+            "can fit is bounded by the frozen base (a random one, in a smoke test, bounds it "
+            "tightly), so this is no verdict on the training step",
+            partial=result,
+        )
     return result
+
+
+def _frozen_share(model: nn.Module) -> float:
+    """The share of the model's parameter elements that do not require grad."""
+    total = frozen = 0
+    for p in model.parameters():
+        total += p.numel()
+        frozen += 0 if p.requires_grad else p.numel()
+    return frozen / total if total else 0.0

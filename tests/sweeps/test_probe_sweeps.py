@@ -325,18 +325,16 @@ CASES = [
     pytest.param(Case(vit), id="timm-like-vit"),
     pytest.param(Case(convnext), id="timm-like-convnext"),
     pytest.param(
-        Case(gpt2_lora_at_random_init),
+        # The frozen tied embedding after the frozen final LayerNorm bounds every logit to
+        # +-0.6: no adapter fits the batch (nor 2 samples). A bound of the random frozen base,
+        # not of the training step: said as no verdict, not a finding.
+        Case(
+            gpt2_lora_at_random_init,
+            verdicts={**PASSED, "does_not_learn": "not_observed"},
+            reasons={"does_not_learn": "frozen_base"},
+        ),
         id="peft-gpt2-lora-random-base",
-        marks=[
-            pytest.mark.floor,
-            pytest.mark.xfail(
-                strict=True,
-                reason="does_not_learn (overfit.py): LoRA on a randomly initialised frozen base "
-                "(GPT-2, initializer_range 0.02) cannot reach half its loss: the frozen tied "
-                "embedding after the frozen final LayerNorm bounds every logit to +-0.6, so "
-                "neither 4 samples nor the 2-sample capacity retry fit; a finding, not a bug",
-            ),
-        ],
+        marks=pytest.mark.floor,
     ),
 ]
 
