@@ -12,6 +12,8 @@ from torch.nn import functional as F
 from gradwatch.cli.probe import ProbeError
 from gradwatch.testing import assert_no_ghosts
 
+pytestmark = pytest.mark.floor  # the fixture on the pytest floor (.ci/floor)
+
 
 class Net(nn.Module):
     def __init__(self, *, aux: bool = False, frozen_branch: bool = False) -> None:

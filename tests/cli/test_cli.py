@@ -30,6 +30,8 @@ from torch.nn import functional as F
 import gradwatch
 from gradwatch.checks import ALL_CHECKS
 
+pytestmark = pytest.mark.floor  # the CLI's output goes through rich (.ci/floor)
+
 def mse(model, batch):
     x, y = batch
     return F.mse_loss(model(x), y)

@@ -17,6 +17,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+pytestmark = pytest.mark.floor  # the plugin on the pytest floor (.ci/floor)
+
 
 class Net(nn.Module):
     def __init__(self, ghost: bool) -> None:
