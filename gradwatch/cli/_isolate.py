@@ -15,6 +15,7 @@ the parent holds open.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -27,7 +28,7 @@ import traceback
 from pathlib import Path
 from typing import Any, Optional
 
-__all__ = ["child_main", "run_isolated"]
+__all__ = ["child_main", "run_here", "run_isolated"]
 
 # The child imports gradwatch from where the parent found it, then takes the parent's sys.path.
 _BOOT = (
@@ -160,6 +161,20 @@ def run_isolated(
             result: dict[str, Any] = json.loads(res.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             raise IsolationError(f"the probe process {_death(proc.returncode)}") from None
+    if "error" in result:
+        raise IsolationError(result["error"], result.get("traceback", ""))
+    return result
+
+
+def run_here(request: dict[str, Any], *, stdout_to_stderr: bool = False) -> dict[str, Any]:
+    """:func:`probe_result` in this process (``--in-process``): the same result and one-line
+    errors as the child's, without its protection against an exit, a crash or a hang.
+
+    Raises:
+        IsolationError: the probe's own error, as the child reports it.
+    """
+    with contextlib.redirect_stdout(sys.stderr) if stdout_to_stderr else contextlib.nullcontext():
+        result = _outcome(request)
     if "error" in result:
         raise IsolationError(result["error"], result.get("traceback", ""))
     return result

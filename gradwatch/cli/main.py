@@ -51,7 +51,7 @@ EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell shows for a reader that we
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
-    from gradwatch.cli._isolate import IsolationError, run_isolated
+    from gradwatch.cli._isolate import IsolationError, run_here, run_isolated
     from gradwatch.cli.probe import LOSS_NOT_DECREASING, add_finding, loss_not_decreasing
     from gradwatch.render.junit import write_junit
     from gradwatch.report import Report
@@ -78,7 +78,10 @@ def _cmd_check(args: argparse.Namespace) -> int:
         LOSS_NOT_DECREASING, args.select, args.ignore_check
     )
     try:
-        result = run_isolated(request, timeout=args.timeout or None, stdout_to_stderr=to_stdout)
+        if args.in_process:
+            result = run_here(request, stdout_to_stderr=to_stdout)
+        else:
+            result = run_isolated(request, timeout=args.timeout or None, stdout_to_stderr=to_stdout)
     except IsolationError as exc:
         raise CliError(str(exc), detail=exc.detail) from None
     report = Report.model_validate_json(result["report"])
@@ -243,6 +246,12 @@ def _add_check(sub: Any, common: argparse.ArgumentParser) -> None:
         type=positive,
         default=16,
         help="Hutchinson probes per layer for --curvature (default: 16)",
+    )
+    check.add_argument(
+        "--in-process",
+        action="store_true",
+        help="run the step in this process, not a child (for a debugger's breakpoints): a "
+        "sys.exit, crash or hang in it is then not caught, and --timeout does not apply",
     )
     check.add_argument(
         "--no-probes",

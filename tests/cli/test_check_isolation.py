@@ -141,6 +141,38 @@ def test_json_dash_writes_the_report_to_stdout_and_the_rest_to_stderr(
     assert not (tmp_path / "-").exists() and not Path("-").exists()
 
 
+def test_in_process_runs_the_same_step_here(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """``--in-process`` (for a debugger's breakpoints): the same report, the step's prints
+    kept off a ``--json -`` stdout, and its sys.exit still one line, exit 2."""
+    body = """
+    def build():
+        print("hello from the factory")
+        return gradwatch.Probe(Ghostly(), data(), mse)
+
+    class Ghostly(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.used, self.ghost = nn.Linear(4, 1), nn.Linear(4, 1)
+
+        def forward(self, x):
+            return self.used(x)
+    """
+    t = target(tmp_path, body)
+    assert main(["check", t, "--json", "-", "--no-probes"]) == 1
+    isolated = gradwatch.Report.model_validate_json(capfd.readouterr().out)
+    assert main(["check", t, "--json", "-", "--no-probes", "--in-process"]) == 1
+    out, err = capfd.readouterr()
+    here = gradwatch.Report.model_validate_json(out)  # stdout holds nothing else
+    assert "hello from the factory" in err
+    assert [f.line() for f in here.findings] == [f.line() for f in isolated.findings]
+    assert {f.module for f in here.by_check("ghost_param")} == {"ghost"}
+    t = target(tmp_path, "def build():\n    return probe(lambda m, b: sys.exit(0))\n")
+    assert main(["check", t, "--no-probes", "--in-process"]) == 2
+    assert "it called sys.exit(0)" in one_error_line(capfd.readouterr().err)
+
+
 def test_verbose_shows_the_child_traceback(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -16,6 +16,8 @@ from gradwatch.cli.main import main
 ROOT = Path(__file__).resolve().parents[2]
 GHOST = str(ROOT / "examples" / "ci_ghost.py") + ":build"
 CLEAN = str(ROOT / "examples" / "ci_clean.py") + ":build"
+# `check` runs --in-process here: these tests are about the outputs, and a child per run would
+# import torch again (3 s); the isolation itself is tests/cli/test_check_isolation.py.
 
 # Every id of SPEC §2 and §5: explain must know each, implemented yet or not.
 SPEC_IDS = [
@@ -122,7 +124,7 @@ def _validate_sarif(log: dict[str, Any]) -> None:
 
 def test_sarif_from_check(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "out" / "gradwatch.sarif"
-    assert main(["check", GHOST, "--sarif", str(out)]) == 1
+    assert main(["check", "--in-process", GHOST, "--sarif", str(out)]) == 1
     log = json.loads(out.read_text(encoding="utf-8"))
     _validate_sarif(log)
     run = log["runs"][0]
@@ -142,7 +144,7 @@ def test_sarif_from_check(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
 
 def test_sarif_from_report_with_overfit_rule_and_no_locations(tmp_path: Path) -> None:
     saved, sarif = tmp_path / "r.json", tmp_path / "r.sarif"
-    assert main(["check", CLEAN, "--json", str(saved)]) == 0
+    assert main(["check", "--in-process", CLEAN, "--json", str(saved)]) == 0
     assert main(["report", str(saved), "--sarif", str(sarif)]) == 0
     log = json.loads(sarif.read_text(encoding="utf-8"))
     _validate_sarif(log)
@@ -154,7 +156,7 @@ def test_sarif_unwritable_target_is_exit_2(
 ) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("x")
-    assert main(["check", CLEAN, "--sarif", str(blocker / "x.sarif")]) == 2
+    assert main(["check", "--in-process", CLEAN, "--sarif", str(blocker / "x.sarif")]) == 2
     assert "cannot write SARIF" in capsys.readouterr().err
 
 
@@ -165,12 +167,12 @@ def test_baseline_accepts_known_findings_and_fails_new_ones(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     known = tmp_path / "baseline.json"
-    assert main(["check", GHOST, "--json", str(known)]) == 1
+    assert main(["check", "--in-process", GHOST, "--json", str(known)]) == 1
     capsys.readouterr()
     # The same finding, seen at other steps (5 steps instead of 3): accepted.
     again = tmp_path / "again.json"
     sarif = tmp_path / "again.sarif"
-    args = ["check", GHOST, "--steps", "5", "--baseline", str(known)]
+    args = ["check", "--in-process", GHOST, "--steps", "5", "--baseline", str(known)]
     assert main([*args, "--json", str(again), "--sarif", str(sarif)]) == 0
     out = capsys.readouterr().out
     assert "error[ghost_param]" not in out
@@ -181,8 +183,8 @@ def test_baseline_accepts_known_findings_and_fails_new_ones(
     assert result["baselineState"] == "unchanged"
     # A baseline from a clean run knows nothing: the ghost is new and fails.
     clean = tmp_path / "clean.json"
-    assert main(["check", CLEAN, "--json", str(clean)]) == 0
-    assert main(["check", GHOST, "--baseline", str(clean)]) == 1
+    assert main(["check", "--in-process", CLEAN, "--json", str(clean)]) == 0
+    assert main(["check", "--in-process", GHOST, "--baseline", str(clean)]) == 1
     assert "error[ghost_param]" in capsys.readouterr().out
     # gradwatch report applies it too.
     assert main(["report", str(known), "--baseline", str(known)]) == 0
@@ -193,7 +195,7 @@ def test_baseline_matches_on_layer_not_steps_and_new_layer_fails(tmp_path: Path)
     import gradwatch
 
     known = tmp_path / "known.json"
-    assert main(["check", GHOST, "--json", str(known)]) == 1
+    assert main(["check", "--in-process", GHOST, "--json", str(known)]) == 1
     base = gradwatch.Report.read(known)
     current = base.model_copy(deep=True)
     moved = current.findings[0]
@@ -211,6 +213,6 @@ def test_baseline_matches_on_layer_not_steps_and_new_layer_fails(tmp_path: Path)
 def test_missing_baseline_is_exit_2_before_training(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main(["check", GHOST, "--baseline", str(tmp_path / "nope.json")]) == 2
+    assert main(["check", "--in-process", GHOST, "--baseline", str(tmp_path / "nope.json")]) == 2
     captured = capsys.readouterr()
     assert captured.out == "" and "cannot read report" in captured.err
