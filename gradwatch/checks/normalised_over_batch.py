@@ -8,7 +8,8 @@ over keys, a samples x samples logits matrix (InfoNCE, CLIP: both dims are the b
 design), a loss's own softmax outside the model, and batch norm in train mode (the known
 exception, not a softmax) never fire. A model holding a module with ``batch_first=False``
 (an ``nn.LSTM``/``nn.MultiheadAttention`` default) may be time-major, where dim 0 is time and
-a softmax over it is attention over time: it is not judged.
+a softmax over it is attention over time: it is not judged, and an ``info``
+``not_observed`` (``time_major``) says so.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from gradwatch.capture.loss.graph_walk import GraphDesc
 from gradwatch.checks._loss_graph import ScanConfig, graph_record
 from gradwatch.checks.base import Check, severity_field
 from gradwatch.checks.docs import CheckDoc
+from gradwatch.checks.not_observed import emit_not_observed
 from gradwatch.checks.views import StepView
 
 if TYPE_CHECKING:
@@ -74,15 +76,37 @@ class NormalisedOverBatch(Check):
         if rec is None:
             return
         for g in rec.graphs:
-            if not g.marked or not g.batch or g.batch < 2 or g.time_major:
+            if not g.marked or not g.batch or g.batch < 2:
                 continue
             inside = None
             for i, node in enumerate(g.nodes):
                 if node.kind not in _SOFTMAX or not _over_batch(node.shape, node.settings, g):
                     continue
                 inside = g.in_model() if inside is None else inside
-                if i in inside:
+                if i not in inside:
+                    continue
+                if g.time_major:
+                    self._unjudged(view, log, g, i)
+                else:
                     self._emit(view, log, g, i)
+
+    def _unjudged(self, view: StepView, log: FindingLog, g: GraphDesc, i: int) -> None:
+        """A softmax over dim 0 in a model that may be time-major: said, not judged."""
+        module = g.enclosing(i) or g.model
+        emit_not_observed(
+            log,
+            severity="info",
+            step=view.step,
+            reason="time_major",
+            message=f"A {_SOFTMAX[g.nodes[i].kind]} over dim 0 runs in the forward of "
+            f"'{module or 'the model'}', but the model holds a module with batch_first=False, "
+            "so dim 0 may be time (attention over time) rather than the batch: "
+            "normalised_over_batch does not judge it.",
+            hint="If the model is batch-first throughout, set batch_first=True on its "
+            "recurrent and attention modules; the sample_dependence probe (gradwatch check) "
+            "judges the dependence itself either way.",
+            details={"check": self.id, "module": module},
+        )
 
     def _emit(self, view: StepView, log: FindingLog, g: GraphDesc, i: int) -> None:
         node = g.nodes[i]

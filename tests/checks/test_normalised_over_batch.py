@@ -170,9 +170,20 @@ class TimeMajorAttention(nn.Module):
         return self.out((w.unsqueeze(-1) * h).sum(0))
 
 
-def test_time_major_attention_over_time_is_silent() -> None:
+def test_time_major_attention_over_time_is_not_judged_and_says_so() -> None:
     model = TimeMajorAttention()
-    assert not _found(_run(model, lambda m, x: m(x).pow(2).mean(), shape=(B, 4, 8)))
+    report = _run(model, lambda m, x: m(x).pow(2).mean(), shape=(B, 4, 8))
+    assert not _found(report) and not report.failed
+    (blind,) = [f for f in report.by_check("not_observed") if f.details["reason"] == "time_major"]
+    assert blind.severity == "info" and blind.details["check"] == "normalised_over_batch"
+
+
+def test_a_time_major_model_without_a_softmax_over_dim_0_says_nothing() -> None:
+    """The note is for a softmax it could not judge, not for every recurrent model."""
+    model = TimeMajorAttention()
+    model.forward = lambda x: model.out(model.rnn(x)[0].mean(0))  # type: ignore[method-assign]
+    report = _run(model, lambda m, x: m(x).pow(2).mean(), shape=(B, 4, 8))
+    assert not [f for f in report.findings if f.details.get("reason") == "time_major"]
 
 
 def test_unbatched_policy_is_silent() -> None:
