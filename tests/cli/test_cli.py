@@ -19,6 +19,8 @@ from gradwatch.cli.main import main
 from gradwatch.cli.probe import Probe, ProbeError, loss_not_decreasing, resolve_config
 from gradwatch.render.junit import check_ids, junit_xml
 
+pytestmark = pytest.mark.floor  # the CLI's output goes through rich (.ci/floor)
+
 ROOT = Path(__file__).resolve().parents[2]
 GHOST = str(ROOT / "examples" / "ci_ghost.py") + ":build"
 CLEAN = str(ROOT / "examples" / "ci_clean.py") + ":build"
@@ -29,8 +31,6 @@ from torch import nn
 from torch.nn import functional as F
 import gradwatch
 from gradwatch.checks import ALL_CHECKS
-
-pytestmark = pytest.mark.floor  # the CLI's output goes through rich (.ci/floor)
 
 def mse(model, batch):
     x, y = batch

@@ -11,13 +11,13 @@ import torch
 import gradwatch
 from gradwatch.pytest_plugin import report_filename
 
+pytestmark = pytest.mark.floor  # the plugin on the pytest floor (.ci/floor)
+
 MODELS = """
 import pytest
 import torch
 from torch import nn
 from torch.nn import functional as F
-
-pytestmark = pytest.mark.floor  # the plugin on the pytest floor (.ci/floor)
 
 
 class Net(nn.Module):
