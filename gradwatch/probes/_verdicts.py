@@ -48,12 +48,41 @@ def gradient_verdict(res: GradientResult, record: ProbeResult, severity: str) ->
         custom_functions=res.custom_functions,
         straight_through=res.straight_through,
     )
+    joint = res.joint
+    if joint is not None:
+        record.details["joint"] = {
+            "autograd": joint.autograd,
+            "numeric": joint.numeric,
+            "error": joint.error,
+            "status": joint.status,
+        }
     if res.sampled:
         record.note = (
-            f"compared {len(res.layers)} of {res.total_layers} layers, spread over the "
+            f"compared {len(res.layers)} of {res.total_layers} layers alone, spread over the "
             "forward, to stay in the time budget"
+            + ("; every layer at once along one random direction" if joint else "")
         )
     bad = res.mismatched()
+    if not bad and joint is not None and joint.status == "mismatch":
+        record.verdict = "finding"
+        return _finding(
+            GradientMismatch.id,
+            severity,
+            f"along one random direction over all {res.total_layers} layers, autograd's "
+            f"derivative of the loss ({joint.autograd:.4g}) disagrees with finite differences "
+            f"({joint.numeric:.4g}), but none of the {len(res.layers)} layers compared alone "
+            "does: the wrong derivative is in a layer the time budget left out.",
+            "Raise checks.gradient_mismatch.budget_s (or lower max_samples) to find the layer; "
+            "look for a custom backward, a .data edit or an in-place change autograd does "
+            "not track.",
+            details={
+                "layers": [],
+                "joint": record.details["joint"],
+                "between": [None, None],
+                "custom_functions": res.custom_functions,
+                "dtype": res.dtype,
+            },
+        )
     if not bad:
         record.verdict = "passed"
         return None

@@ -8,7 +8,9 @@ alike (dropout draws the same mask) and restores the buffers (running statistics
 codebooks), and visible stop-gradients are held at their recorded values
 (:mod:`gradwatch.probes._stopgrad`), so both sides differentiate the same function. A
 disagreement is confirmed at step ``2h``: rounding noise changes with the step, a wrong
-derivative does not. Over the time budget the layers are sampled, spread over the forward.
+derivative does not. When not every layer fits in the time budget, every layer is first
+compared at once along one random direction (a wrong derivative anywhere shows there), then
+the layers are sampled, spread over the forward.
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ class GradientResult:
     memory_bytes: int = 0
     custom_functions: list[str] = field(default_factory=list)
     straight_through: list[str] = field(default_factory=list)
+    joint: Optional[ProbeLayer] = None  # every layer along one direction, when sampled
 
     def mismatched(self) -> list[ProbeLayer]:
         return [row for row in self.layers if row.status == "mismatch"]
@@ -83,9 +86,25 @@ class _Layer:
 class _Evaluator:
     """Evaluations of the copy's loss: seeded, buffers restored, stop-gradients replayed."""
 
-    def __init__(self, model: nn.Module, batch: Any, loss_fn: LossFn, mode: StopGradients):
+    def __init__(
+        self, model: nn.Module, batch: Any, loss_fn: LossFn, mode: StopGradients, wide: bool
+    ) -> None:
         self.model, self.batch, self.loss_fn, self.mode = model, batch, loss_fn, mode
         self.buffers = [(b, b.detach().clone()) for b in model.buffers()]
+        self.wide = wide
+
+    def _evaluate(self) -> Tensor:
+        """One seeded evaluation; in float64 the forward's own new tensors are float64 too
+        (``torch.full(..., -inf)`` for a mask, ``torch.randn`` noise): a float32 mask in a
+        float64 ``nn.MultiheadAttention`` has a wrong backward in torch 2.13 (CPU)."""
+        if not self.wide:
+            return evaluate(self.model, self.batch, self.loss_fn, SEED)
+        before = torch.get_default_dtype()
+        torch.set_default_dtype(torch.float64)
+        try:
+            return evaluate(self.model, self.batch, self.loss_fn, SEED)
+        finally:
+            torch.set_default_dtype(before)
 
     def _restore(self) -> None:
         with torch.no_grad():
@@ -97,13 +116,13 @@ class _Evaluator:
     def recorded(self) -> Tensor:
         self._restore()
         with self.mode.start(replay=False):
-            return evaluate(self.model, self.batch, self.loss_fn, SEED)
+            return self._evaluate()
 
     def replayed(self) -> float:
         self._restore()
         try:  # with grad on, as recorded: what requires grad decides what is held constant
             with self.mode.start(replay=True):
-                loss = evaluate(self.model, self.batch, self.loss_fn, SEED)
+                loss = self._evaluate()
             return float(loss.detach())
         except ReplayMismatch as exc:
             raise CannotJudge("forward_changed", f"the forward took another path: {exc}") from exc
@@ -207,7 +226,7 @@ def _agreement(
         raise CannotJudge("no_parameters", "the model has no trainable parameters")
     owner = {id(p): k for k, g in enumerate(groups) for p in g[2]}
     mode = StopGradients(owner)
-    ev = _Evaluator(copy, small, loss_fn, mode)
+    ev = _Evaluator(copy, small, loss_fn, mode, wide=dtype == "float64")
     result = GradientResult(dtype=dtype, total_layers=len(groups))
     result.memory_bytes = param_bytes(copy)
     t0 = budget.elapsed()
@@ -231,29 +250,74 @@ def _agreement(
     order = [k for k in dict.fromkeys(mode.first_use)]
     order += [k for k in range(len(groups)) if k not in order]
     fits = int(max(budget.left(), 0.0) / (2.0 * per_eval))
+    h_rel, tol = _precision(result.dtype, rtol)
+    if fits < len(order) and not ste_ids:  # sampled: first every layer along one direction
+        fits -= 1
+        whole = _Layer(
+            "(every layer)", [n for g in groups for n in g[1]], list(_params_of(groups)), SEED - 1
+        )
+        _even_out(whole, groups, grads)
+        result.joint = _compare(ev, whole, list(grads), h_rel, tol, explained=False)
     chosen = [order[i] for i in _spread(len(order), max(fits, 1))]
     result.sampled = len(chosen) < len(order)
     flat = iter(grads)
     grad_of = [[next(flat) for _ in g[2]] for g in groups]
-    h_rel, tol = _precision(result.dtype, rtol)
     for k in chosen:
         if budget.left() <= 0 and result.layers:
             result.sampled = True
             break
         name, names, params = groups[k]
         layer = _Layer(name, names, params, seed=SEED + k)
-        h = h_rel * layer.scale
-        auto = layer.directional(grad_of[k])
-        row = ProbeLayer(name=name, params=names, autograd=auto, numeric=_central(ev, layer, h))
-        row.error = abs(row.numeric - row.autograd) / max(
-            abs(row.numeric), abs(row.autograd), 1e-30
-        )
-        if any(id(p) in ste_ids for p in params):
-            row.status = "explained"
-        else:
-            row.status = _judge(row, 0.0, tol)
-            if row.status != "agree":  # confirm at 2h: noise moves, a wrong derivative stays
-                again2 = _central(ev, layer, 2.0 * h)
-                row.status = _judge(row, abs(again2 - row.numeric), tol)
-        result.layers.append(row)
+        explained = any(id(p) in ste_ids for p in params)
+        result.layers.append(_compare(ev, layer, grad_of[k], h_rel, tol, explained=explained))
     return result
+
+
+def _even_out(whole: _Layer, groups: list[Any], grads: list[Optional[Tensor]]) -> None:
+    """Weight each layer's block of the joint direction by 1 / its gradient's norm (at most
+    1000 x the smallest weight), so that every layer moves the directional derivative about
+    alike: a wrong derivative in an early layer of a deep net, whose gradient is small, is
+    not lost in the others'."""
+    sizes, flat = [], iter(grads)
+    for g in groups:
+        sq = sum(
+            float(t.double().pow(2).sum()) for t in (next(flat) for _ in g[2]) if t is not None
+        )
+        sizes.append(math.sqrt(sq))
+    top = max(sizes) if sizes else 0.0
+    if top <= 0.0:
+        return
+    weights = [1.0 / max(size, 1e-3 * top) for size, g in zip(sizes, groups) for _ in g[2]]
+    scaled = [v * w for v, w in zip(whole.v, weights)]
+    norm = math.sqrt(sum(float(v.double().pow(2).sum()) for v in scaled)) or 1.0
+    whole.v = [v / norm for v in scaled]
+
+
+def _params_of(groups: list[Any]) -> Any:
+    return (p for g in groups for p in g[2])
+
+
+def _compare(
+    ev: _Evaluator,
+    layer: _Layer,
+    grads: list[Optional[Tensor]],
+    h_rel: float,
+    tol: float,
+    *,
+    explained: bool,
+) -> ProbeLayer:
+    """One layer's (or every layer's) directional derivative, autograd against numeric."""
+    h = h_rel * layer.scale
+    auto = layer.directional(grads)
+    row = ProbeLayer(
+        name=layer.name, params=layer.names, autograd=auto, numeric=_central(ev, layer, h)
+    )
+    row.error = abs(row.numeric - row.autograd) / max(abs(row.numeric), abs(row.autograd), 1e-30)
+    if explained:
+        row.status = "explained"
+    else:
+        row.status = _judge(row, 0.0, tol)
+        if row.status != "agree":  # confirm at 2h: noise moves, a wrong derivative stays
+            again2 = _central(ev, layer, 2.0 * h)
+            row.status = _judge(row, abs(again2 - row.numeric), tol)
+    return row

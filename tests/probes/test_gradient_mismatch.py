@@ -276,6 +276,42 @@ def test_over_budget_it_samples_layers_and_says_so() -> None:
     (record,) = report.probes
     assert record.sampled and "of 12 layers" in record.note
     assert record.verdict == "passed" and 1 <= len(record.layers) < 12
+    assert record.details["joint"]["status"] == "agree"  # every layer, along one direction
+
+
+class _HalfTanh(nn.Module):
+    """tanh whose hand-written backward halves the gradient (a fused kernel's mistake)."""
+
+    class _Fn(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, x: Tensor) -> Tensor:
+            y = torch.tanh(x)
+            ctx.save_for_backward(y)
+            return y
+
+        @staticmethod
+        def backward(ctx: Any, g: Tensor) -> Tensor:
+            (y,) = ctx.saved_tensors
+            return 0.5 * g * (1.0 - y * y)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self._Fn.apply(x)
+
+
+@pytest.mark.parametrize("where", [1, 5, 9])
+def test_over_budget_a_wrong_derivative_in_a_layer_left_out_is_still_found(where: int) -> None:
+    """The one layer compared alone is after the wrong backward (it agrees); every layer at
+    once along one direction does not, so the finding says the budget left the layer out."""
+    torch.manual_seed(0)
+    acts = [_HalfTanh() if i == where else nn.Tanh() for i in range(12)]
+    deep = nn.Sequential(*[m for i in range(12) for m in (nn.Linear(8, 8), acts[i])])
+    cfg = {**CFG, "checks": {**CFG["checks"], CHECK: {"budget_s": 1e-6}}}
+    report = gradwatch.probe(deep, (torch.randn(8, 8), torch.randn(8, 8)), _mse, config=cfg)
+    (record,) = report.probes
+    assert record.sampled and record.verdict == "finding"
+    assert all(row.status == "agree" for row in record.layers)
+    (found,) = findings(report, CHECK)
+    assert found.details["joint"]["status"] == "mismatch" and "budget" in found.message
 
 
 def _mse(m: Any, b: Any) -> Tensor:
@@ -302,3 +338,34 @@ def test_a_hf_gpt2_whose_loss_is_upcast_to_float32_agrees() -> None:
     report = _probe(model, {"input_ids": ids, "labels": ids}, lambda m, b: m(**b).loss)
     assert verdicts(report) == {CHECK: "passed"}, [f.message for f in report.findings]
     assert report.probes[0].details["dtype"] == "float32"  # ForCausalLMLoss's logits.float()
+
+
+class MaskedAttention(nn.Module):
+    """A decoder block whose forward builds its causal mask with ``torch.full`` (float32 by
+    default), as many GPT re-implementations do; on the float64 copy the mask must follow,
+    since a float32 mask in a float64 ``nn.MultiheadAttention`` has a wrong backward in
+    torch 2.13 (CPU, 8 positions or more), which would read as the user's bug."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb, self.attn = nn.Embedding(50, 16), nn.MultiheadAttention(16, 2, batch_first=True)
+        self.head = nn.Linear(16, 50)
+
+    def forward(self, ids: Tensor) -> Tensor:
+        t = ids.shape[1]
+        mask = torch.triu(torch.full((t, t), float("-inf")), diagonal=1)
+        h = self.emb(ids)
+        return self.head(h + self.attn(h, h, h, attn_mask=mask, need_weights=False)[0])
+
+
+def test_a_mask_the_forward_builds_in_the_default_dtype_agrees() -> None:
+    torch.manual_seed(0)
+    ids = torch.randint(0, 50, (4, 12), generator=torch.Generator().manual_seed(0))
+
+    def lm(m: Any, b: Any) -> Tensor:
+        return F.cross_entropy(m(b[:, :-1]).reshape(-1, 50), b[:, 1:].reshape(-1))
+
+    report = _probe(MaskedAttention(), ids, lm)
+    (record,) = report.probes
+    assert record.verdict == "passed", [f.message for f in report.findings]
+    assert record.details["dtype"] == "float64" and torch.get_default_dtype() == torch.float32
