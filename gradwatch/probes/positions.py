@@ -26,7 +26,14 @@ from typing import Any, Optional
 import torch
 from torch import Tensor, nn
 
-__all__ = ["Leak", "causal_leak", "declared_causal", "declared_padding", "padding_leak"]
+__all__ = [
+    "Leak",
+    "causal_leak",
+    "declared_causal",
+    "declared_padding",
+    "padding_leak",
+    "weighted_grads",
+]
 
 SEED = 4099
 _CAUSAL_NAME = re.compile(r"(^|For)Causal")
@@ -85,8 +92,12 @@ def _positional(leaves: list[tuple[str, Tensor]], length: int) -> list[tuple[str
     return [(p, t) for p, t in leaves if t.dim() >= 2 and t.shape[1] == length]
 
 
-def _grads(target: Tensor, leaves: list[tuple[str, Tensor]]) -> list[Optional[Tensor]]:
-    gen = torch.Generator().manual_seed(SEED)
+def weighted_grads(
+    target: Tensor, leaves: list[tuple[str, Tensor]], seed: int = SEED
+) -> list[Optional[Tensor]]:
+    """The gradient on each leaf of ``target`` under a seeded random weighting (the graph is
+    kept: the same forward serves every backward of the probe)."""
+    gen = torch.Generator().manual_seed(seed)
     weight = torch.randn(target.shape, generator=gen).to(target.device, target.dtype)
     return list(
         torch.autograd.grad(
@@ -143,7 +154,7 @@ def causal_leak(
         return None
     t = starts[len(starts) // 2]
     allowed = torch.arange(length) <= t
-    _, share, reached, names = _split(seq, _grads(out[sample, t], seq), sample, allowed)
+    _, share, reached, names = _split(seq, weighted_grads(out[sample, t], seq), sample, allowed)
     if not reached or share <= min_share:
         return None
     return Leak("causal", sample, declared_by, t, reached, share, names)
@@ -163,7 +174,7 @@ def padding_leak(
     row = kept[sample]
     positional = out.dim() >= 2 and out.shape[1] == length
     target = out[sample][row.to(out.device)] if positional else out[sample]
-    _, share, reached, names = _split(seq, _grads(target, seq), sample, row)
+    _, share, reached, names = _split(seq, weighted_grads(target, seq), sample, row)
     if not reached or share <= min_share:
         return None
     return Leak("padding", sample, "the batch's attention_mask", None, reached, share, names)

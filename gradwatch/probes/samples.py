@@ -34,6 +34,7 @@ from gradwatch.probes.positions import (
     declared_causal,
     declared_padding,
     padding_leak,
+    weighted_grads,
 )
 
 __all__ = ["SampleResult", "samples_reached"]
@@ -159,11 +160,7 @@ def _reach(
     out: Tensor, leaves: list[tuple[str, Tensor]], n: int, sample: int
 ) -> tuple[list[int], float, list[str]]:
     """The other samples one sample's output reaches, the share of gradient, the inputs."""
-    gen = torch.Generator().manual_seed(SEED)
-    weight = torch.randn(out[sample].shape, generator=gen).to(out.device, out.dtype)
-    grads = torch.autograd.grad(
-        (out[sample] * weight).sum(), [t for _, t in leaves], allow_unused=True, retain_graph=True
-    )
+    grads = weighted_grads(out[sample], leaves, SEED)
     own, others = 0.0, 0.0
     reached: set[int] = set()
     names = []

@@ -14,7 +14,6 @@ The last tests keep the bugs caught that the fixes these models needed could hav
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -22,9 +21,12 @@ import pytest
 import torch
 import torch.ao.quantization as tq
 import torch.nn.functional as F
+from _threads import one_thread
 from torch import Tensor, nn
 
 import gradwatch
+
+__all__ = ["one_thread"]  # autouse: tiny models on one thread, as in tests/probes/
 
 Built = tuple[nn.Module, Any, Callable[[nn.Module, Any], Tensor], Any]
 PASSED = {"sample_dependence": "passed", "gradient_mismatch": "passed", "does_not_learn": "passed"}
@@ -39,17 +41,6 @@ OPACUS = [
     pytest.mark.filterwarnings("ignore:Secure RNG turned off"),
     pytest.mark.filterwarnings("ignore:Full backward hook is firing"),
 ]
-
-
-@pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    """Tiny models: one thread is faster than several on a shared machine (as in probes/)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def _gen(seed: int) -> torch.Generator:
