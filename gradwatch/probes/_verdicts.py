@@ -154,6 +154,11 @@ def sample_verdict(res: SampleResult, record: ProbeResult, severity: str) -> Opt
     record.memory_bytes = res.memory_bytes
     record.details.update(sample=res.sample, batch=res.batch, inputs=res.inputs)
     record.details["declared"] = res.declared
+    if res.not_judged:  # declared, but this model gives no way to judge it: said, not passed
+        record.details["not_judged"] = res.not_judged
+        record.note = "declared but not judged: " + "; ".join(
+            f"{kind} ({why})" for kind, why in res.not_judged.items()
+        )
     leaks = [
         {"independence": k.kind, "sample": k.sample, "position": k.position, "share": k.share}
         for k in res.leaks

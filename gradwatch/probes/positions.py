@@ -28,6 +28,7 @@ from torch import Tensor, nn
 
 __all__ = [
     "Leak",
+    "NotJudged",
     "causal_leak",
     "declared_causal",
     "declared_padding",
@@ -37,6 +38,11 @@ __all__ = [
 
 SEED = 4099
 _CAUSAL_NAME = re.compile(r"(^|For)Causal")
+
+
+class NotJudged(Exception):
+    """A declared independence this model's output or inputs give no way to judge (said in
+    the probe's record, never passed over)."""
 
 
 @dataclass
@@ -142,16 +148,21 @@ def causal_leak(
 ) -> Optional[Leak]:
     """One backward from the middle position's output of ``sample``: any later input reached.
 
+    Raises:
+        NotJudged: the output has no position axis, or no leaf shares its positions.
+
     A position the batch's mask zeroes is not chosen: Hugging Face lets a fully masked
     query row attend everywhere (scaled_dot_product_attention needs one key)."""
     if out.dim() < 3 or out.shape[1] < 2:
-        return None
+        raise NotJudged(f"the per-sample output {tuple(out.shape)} has no position axis")
     length = out.shape[1]
     seq = _positional(leaves, length)
     keep_row = kept[sample] if kept is not None and kept.shape[1] == length else None
     starts = [t for t in range(length - 1) if keep_row is None or bool(keep_row[t])]
-    if not seq or not starts:
-        return None
+    if not seq:
+        raise NotJudged(f"no input or embedding output has the output's {length} positions")
+    if not starts:
+        raise NotJudged(f"sample {sample} keeps no position before its last")
     t = starts[len(starts) // 2]
     allowed = torch.arange(length) <= t
     _, share, reached, names = _split(seq, weighted_grads(out[sample, t], seq), sample, allowed)
@@ -164,12 +175,18 @@ def padding_leak(
     out: Tensor, leaves: list[tuple[str, Tensor]], kept: Tensor, *, min_share: float
 ) -> Optional[Leak]:
     """One backward from the kept positions' outputs of a padded sample: any padded input
-    reached."""
+    reached.
+
+    Raises:
+        NotJudged: no leaf has the mask's positions, or no sample is partly padded.
+    """
     length = kept.shape[1]
     seq = _positional(leaves, length)
     rows = [s for s in range(kept.shape[0]) if bool(kept[s].any()) and not bool(kept[s].all())]
-    if not seq or not rows:
-        return None
+    if not seq:
+        raise NotJudged(f"no input or embedding output has the mask's {length} positions")
+    if not rows:
+        raise NotJudged("no sample keeps some positions and pads others")
     sample = rows[len(rows) // 2]
     row = kept[sample]
     positional = out.dim() >= 2 and out.shape[1] == length

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 from torch import Tensor, nn
@@ -30,6 +30,7 @@ from gradwatch.probes._sandbox import (
 )
 from gradwatch.probes.positions import (
     Leak,
+    NotJudged,
     causal_leak,
     declared_causal,
     declared_padding,
@@ -55,6 +56,7 @@ class SampleResult:
     memory_bytes: int = 0
     leaks: list[Leak] = field(default_factory=list)  # declared independences inside a sample
     declared: dict[str, str] = field(default_factory=dict)  # what declared them
+    not_judged: dict[str, str] = field(default_factory=dict)  # declared, but why not judged
 
     @property
     def dependent(self) -> bool:
@@ -205,12 +207,24 @@ def _within(
         if isinstance(m, _BatchNorm):
             m.eval()
     out, leaves = _forward(copy, batch, loss_fn, n)
-    found = [
-        causal_leak(out, leaves, result.sample, kept, declared_by=by, min_share=min_share)
-        if by is not None
-        else None,
-        padding_leak(out, leaves, kept, min_share=min_share) if kept is not None else None,
-    ]
+    rules: list[tuple[str, Callable[[], Optional[Leak]]]] = []
+    if by is not None:
+        rules.append(
+            (
+                "causal",
+                lambda: causal_leak(
+                    out, leaves, result.sample, kept, declared_by=by, min_share=min_share
+                ),
+            )
+        )
+    if kept is not None:
+        rules.append(("padding", lambda: padding_leak(out, leaves, kept, min_share=min_share)))
+    found = []
+    for kind, judge in rules:
+        try:
+            found.append(judge())
+        except NotJudged as exc:
+            result.not_judged[kind] = str(exc)
     return [leak for leak in found if leak is not None]
 
 

@@ -279,3 +279,25 @@ def test_an_encoder_decoder_is_not_held_to_causality() -> None:
     report = _probe(T5ForConditionalGeneration(cfg), batch, lambda m, b: m(**b).loss)
     assert verdicts(report) == {CHECK: "passed"}, [f.message for f in report.findings]
     assert report.probes[0].details["declared"]["causal"] == "not declared"
+
+
+class PooledCausal(nn.Module):
+    """A causal encoder whose output is pooled: no position axis to judge causality on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gpt, self.head = GPT(CausalSelfAttention(wrong=True)), nn.Linear(V, 3)
+
+    def forward(self, ids: Tensor) -> Tensor:
+        return self.head(self.gpt(ids).mean(1))
+
+
+def test_a_declared_independence_it_cannot_judge_is_said_not_passed_over() -> None:
+    batch = {"input_ids": _ids(), "labels": torch.arange(4) % 3}
+    report = _probe(
+        PooledCausal(), batch, lambda m, b: F.cross_entropy(m(b["input_ids"]), b["labels"])
+    )
+    (record,) = report.probes
+    assert record.details["declared"]["causal"].startswith("CausalSelfAttention")
+    assert "no position axis" in record.details["not_judged"]["causal"]
+    assert record.note.startswith("declared but not judged: causal")
