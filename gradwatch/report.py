@@ -15,6 +15,7 @@ from typing import Any, Union
 from gradwatch._text import safe
 from gradwatch.checks.not_observed import NotObserved
 from gradwatch.checks.registry import error_class
+from gradwatch.errors import ConfigError
 from gradwatch.render.console import print_report, render_text
 from gradwatch.render.html import notebook_html, write_html
 from gradwatch.report_io import write_text_atomic
@@ -95,8 +96,18 @@ class Report(ReportData):
 
     @classmethod
     def read(cls, path: Union[str, Path]) -> Report:
-        """Load a report written by :meth:`write`."""
-        return cls.model_validate_json(Path(path).read_text(encoding="utf-8"))
+        """Load a report written by :meth:`write`.
+
+        Raises:
+            ConfigError: the file is no report this gradwatch writes (another
+                ``schema_version``, or no ``findings`` list): it must not read as a pass.
+            pydantic.ValidationError: the JSON does not fit the report's fields.
+        """
+        report = cls.model_validate_json(Path(path).read_text(encoding="utf-8"))
+        problem = report.schema_problem()
+        if problem is not None:
+            raise ConfigError(f"cannot read report {str(path)!r}: {problem}")
+        return report
 
     def summary(self, *, color: bool = False, width: int = 110, style: str = "diagnostic") -> str:
         """The console rendering as text: one block per finding, or ``style="table"``."""

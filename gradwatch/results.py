@@ -287,6 +287,21 @@ class ReportData(BaseModel):
         clean = type(self).model_validate(_no_surrogates(self.model_dump()))
         return BaseModel.model_dump_json(clean, **kwargs)
 
+    def schema_problem(self) -> Optional[str]:
+        """Why this data is no report this gradwatch wrote (``None`` when it is one).
+
+        Every field has a default, so a file of another schema, or one without its
+        ``findings`` list, would otherwise read as a clean, passing report.
+        """
+        if self.schema_version != SCHEMA_VERSION:
+            return (
+                f"schema_version {self.schema_version} is not the one this gradwatch reads "
+                f"({SCHEMA_VERSION}): write it with this version"
+            )
+        if "findings" not in self.model_fields_set:
+            return "it has no 'findings' list"
+        return None
+
     def verdict(self) -> str:
         """``FAILED``, ``passed``, or ``NOT JUDGED`` when ``ignore`` matched every parameter."""
         if self.failed:

@@ -80,15 +80,9 @@ def read_report(path: str) -> Any:
 
 def _check_schema(report: Any, path: str) -> None:
     """A report of the schema this gradwatch writes, with its findings (else no verdict)."""
-    from gradwatch.results import SCHEMA_VERSION
-
-    if report.schema_version != SCHEMA_VERSION:  # unset: a hand-written one, read as ours
-        raise CliError(
-            f"cannot read report {path!r}: schema_version {report.schema_version} is not the "
-            f"one this gradwatch reads ({SCHEMA_VERSION}): write it with this version"
-        )
-    if "findings" not in report.model_fields_set:
-        raise CliError(f"cannot read report {path!r}: it has no 'findings' list")
+    problem = report.schema_problem()
+    if problem is not None:
+        raise CliError(f"cannot read report {path!r}: {problem}")
 
 
 def load_baseline(path: Optional[str]) -> Any:

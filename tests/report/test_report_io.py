@@ -224,3 +224,27 @@ def test_a_full_disk_keeps_the_old_report_and_a_read_only_dir_fails_at_attach(
     )
     assert proc.returncode == 0 and "DISK-OK" in proc.stdout, proc.stderr[-3000:]
     assert list(full.iterdir()) == []  # the tmpfs lived only in that namespace
+
+
+@pytest.mark.parametrize(
+    ("edit", "problem"),
+    [
+        (lambda data: data.update(schema_version=99), "schema_version 99"),
+        (lambda data: data.pop("findings"), "no 'findings' list"),
+    ],
+    ids=["unknown-schema", "no-findings"],
+)
+def test_report_read_refuses_what_would_read_as_a_pass(
+    tmp_path: Path, edit: object, problem: str
+) -> None:
+    """``Report.read`` applies the CLI's schema checks: such a file is no clean report."""
+    import json
+
+    path = tmp_path / "r.json"
+    data = json.loads(small_report().model_dump_json())
+    data["failed"] = False
+    edit(data)  # type: ignore[operator]
+    path.write_text(json.dumps(data), encoding="utf-8")
+    with pytest.raises(ConfigError, match=problem):
+        gradwatch.Report.read(path)
+    assert main(["report", str(path)]) == 2  # the CLI says the same, through the same check
