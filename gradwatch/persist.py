@@ -1,9 +1,11 @@
 """Keep ``report_path`` current during the run (the watcher's, outside the run's core: it needs
 only the report and its writer), so a preempted job still leaves a report.
 
-One live watcher writes one file: a second one entered with the same ``report_path`` is a
+One watcher writes one file: a second one created with the same ``report_path`` while the
+first is not closed yet (entered or not: two models trained in two threads from one YAML) is a
 :class:`~gradwatch.errors.ConfigError` (whichever exited last would win, so a failed run's
-file could say ``failed: false``).
+file could say ``failed: false``). The claim is taken under a lock, so two threads creating
+watchers at once cannot both take it.
 
 The file is rewritten atomically when a finding appears or changes severity, every
 ``report_every_n_steps`` steps, and on SIGTERM (cluster preemption, time limits) before the
@@ -12,6 +14,7 @@ user's own handler runs. SIGKILL cannot be caught: the last refresh is what rema
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import threading
@@ -30,6 +33,7 @@ __all__ = ["ReportRefresher", "write_outputs"]
 
 # The real path of each report file -> the refresher of the live watcher that writes it.
 _WRITERS: weakref.WeakValueDictionary[str, ReportRefresher] = weakref.WeakValueDictionary()
+_CLAIMS = threading.Lock()
 
 
 class ReportRefresher:
@@ -46,24 +50,34 @@ class ReportRefresher:
         self._claimed: Optional[str] = None
 
     def claim(self) -> None:
-        """Be the one live writer of the report file (until :meth:`release`)."""
+        """Be the one writer of the report file (until :meth:`release`)."""
         if self.path is None:
             return
         key = os.path.realpath(self.path)
+        with _CLAIMS:
+            if self._taken(key):
+                gc.collect()  # a watcher dropped unclosed may sit in a reference cycle
+            if self._taken(key):
+                raise ConfigError(
+                    f"report_path {os.fspath(self.path)!r} is the report of another live "
+                    "watcher (created and not closed yet): give each watcher its own "
+                    "report_path, or close the other first"
+                )
+            _WRITERS[key] = self
+            self._claimed = key
+
+    def _taken(self, key: str) -> bool:
+        """Another refresher holds ``key`` (a test kept in its own frame: an error's
+        traceback must not keep the other watcher alive)."""
         other = _WRITERS.get(key)
-        if other is not None and other is not self:
-            raise ConfigError(
-                f"report_path {os.fspath(self.path)!r} is the report of another live watcher: "
-                "give each watcher its own report_path, or exit the other first"
-            )
-        _WRITERS[key] = self
-        self._claimed = key
+        return other is not None and other is not self
 
     def release(self) -> None:
         """Give the report file up: the watcher wrote it for the last time."""
-        key, self._claimed = self._claimed, None
-        if key is not None and _WRITERS.get(key) is self:
-            del _WRITERS[key]
+        with _CLAIMS:
+            key, self._claimed = self._claimed, None
+            if key is not None and _WRITERS.get(key) is self:
+                del _WRITERS[key]
 
     def install(self) -> None:
         """Handle SIGTERM (main thread only: Python allows signal handlers nowhere else)."""

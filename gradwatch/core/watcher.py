@@ -159,6 +159,8 @@ class Watcher(AdapterAPI, OptimizerEntry):
         self._refresher = ReportRefresher(
             self.config.report_path, self.config.report_every_n_steps, self._write_current
         )
+        check_report_path(self.config.report_path)
+        self._refresher.claim()  # now, not at enter: two watchers made before either enters
         self._depth = 0  # nested ``with watcher:`` blocks; the outermost exit closes
         self._attached = False
         self._closed = False
@@ -234,6 +236,7 @@ class Watcher(AdapterAPI, OptimizerEntry):
         """Remove every hook, write the report where the config asks, drop the model."""
         if self._closed or not self._attached:
             self._closed = True
+            self._refresher.release()  # never entered: it writes nothing, another may
             return
         self._closed = True
         faults = self._faults

@@ -6,6 +6,7 @@ Each loop here has a real bug or a run gradwatch did not see; the report must ne
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 
 import pytest
@@ -132,6 +133,43 @@ def test_two_live_watchers_cannot_share_a_report_path(tmp_path: Path) -> None:
             b(torch.randn(2, 8)).sum().backward()
         a(torch.randn(2, 8)).sum().backward()
     assert json.loads(path.read_text())["backward_passes"] == 1
+
+
+def test_two_watchers_created_before_either_enters_cannot_share_a_report_path(
+    tmp_path: Path,
+) -> None:
+    """Two models trained in two threads from one YAML: the second watcher is refused at once.
+
+    Were both accepted, whichever closed last would write the file: the clean run's
+    "passed" would replace the failed run's report.
+    """
+    cfg = {"report_path": str(tmp_path / "report.json")}
+    first = gradwatch.watch(SideNet(use_side=False), config=cfg)
+    with pytest.raises(ConfigError, match="another live watcher"):
+        gradwatch.watch(mlp(), config=cfg)
+    first.close()  # never entered: it writes nothing and gives the file up
+    made: list[object] = []
+    errors: list[BaseException] = []
+    start = threading.Barrier(4)
+
+    def make() -> None:
+        start.wait()
+        try:
+            made.append(gradwatch.watch(mlp(), config=cfg))
+        except ConfigError as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=make) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert (len(made), len(errors)) == (1, 3)  # one claim, whichever thread was first
+    made.clear()  # the one made is dropped unclosed: its claim goes with it
+    model = mlp()
+    with gradwatch.watch(model, config=cfg):
+        model(torch.randn(2, 8)).sum().backward()
+    assert json.loads((tmp_path / "report.json").read_text())["backward_passes"] == 1
 
 
 def test_a_failed_runs_report_is_not_overwritten_by_a_passing_one(tmp_path: Path) -> None:
