@@ -22,6 +22,7 @@ Example:
 from __future__ import annotations
 
 import time
+import warnings
 from typing import Any, Optional, Union
 
 import torch
@@ -88,6 +89,41 @@ def _one(
     return overfit_verdict(trained, record, cfg.severity)
 
 
+def _guarded(
+    check_id: str,
+    cfg: Any,
+    record: ProbeResult,
+    model: nn.Module,
+    batch: Any,
+    loss_fn: LossFn,
+    opt: Any,
+) -> Optional[Finding]:
+    """:func:`_one`, where the user's step may fail and warnings are the probe's own.
+
+    A step the probe cannot run (the user's ``loss_fn`` frees a graph the probe backpropagates
+    through, a model that refuses a copy) is :class:`CannotJudge`, never an exception out of
+    ``gradwatch.probe``. Warnings raised on the copy (third-party noise such as opacus's) are
+    recorded, not shown: under ``-W error`` they would fail the probe, and they are not the
+    user's.
+    """
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            return _one(check_id, cfg, record, model, batch, loss_fn, opt)
+        except CannotJudge:
+            raise
+        except Exception as exc:
+            line = (str(exc).strip().splitlines() or [""])[0][:300]
+            raise CannotJudge(
+                "step_failed",
+                f"the step failed on the probe's copy ({type(exc).__name__}: {line})",
+            ) from exc
+        finally:
+            seen = list(dict.fromkeys(f"{w.category.__name__}: {w.message}" for w in caught))
+            if seen:
+                record.details["warnings"] = seen[:5]
+
+
 def run_probes(
     model: nn.Module,
     batch: Any,
@@ -110,7 +146,7 @@ def run_probes(
             record = ProbeResult(id=check_id, verdict=NotObserved.id)
             start = time.perf_counter()
             try:
-                finding = _one(check_id, cfg, record, model, batch, loss_fn, optimizer)
+                finding = _guarded(check_id, cfg, record, model, batch, loss_fn, optimizer)
             except CannotJudge as exc:
                 if exc.partial is not None:
                     record.curve = list(getattr(exc.partial, "curve", []))
