@@ -125,7 +125,11 @@ class Watcher(AdapterAPI, OptimizerEntry):
         self._tracker = Tracker()
         self._ends = BackwardEnds(self._tracker, self._end_callback(), self._faults.callback())
         self._log.locations = Locations(
-            self._model, self._tracker.called_at, self._tracker.want_call, call_site
+            self._model,
+            self._tracker.called_at,
+            self._tracker.want_call,
+            call_site,
+            self._faults.callback(),
         )  # source lines of findings
         self._hooks = HookSet(self._tracker, self._arrival_callback(), self._faults.callback())
         # Under torch.compile, hooks stay put: adding/removing one costs a recompile.

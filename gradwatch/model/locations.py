@@ -206,7 +206,7 @@ def defined_at(root: nn.Module, layer: str) -> Optional[str]:
 
 
 class Locations:
-    """Adds ``defined_at``/``called_at`` to one watcher's findings (never raises)."""
+    """Adds ``defined_at``/``called_at`` to one watcher's findings (a fault goes to ``on_error``)."""
 
     def __init__(
         self,
@@ -214,8 +214,10 @@ class Locations:
         called_at: dict[str, str],
         want_call: set[str],
         call_target: Callable[[Any], Optional[str]],
+        on_error: Optional[Callable[[str, BaseException], None]] = None,
     ) -> None:
         self._model = weakref.ref(model)
+        self._on_error = on_error  # the run's fault funnel: a fault here is still seen
         # which module's calling line a finding wants: its check says (checks/*.call_site)
         self._call_target = call_target
         # the forward hooks' evidence (core.evidence.Tracker): lines seen, layers asked for
@@ -227,8 +229,9 @@ class Locations:
         """Fill in the locations known for ``finding``; ask for a call site when it needs one."""
         try:
             self._annotate(finding)
-        except Exception:  # a location is a nicety: it must never cost a finding
-            pass
+        except Exception as exc:  # a location must never cost a finding, nor hide a fault
+            if self._on_error is not None:
+                self._on_error("finding locations", exc)
 
     def _annotate(self, finding: Any) -> None:
         details, module = finding.details, finding.module

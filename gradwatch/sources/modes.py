@@ -24,6 +24,7 @@ class ModesSource(EvidenceSource):
     def __init__(self, ctx: SourceContext, wanted: dict[str, Any]) -> None:
         super().__init__(ctx, wanted)
         self.modes = ModeWatch(ctx.tracker)
+        self.modes.calls.on_error = ctx.faults.callback()
         self._linked = False
 
     def wants_scout(self) -> bool:

@@ -438,3 +438,49 @@ def test_report_write_failing_midway_leaves_old_file_and_no_temp(
         report.write(target)
     assert target.read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["report.json"]
+
+
+# -- places that used to swallow their faults (issue 51.3) ----------------------------------
+
+
+def test_a_fault_while_locating_a_finding_is_an_internal_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``Locations.annotate`` swallowed every fault: a location is a nicety, but a fault is not."""
+    import gradwatch.model.locations
+
+    monkeypatch.setattr(gradwatch.model.locations, "defined_at", _boom)
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 1))
+    unused = nn.Linear(4, 4)
+    model.add_module("unused", unused)  # a ghost: its finding is located
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with gradwatch.watch(model, opt, config={"warn": False}) as w:
+        for _ in range(2):
+            opt.zero_grad()
+            model[1](model[0](torch.randn(4, 4))).sum().backward()
+            opt.step()
+    report = w.report()
+    assert [f.check for f in report.findings].count("ghost_param") == 1  # the finding stays
+    faults = report.by_check("internal_error")
+    assert [f.details["where"] for f in faults] == ["finding locations"]
+
+
+def test_a_fault_while_noting_a_train_call_is_an_internal_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The ``nn.Module.train`` wrapper swallowed every fault; the user's ``eval()`` still works."""
+    import gradwatch.capture.forward.mode_calls
+
+    monkeypatch.setattr(gradwatch.capture.forward.mode_calls, "call_site", _boom)
+    model = nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.1), nn.Linear(4, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with gradwatch.watch(model, opt, config={"warn": False}) as w:
+        for _ in range(2):
+            opt.zero_grad()
+            model(torch.randn(4, 4)).sum().backward()
+            opt.step()
+            model.eval()
+            assert not model[1].training
+            model.train()
+    faults = w.report().by_check("internal_error")
+    assert [f.details["where"] for f in faults] == ["mode calls"]

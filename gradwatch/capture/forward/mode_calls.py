@@ -32,15 +32,15 @@ _call: list[Any] = [0, None]  # depth of nested train() calls, the outermost cal
 
 def _train(self: nn.Module, mode: bool = True) -> Any:
     _call[0] += 1
-    try:
-        for ref in _listeners:
-            me = ref()
-            if me is not None and id(self) in me.modules:
+    for ref in _listeners:
+        me = ref()
+        if me is not None and id(self) in me.modules:
+            try:
                 if _call[1] is None:
                     _call[1] = call_site() or ""
                 me.sites[id(self)] = None if mode else _call[1]
-    except Exception:  # a location is a nicety: never the user's train()
-        pass
+            except Exception as exc:  # never the user's train(); the fault is still seen
+                me.fault(exc)
     try:
         assert _original is not None
         return _original(self, mode)
@@ -57,6 +57,13 @@ class ModeCalls:
         self.modules: set[int] = set()
         self.sites: dict[int, Optional[str]] = {}
         self._on = False
+        # the run's fault funnel (``Faults.callback()``), set by the source that owns this
+        self.on_error: Optional[Callable[[str, BaseException], None]] = None
+
+    def fault(self, exc: BaseException) -> None:
+        """A fault while noting a ``train()`` call: an ``internal_error``, never the user's."""
+        if self.on_error is not None:
+            self.on_error("mode calls", exc)
 
     def watch(self, model: nn.Module) -> None:
         """Follow the modules of ``model`` (again at each layout sync)."""
