@@ -14,6 +14,7 @@ user's own handler runs. SIGKILL cannot be caught: the last refresh is what rema
 
 from __future__ import annotations
 
+import functools
 import gc
 import os
 import signal
@@ -23,13 +24,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from gradwatch.errors import ConfigError
-from gradwatch.report_io import write_watched_report
+from gradwatch.report_io import check_report_path, write_watched_report
 
 if TYPE_CHECKING:
     from gradwatch.config import GradWatchConfig
     from gradwatch.report import Report
 
-__all__ = ["ReportRefresher", "write_outputs"]
+__all__ = ["ReportRefresher", "holding_interrupts", "write_outputs"]
 
 # The real path of each report file -> the refresher of the live watcher that writes it.
 _WRITERS: weakref.WeakValueDictionary[str, ReportRefresher] = weakref.WeakValueDictionary()
@@ -48,6 +49,17 @@ class ReportRefresher:
         self._previous: Any = None
         self._installed = False
         self._claimed: Optional[str] = None
+
+    @classmethod
+    def claimed(
+        cls, path: Optional[Path], every_n_steps: int, write: Callable[[], None]
+    ) -> ReportRefresher:
+        """A refresher that owns ``path`` from now on: claimed when its watcher is created,
+        not when it is entered (two watchers made before either enters)."""
+        check_report_path(path)
+        refresher = cls(path, every_n_steps, write)
+        refresher.claim()
+        return refresher
 
     def claim(self) -> None:
         """Be the one writer of the report file (until :meth:`release`)."""
@@ -128,3 +140,39 @@ def write_outputs(final: Optional[Report], config: GradWatchConfig, rank0: bool)
         write_watched_report(final, config.report_path)
     if config.console and rank0:
         final.print()
+
+
+def holding_interrupts(close: Callable[..., None]) -> Callable[..., None]:
+    """``close``, with Ctrl-C held until it is done, then raised.
+
+    A Ctrl-C storm (one interrupt stops the loop, the next lands in the exit) would stop the
+    final report half-way: no file, or the last refresh left standing as if the run were
+    clean. A held interrupt is raised as ``KeyboardInterrupt`` once the report is written.
+    Only Python's own SIGINT handler is replaced, only in the main thread: a user's handler
+    keeps its meaning.
+    """
+
+    @functools.wraps(close)
+    def held(*args: Any, **kwargs: Any) -> None:
+        held_now: list[int] = []
+
+        def hold(signum: int, frame: Any) -> None:
+            held_now.append(signum)
+
+        try:
+            mine = threading.current_thread() is threading.main_thread() and (
+                signal.getsignal(signal.SIGINT) is signal.default_int_handler
+            )
+            if mine:
+                signal.signal(signal.SIGINT, hold)
+        except (ValueError, OSError):  # not allowed here (embedded interpreters)
+            mine = False
+        try:
+            close(*args, **kwargs)
+        finally:
+            if mine and signal.getsignal(signal.SIGINT) is hold:
+                signal.signal(signal.SIGINT, signal.default_int_handler)
+            if held_now:
+                raise KeyboardInterrupt
+
+    return held

@@ -180,6 +180,26 @@ class NotObserved(Check):
                 "the model and the optimizer object passed to watch() (an optimizer "
                 "re-created later is not watched).",
             )
+        elif not any(f.check == ID and f.severity != "info" for f in log.findings()):
+            _interrupted(view, log, self.severity)
+
+
+def _interrupted(view: RunView, log: FindingLog, severity: str) -> None:
+    """No step was judged, and no case above says why: the run stopped inside its first step
+    (a Ctrl-C between ``optimizer.step()``'s call and its end). Never a report that reads as
+    clean."""
+    emit_not_observed(
+        log,
+        severity=severity,
+        step=0,
+        reason="no_step",
+        message="No step was judged: the run ended, or was interrupted, before its first step "
+        f"completed ({view.backward_passes} backward pass(es), {view.step_calls} optimizer "
+        "step call(s) begun).",
+        hint="Nothing was checked, so this report is no pass: let the loop run at least one "
+        "whole step inside the watch() block.",
+        details={"backward_passes": view.backward_passes, "step_calls": view.step_calls},
+    )
 
 
 def _never_stepped(view: RunView, log: FindingLog, severity: str) -> None:

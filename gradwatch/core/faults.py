@@ -7,7 +7,7 @@ import logging
 import signal
 import traceback
 import weakref
-from types import CodeType, TracebackType
+from types import CodeType, FrameType, TracebackType
 from typing import Any, Callable, Optional
 
 from gradwatch.capture.facts import FAULT, Fact, Report
@@ -100,11 +100,32 @@ def raised_by_signal_handler(exc: BaseException) -> bool:
     """
     codes = _handler_codes()
     tb: Optional[TracebackType] = exc.__traceback__
-    while codes and tb is not None:
-        if tb.tb_frame.f_code in codes:
+    while tb is not None:
+        if tb.tb_frame.f_code in codes or _called_as_handler(tb.tb_frame):
             return True
         tb = tb.tb_next
     return False
+
+
+def _called_as_handler(frame: FrameType) -> bool:
+    """Whether ``frame`` is a Python signal handler's, installed or not by now.
+
+    A handler that restores the previous one before it raises (``signal.signal(signum,
+    SIG_DFL); raise Preempted``) is no longer installed when its exception is judged; the
+    interpreter called it with ``(signum, frame)`` as its last two arguments, and that
+    ``frame`` is the one it interrupted: its own caller.
+    """
+    code = frame.f_code
+    if code.co_argcount < 2:
+        return False
+    signum_name, frame_name = code.co_varnames[code.co_argcount - 2 : code.co_argcount]
+    local = frame.f_locals
+    return (
+        local.get(frame_name) is frame.f_back
+        and frame.f_back is not None
+        and type(local.get(signum_name)) is int
+        and local[signum_name] in signal.valid_signals()
+    )
 
 
 def _handler_codes() -> set[CodeType]:

@@ -57,7 +57,7 @@ from gradwatch.distributed.layout import hook_backward, report_layout
 from gradwatch.distributed.sync import DistSync
 from gradwatch.errors import GradWatchError
 from gradwatch.model.locations import Locations
-from gradwatch.persist import ReportRefresher, write_outputs
+from gradwatch.persist import ReportRefresher, holding_interrupts, write_outputs
 from gradwatch.report import Report
 from gradwatch.report_io import check_report_path, write_watched_report
 
@@ -123,15 +123,12 @@ class Watcher(AdapterAPI, OptimizerEntry):
         self._log = FindingLog(self.config)
         self._faults = Faults(self.config)
         self._tracker = Tracker()
-        self._ends = BackwardEnds(self._tracker, self._end_callback(), self._faults.callback())
-        self._log.locations = Locations(
-            self._model,
-            self._tracker.called_at,
-            self._tracker.want_call,
-            call_site,
-            self._faults.callback(),
-        )  # source lines of findings
-        self._hooks = HookSet(self._tracker, self._arrival_callback(), self._faults.callback())
+        on_error = self._faults.callback()
+        self._ends = BackwardEnds(self._tracker, self._end_callback(), on_error)
+        self._log.locations = Locations(  # source lines of findings
+            self._model, self._tracker.called_at, self._tracker.want_call, call_site, on_error
+        )
+        self._hooks = HookSet(self._tracker, self._arrival_callback(), on_error)
         # Under torch.compile, hooks stay put: adding/removing one costs a recompile.
         self._hooks.keep_all = models.compiled
         self._wrappers = [weakref.ref(m) for m in models.wrappers]
@@ -160,11 +157,9 @@ class Watcher(AdapterAPI, OptimizerEntry):
         )
         self._pipe.sharded = models.engine
         self._flat = [weakref.ref(p) for p in models.flat] if self._pipe.sharded else []
-        self._refresher = ReportRefresher(
+        self._refresher = ReportRefresher.claimed(
             self.config.report_path, self.config.report_every_n_steps, self._write_current
         )
-        check_report_path(self.config.report_path)
-        self._refresher.claim()  # now, not at enter: two watchers made before either enters
         self._depth = 0  # nested ``with watcher:`` blocks; the outermost exit closes
         self._attached = False
         self._closed = False
@@ -236,6 +231,7 @@ class Watcher(AdapterAPI, OptimizerEntry):
             raise
         return self
 
+    @holding_interrupts
     def close(self) -> None:
         """Remove every hook, write the report where the config asks, drop the model."""
         if self._closed or not self._attached:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import signal
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from types import FrameType
 from typing import Any, Optional
 
@@ -135,3 +136,112 @@ def test_an_ordinary_fault_is_still_contained(monkeypatch: pytest.MonkeyPatch) -
     stopped, report, done = _train(_Arm("never called"))
     assert stopped is None and done == STEPS
     assert report.by_check("internal_error")
+
+
+@pytest.fixture
+def self_restoring_handler() -> Iterator[None]:
+    """A handler that puts the default back before it raises, as many job scripts do: when
+    its exception is judged, it is no longer the installed handler."""
+
+    def handler(signum: int, frame: Optional[FrameType]) -> None:
+        signal.signal(signum, signal.SIG_DFL)
+        raise Preempted(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGUSR1, handler)
+    try:
+        yield
+    finally:
+        sys.setprofile(None)
+        signal.signal(signal.SIGUSR1, previous)
+
+
+@pytest.mark.parametrize("place", PLACES)
+def test_a_handler_that_uninstalled_itself_still_stops_the_loop(
+    place: str, self_restoring_handler: None
+) -> None:
+    arm = _Arm(place)
+    stopped, report, done = _train(arm)
+    assert arm.fired, f"{place} never ran"
+    assert isinstance(stopped, Preempted), f"the loop went on ({done} steps): {report.findings}"
+    assert not report.by_check("internal_error")
+
+
+def test_a_run_interrupted_inside_its_first_step_is_not_observed(tmp_path: Path) -> None:
+    """Ctrl-C between ``optimizer.step()``'s call and its end: no step was judged, and the
+    file says so instead of reading as clean."""
+    path = tmp_path / "r.json"
+
+    def interrupt(frame: FrameType, event: str, arg: Any) -> None:
+        if event == "call" and frame.f_code.co_name == "after_step":
+            sys.setprofile(None)
+            raise KeyboardInterrupt
+
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(KeyboardInterrupt):
+        with gradwatch.watch(model, opt, config={"report_path": str(path), "warn": False}):
+            x, y = batches(1)[0]
+            nn.functional.mse_loss(model(x), y).backward()
+            sys.setprofile(interrupt)
+            try:
+                opt.step()
+            finally:
+                sys.setprofile(None)
+    saved = gradwatch.Report.read(path)
+    assert saved.steps == 0 and saved.failed
+    assert [f.details["reason"] for f in saved.by_check("not_observed")] == ["no_step"]
+
+
+_STORM_SCRIPT = """
+import sys, torch, gradwatch
+from torch import nn
+torch.set_num_threads(1)
+m = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 1))
+opt = torch.optim.SGD(m.parameters(), lr=0.01)
+with gradwatch.watch(m, opt, config={"report_path": sys.argv[1], "warn": False, "console": False}):
+    print("ready", flush=True)
+    for i in range(10**6):
+        opt.zero_grad()
+        nn.functional.mse_loss(m(torch.randn(16, 32)), torch.randn(16, 1)).backward()
+        opt.step()
+"""
+
+
+@pytest.mark.slow
+def test_a_ctrl_c_storm_always_leaves_a_truthful_report(tmp_path: Path) -> None:
+    """Eight SIGINTs in a burst, at a random point of the run, six times: every run leaves
+    its final report (the steps it ran, or ``not_observed``), never none or a stale refresh."""
+    import json
+    import random
+    import subprocess
+    import time
+
+    script = tmp_path / "train.py"
+    script.write_text(_STORM_SCRIPT)
+    rng = random.Random(0)
+    outcomes = []
+    for k in range(6):
+        path = tmp_path / f"r{k}.json"
+        proc = subprocess.Popen(
+            [sys.executable, str(script), str(path)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+        time.sleep(rng.uniform(0.0, 0.3))
+        for _ in range(8):
+            if proc.poll() is not None:
+                break
+            proc.send_signal(signal.SIGINT)
+            time.sleep(rng.uniform(0.0, 0.01))
+        _, err = proc.communicate(timeout=120)
+        assert "KeyboardInterrupt" in err
+        assert path.exists(), f"run {k} left no report: {err[-500:]}"
+        data = json.loads(path.read_text())
+        observed = [f["check"] for f in data["findings"] if f["check"] == "not_observed"]
+        outcomes.append((data["steps"], data["failed"]))
+        assert data["steps"] > 0 or (data["failed"] and observed), (k, data["findings"])
+        # the final write, not a refresh left standing: its backward passes match its steps
+        assert data["backward_passes"] >= data["steps"]
+    print(f"storm: 6 runs, 6 truthful reports; steps {sorted(s for s, _ in outcomes)}")
