@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Optional
 
 from gradwatch._severity import Severity
 from gradwatch.capture.facts import UNOBSERVABLE, Fact
-from gradwatch.checks.base import Check, CheckConfig, severity_field
+from gradwatch.checks.base import Check, CheckConfig, WatchSettings, severity_field
 from gradwatch.checks.docs import CheckDoc
 from gradwatch.checks.views import RunView, StructureView
 
@@ -24,7 +24,8 @@ __all__ = ["NotObserved", "NotObservedConfig", "emit_not_observed"]
 ID = "not_observed"
 
 # Reasons that leave only some checks blind (they say which): ``info``, not a failure.
-PARTIAL_REASONS = frozenset({"compiled_forward", "fsdp1_replicas", "resume_resharded"})
+COMPILED = "compiled_forward"  # the reason of every part torch.compile hides (one finding)
+PARTIAL_REASONS = frozenset({COMPILED, "fsdp1_replicas", "resume_resharded"})
 #: ``details.reason`` when ``ignore`` matches every trainable parameter: nothing was judged.
 ALL_IGNORED = "all_ignored"
 
@@ -92,8 +93,15 @@ class NotObserved(Check):
     #: of a copy was watched with the original).
     _trains_other = False
 
+    def __init__(self, config: CheckConfig, watch_config: WatchSettings) -> None:
+        super().__init__(config, watch_config)
+        self._compiled_parts: dict[str, list[str]] = {}  # part hidden by compile -> its checks
+
     def on_fact(self, fact: Fact, log: FindingLog) -> None:
         """Something the run could not see, said as it was seen (one finding per reason)."""
+        if fact.details.get("reason") == COMPILED:
+            self._compiled(fact, log)
+            return
         # Blind to a few checks only (the scout under torch.compile): said, the run still passes.
         partial = fact.details.get("reason") in PARTIAL_REASONS
         emit_not_observed(
@@ -105,6 +113,30 @@ class NotObserved(Check):
             hint=fact.hint,
             params=fact.params,
             details=fact.details,
+        )
+
+    def _compiled(self, fact: Fact, log: FindingLog) -> None:
+        """torch.compile hides several parts of the forward (its hooks, the loss's graph, the
+        eval forwards), each seen by its own source: one ``info`` finding lists them all."""
+        parts = self._compiled_parts
+        checks_of_part = fact.details.get("checks")
+        parts.setdefault(
+            str(fact.details.get("part", "forward_hooks")),
+            list(checks_of_part) if isinstance(checks_of_part, (list, tuple)) else [],
+        )
+        checks = sorted({c for named in parts.values() for c in named})
+        emit_not_observed(
+            log,
+            severity="info",
+            step=fact.step,
+            reason=COMPILED,
+            message="The model runs under torch.compile, where gradwatch adds no forward hooks "
+            f"of its own (each would be a recompile) and the compiled region is one opaque "
+            f"node of the loss's graph: {', '.join(parts)} not observed, so "
+            f"{', '.join(checks)} cannot be checked. Ghost parameters, gradient statistics "
+            "and the other checks run as usual.",
+            hint=fact.hint,
+            details={"parts": list(parts), "checks": checks, "by_part": dict(parts)},
         )
 
     def on_structure(self, view: StructureView, log: FindingLog) -> None:

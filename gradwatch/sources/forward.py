@@ -110,5 +110,5 @@ def compiled_fact(ctx: SourceContext, blind: list[str]) -> Fact:
         "checks run as usual.",
         hint="Run a few steps without torch.compile (or `gradwatch check` on the eager "
         "model) to cover these checks.",
-        details={"reason": "compiled_forward", "checks": blind},
+        details={"reason": "compiled_forward", "part": "forward_hooks", "checks": blind},
     )
