@@ -91,3 +91,26 @@ def test_torch_is_itself_again_after_the_watch() -> None:
     )
     assert torch.nn.utils.clip_grad._get_total_norm is real
     assert not getattr(torch.nn.utils.clip_grad_value_, "_gradwatch_clip", False)
+    grouping = torch.nn.utils.clip_grad._group_tensors_by_device_and_dtype
+    assert not getattr(grouping, "_gradwatch_clip", False)
+
+
+def test_clip_grad_value_bound_before_watching_is_seen() -> None:
+    """``from torch.nn.utils import clip_grad_value_`` before watching (issue 51.7): the call
+    is seen where torch groups its gradients, whatever name it was bound to, and told apart
+    from ``clip_grad_norm_``'s own grouping."""
+    from torch.nn.utils import clip_grad_value_
+
+    from gradwatch.capture.loop.clip_calls import ClipCalls
+
+    model = _model()
+    nn.functional.mse_loss(model(torch.randn(4, DIM)), torch.randn(4, 2)).backward()
+    calls = ClipCalls()
+    calls.install()
+    try:
+        clip_grad_value_(model.parameters(), 0.1)
+        clip_grad_norm_(model.parameters(), 1.0)  # groups too: counted once, as the norm
+        assert calls.take() == (2, [])
+        assert calls.calls == 0
+    finally:
+        calls.remove()

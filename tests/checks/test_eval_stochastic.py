@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from _check_loops import CFG
 from torch import nn
+from torch.nn.functional import dropout as _bound_dropout
 
 import gradwatch
 
@@ -186,3 +187,31 @@ def test_functions_are_restored_after_the_scan() -> None:
     before = F.dropout
     _run(TinyGPT(), _tokens, _lm, checks={ID: {"scan_forwards": 1}})
     assert F.dropout is before
+
+
+class BoundBlock(nn.Module):
+    """A block whose module imported ``dropout`` by name before any watching (issue 51.7)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _bound_dropout(self.lin(x), 0.1)  # training=True by default: ignores eval
+
+
+class BoundLM(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(50, 16)
+        self.block = BoundBlock()
+        self.head = nn.Linear(16, 50)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.head(self.block(self.emb(ids)))
+
+
+def test_dropout_bound_by_name_before_watching_is_seen() -> None:
+    (f,) = _found(_run(BoundLM(), _tokens, _lm))
+    assert f.module == "block" and f.details["function"] == "dropout"
+    assert "test_eval_stochastic.py" in f.details["called_at"]

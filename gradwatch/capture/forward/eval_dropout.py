@@ -1,15 +1,16 @@
 """Dropout run as in training inside an eval-mode forward of the watched model.
 
 During the first ``forwards`` eval-mode forwards of the watched model (a forward pre-hook on
-it, whenever they come: validation at an epoch's end, a sampling helper), the functional
-dropouts (``torch.nn.functional.dropout``, ``dropout1d/2d/3d``, ``alpha_dropout``,
-``feature_alpha_dropout``) are wrapped for the length of that forward. A call with
+it, whenever they come: validation at an epoch's end, a sampling helper), a
+``TorchFunctionMode`` sees the functional dropouts (``torch.nn.functional.dropout``,
+``dropout1d/2d/3d``, ``alpha_dropout``, ``feature_alpha_dropout``) for the length of that
+forward: they dispatch to an active mode themselves, so a name bound before watching
+(``from torch.nn.functional import dropout``) is seen as ``F.dropout`` is. A call with
 ``training=True`` and ``p > 0`` from the ``forward`` of a module that is itself in eval mode
 is a *site*: the module ignored ``self.training`` (``F.dropout(x, 0.1)``: its default is
 ``training=True``). ``nn.Dropout`` passes its own mode, so a dropout module switched back to
-train mode on purpose (Monte-Carlo dropout) is not a site. Nothing is wrapped outside those
-forwards; a function imported by name before watching (``from torch.nn.functional import
-dropout``) is not seen.
+train mode on purpose (Monte-Carlo dropout) is not a site. No mode is active outside those
+forwards.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any, Callable, Optional
 
 import torch
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 from gradwatch.model.locations import call_site
 
@@ -65,7 +67,7 @@ class EvalDropoutWatch:
         self._found = found
         self._on_error = on_error
         self.left = forwards
-        self._saved: dict[str, Any] = {}
+        self._mode: Optional[_DropoutMode] = None
         self._seen: set[tuple[str, str]] = set()
         self._handles = [
             model.register_forward_pre_hook(self._enter),
@@ -73,14 +75,11 @@ class EvalDropoutWatch:
         ]
 
     def _enter(self, module: nn.Module, args: Any) -> None:
-        if module.training or self.left <= 0 or self._saved:
+        if module.training or self.left <= 0 or self._mode is not None:
             return
         self.left -= 1
-        F = torch.nn.functional
-        for name in FUNCTIONS:
-            original = getattr(F, name)
-            self._saved[name] = original
-            setattr(F, name, self._wrap(name, original))
+        self._mode = _DropoutMode(self)
+        self._mode.__enter__()
 
     def _leave(self, module: nn.Module, args: Any, out: Any) -> None:
         self._restore()
@@ -88,25 +87,22 @@ class EvalDropoutWatch:
             self.remove()
 
     def _restore(self) -> None:
-        F = torch.nn.functional
-        for name, original in self._saved.items():
-            setattr(F, name, original)
-        self._saved.clear()
+        mode, self._mode = self._mode, None
+        if mode is not None:
+            mode.__exit__(None, None, None)
 
-    def _wrap(self, name: str, original: Callable[..., Any]) -> Callable[..., Any]:
-        default = name not in _ALPHA
-
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            try:
-                p = args[1] if len(args) > 1 else kwargs.get("p", 0.5)
-                training = args[2] if len(args) > 2 else kwargs.get("training", default)
-                if training and p > 0:
-                    self._site(name, float(p), sys._getframe(1))
-            except Exception as exc:  # never the user's forward
-                self._on_error("eval dropout", exc)
-            return original(*args, **kwargs)
-
-        return wrapper
+    def seen_call(self, func: Any, name: str, args: Any, kwargs: dict[str, Any]) -> None:
+        """A functional dropout ran inside the eval forward: a site when it dropped."""
+        try:
+            p = args[1] if len(args) > 1 else kwargs.get("p", 0.5)
+            default = name not in _ALPHA
+            training = args[2] if len(args) > 2 else kwargs.get("training", default)
+            if training and p > 0:
+                frame = _caller(func)
+                if frame is not None:
+                    self._site(name, float(p), frame)
+        except Exception as exc:  # never the user's forward
+            self._on_error("eval dropout", exc)
 
     def _site(self, name: str, p: float, frame: Any) -> None:
         caller = frame.f_locals.get("self")
@@ -126,6 +122,34 @@ class EvalDropoutWatch:
             h.remove()
         self._handles = []
         self._names = {}  # (name, module) pairs: the watched model must not outlive the watch
+
+
+class _DropoutMode(TorchFunctionMode):
+    """Active during one eval forward: tells its watch of each functional dropout call."""
+
+    def __init__(self, watch: EvalDropoutWatch) -> None:
+        super().__init__()
+        self._watch = watch
+        F = torch.nn.functional
+        self._names = {getattr(F, name): name for name in FUNCTIONS}
+
+    def __torch_function__(
+        self, func: Any, types: Any, args: Any = (), kwargs: Optional[dict[str, Any]] = None
+    ) -> Any:
+        kwargs = kwargs or {}
+        name = self._names.get(func)
+        if name is not None:
+            self._watch.seen_call(func, name, args, kwargs)
+        return func(*args, **kwargs)
+
+
+def _caller(func: Any) -> Any:
+    """The frame that called ``func`` (the functional dropout whose dispatch is running)."""
+    code = getattr(func, "__code__", None)
+    frame: Any = sys._getframe(1)
+    while frame is not None and frame.f_code is not code:
+        frame = frame.f_back
+    return frame.f_back if frame is not None else None
 
 
 def _params_near(names: dict[int, tuple[str, nn.Module]], where: str) -> list[str]:

@@ -4,7 +4,10 @@
 a ``.grad``, and hands those to ``torch.nn.utils.clip_grad._get_total_norm``, looked up in
 its module at each call. Wrapping that one function sees every ``clip_grad_norm_`` call,
 however the user imported it (``from torch.nn.utils import clip_grad_norm_`` too), and
-``clip_grad_value_`` is wrapped where it is looked up (``torch.nn.utils``). A call given an
+``clip_grad_value_``'s calls are seen where it groups its gradients
+(``torch.nn.utils.clip_grad._group_tensors_by_device_and_dtype``, looked up there at each
+call and told apart from the norm's own calls by its caller's code): a name bound before
+watching (``from torch.nn.utils import clip_grad_value_``) is seen too. A call given an
 exhausted generator or a consumed ``filter`` sees no gradient, and clips nothing.
 
 The wrappers are put in place by the first listener and restored by the last (unless
@@ -14,6 +17,7 @@ user's line is read from the stack only for a call that saw nothing.
 
 from __future__ import annotations
 
+import sys
 import weakref
 from typing import Any, Callable, Optional
 
@@ -78,15 +82,18 @@ def _count(tensors: Any) -> int:
         return -1  # an iterable it cannot size without consuming it: not judged
 
 
-def _grads(parameters: Any) -> int:
-    if isinstance(parameters, torch.Tensor):
-        return int(parameters.grad is not None)
-    return sum(1 for p in parameters if getattr(p, "grad", None) is not None)
+def _value_code() -> Any:
+    """The code of torch's ``clip_grad_value_`` under its ``_no_grad`` decorator."""
+    fn: Any = _clip.clip_grad_value_
+    for _ in range(4):  # decorators that keep ``__wrapped__``, bounded
+        fn = getattr(fn, "__wrapped__", fn)
+    return getattr(fn, "__code__", None)
 
 
 def _wrap() -> None:
     total = _saved["total"] = _clip._get_total_norm
-    value = _saved["value"] = torch.nn.utils.clip_grad_value_
+    group = _saved["group"] = _clip._group_tensors_by_device_and_dtype
+    value_code = _value_code()
 
     def _get_total_norm(tensors: Any, *args: Any, **kwargs: Any) -> Any:
         n = _count(tensors)
@@ -94,22 +101,24 @@ def _wrap() -> None:
             _tell("clip_grad_norm_", n)
         return total(tensors, *args, **kwargs)
 
-    def clip_grad_value_(parameters: Any, *args: Any, **kwargs: Any) -> Any:
-        if not isinstance(parameters, torch.Tensor):
-            parameters = list(parameters)  # as torch does: a generator is read once
-        _tell("clip_grad_value_", _grads(parameters))
-        return value(parameters, *args, **kwargs)
+    def _group_tensors_by_device_and_dtype(tensorlists: Any, *args: Any, **kwargs: Any) -> Any:
+        # clip_grad_value_ groups its gradients here, looked up in this module at each call:
+        # its calls are seen whatever name the user bound it to before watching.
+        if sys._getframe(1).f_code is value_code and tensorlists:
+            _tell("clip_grad_value_", _count(tensorlists[0]))
+        return group(tensorlists, *args, **kwargs)
 
-    for fn in (_get_total_norm, clip_grad_value_):
+    for fn in (_get_total_norm, _group_tensors_by_device_and_dtype):
         setattr(fn, "_gradwatch_clip", True)  # noqa: B010 (a mark on a function object)
     _clip._get_total_norm = _get_total_norm  # type: ignore[assignment]
-    torch.nn.utils.clip_grad_value_ = clip_grad_value_
+    _clip._group_tensors_by_device_and_dtype = _group_tensors_by_device_and_dtype  # type: ignore[assignment]
 
 
 def _unwrap() -> None:
     """Put torch's own back, unless another library wrapped ours since (theirs stays)."""
-    total, value = _saved.pop("total", None), _saved.pop("value", None)
+    total, group = _saved.pop("total", None), _saved.pop("group", None)
     if total is not None and getattr(_clip._get_total_norm, "_gradwatch_clip", False):
         _clip._get_total_norm = total  # type: ignore[assignment]
-    if value is not None and getattr(torch.nn.utils.clip_grad_value_, "_gradwatch_clip", False):
-        torch.nn.utils.clip_grad_value_ = value
+    marked = getattr(_clip._group_tensors_by_device_and_dtype, "_gradwatch_clip", False)
+    if group is not None and marked:
+        _clip._group_tensors_by_device_and_dtype = group  # type: ignore[assignment]
