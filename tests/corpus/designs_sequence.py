@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from _designs import gen, padded_tokens, token_classes
 from _harness import Built, Program
 from torch import nn
-from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+from torch.nn.utils.rnn import pack_padded_sequence
 
 V = 24  # vocabulary (0 is padding where there is padding)
 

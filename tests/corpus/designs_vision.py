@@ -56,7 +56,9 @@ def _ce(model: nn.Module, batch: Any) -> torch.Tensor:
 
 def _resnet_cosine() -> Built:
     model = ResNet()
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4, nesterov=True)
+    opt = torch.optim.SGD(
+        model.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4, nesterov=True
+    )
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=200)
 
     def step(model: nn.Module, opt: Any, batch: Any, i: int) -> None:

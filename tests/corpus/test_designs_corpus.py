@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+import designs_adaptation
 import designs_generative
 import designs_representation
 import designs_rl
@@ -35,6 +36,7 @@ MODULES = (
     designs_rl,
     designs_robust,
     designs_rule_benders,
+    designs_adaptation,
     designs_tiny,
 )
 PROGRAMS: list[Program] = [p for m in MODULES for p in m.PROGRAMS]
