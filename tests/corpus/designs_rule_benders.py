@@ -246,6 +246,43 @@ def _gcn() -> Built:
     return Built(model, opt, [graph] * 4, step, _gcn_loss, probe_optimizer=opt)
 
 
+class GumbelVAE(nn.Module):
+    """Jang et al. 2017: a categorical latent by Gumbel-softmax, hard (straight-through) samples."""
+
+    def __init__(self, latents: int = 4, cats: int = 4) -> None:
+        super().__init__()
+        self.enc = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, latents * cats))
+        self.dec = nn.Sequential(nn.Linear(latents * cats, 32), nn.ReLU(), nn.Linear(32, 16))
+        self.shape = (latents, cats)
+
+    def forward(self, x: torch.Tensor, tau: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = self.enc(x).view(-1, *self.shape)
+        z = F.gumbel_softmax(logits, tau=tau, hard=True)
+        return self.dec(z.flatten(1)), logits
+
+
+def _gumbel_loss(model: nn.Module, x: Any) -> torch.Tensor:
+    recon, logits = model(x)
+    q = logits.softmax(-1)  # KL to a uniform prior over the categories
+    kl = (q * (q.clamp_min(1e-10).log() + torch.log(torch.tensor(float(q.size(-1)))))).sum((1, 2))
+    return F.binary_cross_entropy_with_logits(recon, x, reduction="none").sum(1).mean() + kl.mean()
+
+
+def _gumbel_vae() -> Built:
+    model = GumbelVAE()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    g = gen(16)
+    protos = (torch.rand(4, 16, generator=g) > 0.5).float()
+    batches = [protos[torch.randint(0, 4, (16,), generator=g)] for _ in range(4)]
+
+    def step(model: nn.Module, opt: Any, x: Any, i: int) -> None:
+        opt.zero_grad()
+        _gumbel_loss(model, x).backward()
+        opt.step()
+
+    return Built(model, opt, batches, step, _gumbel_loss, probe_optimizer=opt)
+
+
 PROGRAMS = [
     Program("moe_switch_load_balancing", "moe", _moe(1, 0.01, 14),
             "Fedus et al. 2021 Switch Transformer top-1 router, aux loss 0.01 * N * sum f_i P_i"),
@@ -257,4 +294,6 @@ PROGRAMS = [
             "Courbariaux et al. 2016 BinaryNet (a sign Function with a straight-through backward)"),
     Program("gcn_full_graph", "gcn", _gcn,
             "Kipf & Welling 2017 GCN, tkipf/pygcn train.py (full graph, masked labelled nodes)"),
+    Program("gumbel_softmax_vae", "straight-through", _gumbel_vae,
+            "Jang et al. 2017 Gumbel-softmax VAE, hard=True straight-through samples"),
 ]  # fmt: skip

@@ -283,6 +283,60 @@ def _text(cls: type[nn.Module], lr: float, seed: int) -> Any:
     return build
 
 
+class CausalSelfAttention(nn.Module):
+    """karpathy/nanoGPT CausalSelfAttention: one qkv projection, scaled_dot_product is_causal."""
+
+    def __init__(self, d: int = 16, heads: int = 2) -> None:
+        super().__init__()
+        self.c_attn, self.c_proj, self.heads = nn.Linear(d, 3 * d), nn.Linear(d, d), heads
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, c = x.shape
+        q, k, v = (
+            z.view(b, t, self.heads, c // self.heads).transpose(1, 2)
+            for z in self.c_attn(x).split(c, dim=2)
+        )
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.c_proj(y.transpose(1, 2).contiguous().view(b, t, c))
+
+
+class MiniGPT(nn.Module):
+    def __init__(self, d: int = 16, block: int = 12) -> None:
+        super().__init__()
+        self.wte, self.wpe = nn.Embedding(V, d), nn.Embedding(block, d)
+        self.ln1, self.attn, self.ln2 = nn.LayerNorm(d), CausalSelfAttention(d), nn.LayerNorm(d)
+        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
+        self.ln_f, self.lm_head = nn.LayerNorm(d), nn.Linear(d, V, bias=False)
+        self.wte.weight = self.lm_head.weight  # weight tying, as nanoGPT
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        x = self.wte(idx) + self.wpe(torch.arange(idx.size(1)))
+        x = x + self.attn(self.ln1(x))
+        x = x + self.mlp(self.ln2(x))
+        return self.lm_head(self.ln_f(x))
+
+
+def _gpt() -> Built:
+    model = MiniGPT()
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=1e-3,
+        betas=(0.9, 0.95),
+    )
+    stream = _corpus_stream(4 * 8 * 13, 8)
+    batches = [stream[k * 104 : (k + 1) * 104].view(8, 13) for k in range(4)]
+
+    def step(model: nn.Module, opt: Any, x: Any, i: int) -> None:
+        _lm_loss(model, x).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return Built(model, opt, batches, step, _lm_loss, probe_optimizer=opt)
+
+
 PROGRAMS = [
     Program("tbptt_lstm_lm", "truncated bptt", _tbptt_lm,
             "pytorch/examples word_language_model main.py (repackage_hidden, manual SGD, clip)"),
@@ -302,4 +356,6 @@ PROGRAMS = [
     Program("transformer_encoder_classifier", "transformer classifier",
             _text(PaddedTransformerClassifier, 1e-3, 7),
             "Vaswani et al. 2017 encoder; nn.TransformerEncoder with src_key_padding_mask"),
+    Program("nanogpt_causal_lm", "language model", _gpt,
+            "Radford et al. 2019 GPT-2; karpathy/nanoGPT model.py (is_causal SDPA, tied head)"),
 ]  # fmt: skip

@@ -13,10 +13,12 @@ from collections import Counter
 
 import designs_adaptation
 import designs_generative
+import designs_regularisers
 import designs_representation
 import designs_rl
 import designs_robust
 import designs_rule_benders
+import designs_semisupervised
 import designs_sequence
 import designs_tiny
 import designs_training
@@ -38,6 +40,8 @@ MODULES = (
     designs_rule_benders,
     designs_adaptation,
     designs_tiny,
+    designs_regularisers,
+    designs_semisupervised,
 )
 PROGRAMS: list[Program] = [p for m in MODULES for p in m.PROGRAMS]
 
