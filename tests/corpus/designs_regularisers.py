@@ -225,6 +225,66 @@ def _center_loss() -> Built:
     return Built(model, [opt_model, opt_center], classes(4, 16, 16, 4, seed=55), step)
 
 
+def _qat() -> Built:
+    """The PyTorch quantization-aware training recipe: fake-quantised weights and activations
+    (their backward is a straight-through estimator inside torch)."""
+    model = nn.Sequential(
+        torch.ao.quantization.QuantStub(), nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4),
+        torch.ao.quantization.DeQuantStub(),
+    )  # fmt: skip
+    model.train()
+    with warnings.catch_warnings():  # torch.ao's deprecation notices (reduce_range, torchao)
+        warnings.filterwarnings("ignore", category=DeprecationWarning)
+        warnings.filterwarnings("ignore", category=FutureWarning)
+        warnings.filterwarnings("ignore", message=".*reduce_range will be deprecated")
+        model.qconfig = torch.ao.quantization.get_default_qat_qconfig("x86")
+        torch.ao.quantization.prepare_qat(model, inplace=True)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+
+    def step(model: nn.Module, opt: Any, batch: Any, i: int) -> None:
+        opt.zero_grad()
+        _ce(model, batch).backward()
+        opt.step()
+
+    return Built(model, opt, classes(4, 16, 16, 4, seed=56), step, _ce, probe_optimizer=opt)
+
+
+def _weight_norm() -> Built:
+    from torch.nn.utils.parametrizations import weight_norm
+
+    model = nn.Sequential(weight_norm(nn.Linear(16, 32)), nn.ReLU(), weight_norm(nn.Linear(32, 4)))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)  # Salimans & Kingma 2016
+
+    def step(model: nn.Module, opt: Any, batch: Any, i: int) -> None:
+        opt.zero_grad()
+        _ce(model, batch).backward()
+        opt.step()
+
+    return Built(model, opt, classes(4, 16, 16, 4, seed=57), step, _ce, probe_optimizer=opt)
+
+
+def _wgan_clip() -> Built:
+    net_g = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 2))
+    critic = nn.Sequential(nn.Linear(2, 32), nn.ReLU(), nn.Linear(32, 1))
+    opt_c = torch.optim.RMSprop(critic.parameters(), lr=5e-5)  # Arjovsky et al. 2017, Alg. 1
+    opt_g = torch.optim.RMSprop(net_g.parameters(), lr=5e-5)
+    real = [x[:, :2] for x, _ in classes(6, 16, 16, 4, seed=58)]
+
+    def step(models: Any, opts: Any, x: Any, i: int) -> None:
+        opt_c.zero_grad()
+        loss_c = critic(net_g(torch.randn(x.size(0), 8)).detach()).mean() - critic(x).mean()
+        loss_c.backward()
+        opt_c.step()
+        for p in critic.parameters():
+            p.data.clamp_(-0.01, 0.01)
+        if (i + 1) % 2 == 0:  # n_critic critic steps per generator step
+            opt_g.zero_grad()
+            (-critic(net_g(torch.randn(x.size(0), 8))).mean()).backward()
+            opt_g.step()
+
+    return Built({"G": net_g, "D": critic}, {"G": opt_g, "D": opt_c}, real, step)
+
+
 PROGRAMS = [
     Program("sam_two_pass", "sharpness-aware", _sam,
             "Foret et al. 2021 SAM; davda54/sam first_step / second_step"),
@@ -238,4 +298,10 @@ PROGRAMS = [
             "Huang et al. 2016 stochastic depth; timm drop_path"),
     Program("center_loss_two_optimizers", "multiple optimizers", _center_loss,
             "Wen et al. 2016 center loss; KaiyangZhou/pytorch-center-loss (two optimizers)"),
+    Program("quantization_aware_training", "straight-through", _qat,
+            "Jacob et al. 2018; PyTorch QAT recipe (prepare_qat, fake quantisation)"),
+    Program("weight_norm", "regularisation", _weight_norm,
+            "Salimans & Kingma 2016 weight normalisation (torch parametrizations.weight_norm)"),
+    Program("wgan_weight_clipping", "gan", _wgan_clip,
+            "Arjovsky et al. 2017 WGAN Algorithm 1 (RMSprop, critic weights clipped to 0.01)"),
 ]  # fmt: skip

@@ -6,6 +6,7 @@ roll out with the current policy, then update.
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import torch
@@ -189,6 +190,43 @@ def _ppo() -> Built:
     return Built(model, opt, minibatches, step, _ppo_loss, probe_optimizer=opt)
 
 
+def _ddpg() -> Built:
+    """Lillicrap et al. 2016 / Fujimoto's TD3 repo DDPG.py: the actor's loss runs through the
+    critic, whose gradients from it are discarded by the critic's next zero_grad()."""
+    actor = nn.Sequential(nn.Linear(3, 32), nn.ReLU(), nn.Linear(32, 1), nn.Tanh())
+    critic = nn.Sequential(nn.Linear(4, 32), nn.ReLU(), nn.Linear(32, 1))
+    actor_t, critic_t = copy.deepcopy(actor), copy.deepcopy(critic)
+    actor_opt = torch.optim.Adam(actor.parameters(), lr=1e-4)
+    critic_opt = torch.optim.Adam(critic.parameters(), lr=1e-3, weight_decay=1e-2)
+    g, gamma, tau = gen(5), 0.99, 0.005
+    batches = []
+    for _ in range(4):  # replay samples of a 1-d control task: reward -(s + a)^2
+        s = torch.randn(16, 3, generator=g)
+        a = torch.rand(16, 1, generator=g) * 2 - 1
+        r = -((s[:, :1] + a) ** 2)
+        batches.append((s, a, r, s + 0.1 * a.repeat(1, 3), torch.zeros(16, 1)))
+
+    def step(models: Any, opts: Any, batch: Any, i: int) -> None:
+        s, a, r, s2, done = batch
+        with torch.no_grad():
+            target_q = r + gamma * (1 - done) * critic_t(torch.cat([s2, actor_t(s2)], 1))
+        critic_loss = F.mse_loss(critic(torch.cat([s, a], 1)), target_q)
+        critic_opt.zero_grad()
+        critic_loss.backward()
+        critic_opt.step()
+        actor_loss = -critic(torch.cat([s, actor(s)], 1)).mean()
+        actor_opt.zero_grad()
+        actor_loss.backward()
+        actor_opt.step()
+        with torch.no_grad():
+            for net, tgt in ((critic, critic_t), (actor, actor_t)):
+                for p, tp in zip(net.parameters(), tgt.parameters()):
+                    tp.data.copy_(tau * p.data + (1 - tau) * tp.data)
+
+    models = {"actor": actor, "critic": critic}
+    return Built(models, {"actor": actor_opt, "critic": critic_opt}, batches, step)
+
+
 PROGRAMS = [
     Program("dqn_target_net", "dqn", _dqn,
             "Mnih et al. 2015 DQN; PyTorch reinforcement Q-learning tutorial (soft target update)"),
@@ -196,4 +234,6 @@ PROGRAMS = [
             "Williams 1992; pytorch/examples reinforcement_learning/reinforce.py"),
     Program("ppo_clip_gae", "policy gradient", _ppo,
             "Schulman et al. 2017 PPO; vwxyzjn/cleanrl ppo.py (GAE, clipped ratio, value, entropy)"),
+    Program("ddpg_actor_through_critic", "actor-critic", _ddpg,
+            "Lillicrap et al. 2016 DDPG; sfujim/TD3 DDPG.py (soft targets, actor loss via critic)"),
 ]  # fmt: skip

@@ -13,6 +13,7 @@ from collections import Counter
 
 import designs_adaptation
 import designs_generative
+import designs_language
 import designs_regularisers
 import designs_representation
 import designs_rl
@@ -42,6 +43,7 @@ MODULES = (
     designs_tiny,
     designs_regularisers,
     designs_semisupervised,
+    designs_language,
 )
 PROGRAMS: list[Program] = [p for m in MODULES for p in m.PROGRAMS]
 
