@@ -14,6 +14,7 @@ from collections import Counter
 import designs_adaptation
 import designs_generative
 import designs_language
+import designs_recipes
 import designs_regularisers
 import designs_representation
 import designs_rl
@@ -44,6 +45,7 @@ MODULES = (
     designs_regularisers,
     designs_semisupervised,
     designs_language,
+    designs_recipes,
 )
 PROGRAMS: list[Program] = [p for m in MODULES for p in m.PROGRAMS]
 
