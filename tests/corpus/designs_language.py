@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from _designs import gen, token_classes
+from _designs import gen, padded_tokens, token_classes
 from _harness import Built, Program
 from torch import nn
 
@@ -139,9 +139,74 @@ def _max_norm() -> Built:
     return Built(model, opt, batches, step, _text_loss, probe_optimizer=opt)
 
 
+class TransformerSeq2Seq(nn.Module):
+    """Vaswani et al. 2017 with nn.Transformer (batch_first): key padding masks on both sides,
+    a causal target mask, a shared embedding (the PyTorch translation tutorial's Seq2SeqTransformer)."""
+
+    def __init__(self, d: int = 16) -> None:
+        super().__init__()
+        self.embed, self.pos = nn.Embedding(V, d, padding_idx=0), nn.Embedding(16, d)
+        self.transformer = nn.Transformer(d, 2, 1, 1, 32, dropout=0.1, batch_first=True)
+        self.generator = nn.Linear(d, V)
+
+    def forward(self, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
+        def emb(t: torch.Tensor) -> torch.Tensor:
+            return self.embed(t) * math.sqrt(self.embed.embedding_dim) + self.pos(
+                torch.arange(t.size(1))
+            )
+
+        n = tgt_in.size(1)  # boolean, as the padding masks (torch warns on mixed mask types)
+        tgt_mask = torch.ones(n, n, dtype=torch.bool).triu(1)
+        out = self.transformer(
+            emb(src), emb(tgt_in), tgt_mask=tgt_mask,
+            src_key_padding_mask=src == 0, tgt_key_padding_mask=tgt_in == 0,
+            memory_key_padding_mask=src == 0,
+        )  # fmt: skip
+        return self.generator(out)
+
+
+def _t_s2s_batches() -> list[tuple[torch.Tensor, ...]]:
+    g = gen(73)
+    out = []
+    for _ in range(4):
+        src, lengths = padded_tokens(8, 6, V - 2, g)
+        src = src + (src > 0).long() * 2  # 1 = BOS, 2 = EOS
+        tgt = torch.zeros(8, 8, dtype=torch.long)
+        for b in range(8):  # a copy task: the target is the source, then EOS
+            n = int(lengths[b])
+            tgt[b, :n], tgt[b, n] = src[b, :n], 2
+        out.append((src, torch.cat([torch.ones(8, 1, dtype=torch.long), tgt[:, :-1]], 1), tgt))
+    return out
+
+
+def _t_s2s_loss(model: nn.Module, batch: Any) -> torch.Tensor:
+    src, tgt_in, tgt = batch
+    logits = model(src, tgt_in)
+    return F.cross_entropy(
+        logits.reshape(-1, V), tgt.reshape(-1), ignore_index=0, label_smoothing=0.1
+    )
+
+
+def _transformer_seq2seq() -> Built:
+    model = TransformerSeq2Seq()
+    for p in model.parameters():
+        if p.dim() > 1:
+            nn.init.xavier_uniform_(p)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3, betas=(0.9, 0.98), eps=1e-9)
+
+    def step(model: nn.Module, opt: Any, batch: Any, i: int) -> None:
+        opt.zero_grad()
+        _t_s2s_loss(model, batch).backward()
+        opt.step()
+
+    return Built(model, opt, _t_s2s_batches(), step, _t_s2s_loss, probe_optimizer=opt)
+
+
 PROGRAMS = [
     Program("transformer_lm_time_major", "language model", _transformer_lm,
             "PyTorch tutorial Language Modeling with nn.Transformer ((seq, batch), causal mask)"),
+    Program("transformer_seq2seq_padding", "seq2seq", _transformer_seq2seq,
+            "Vaswani et al. 2017; PyTorch translation tutorial Seq2SeqTransformer (masks, smoothing)"),
     Program("skipgram_negative_sampling", "word embeddings", _skipgram,
             "Mikolov et al. 2013 word2vec SGNS (sparse embeddings, SparseAdam, unigram^0.75)"),
     Program("embedding_max_norm", "padded text classifier", _max_norm,
