@@ -11,6 +11,7 @@ gradwatch must respect.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -39,6 +40,10 @@ class Built:
     probe_model: Optional[nn.Module] = None  # the module loss_fn takes (default: models)
     probe_optimizer: Optional[torch.optim.Optimizer] = None
     config: dict[str, Any] = field(default_factory=dict)  # a design's declared settings
+    scaler: Any = None  # a GradScaler the loop uses, given to watch() as its docs say
+    # More (models, optimizers) pairs, each under a watcher of its own, opened after the first
+    # in this order: ``with watch(netD, optD), watch(netG, optG):``.
+    watches: Sequence[tuple[Any, Any]] = ()
 
 
 @dataclass(frozen=True)
@@ -61,10 +66,14 @@ def run_program(program: Program, *, seed: int = 0) -> list[Report]:
     built = program.build()
     cfg = _config(built.config)
     reports: list[Report] = []
-    with gradwatch.watch(built.models, built.optimizers, config=cfg) as watcher:
+    with ExitStack() as stack:
+        watcher = stack.enter_context(
+            gradwatch.watch(built.models, built.optimizers, config=cfg, scaler=built.scaler)
+        )
+        others = [stack.enter_context(gradwatch.watch(m, o, config=cfg)) for m, o in built.watches]
         for i, batch in enumerate(built.batches):
             built.step(built.models, built.optimizers, batch, i)
-    reports.append(watcher.report())
+    reports.extend(w.report() for w in [watcher, *others])
     if built.loss_fn is not None:
         model = built.probe_model if built.probe_model is not None else built.models
         reports.append(
