@@ -4,7 +4,10 @@ Each row of ``W.reshape(out, -1)`` (a Linear's output unit, a conv's output chan
 projected on one fixed random vector; equal rows give equal projections, and different
 rows collide with probability zero. Sorting the ``out`` projections and counting equal
 neighbours gives how many rows repeat another, as one device scalar per weight: no copy
-of the weights and no host sync (read with the step's one transfer).
+of the weights and no host sync (read with the step's one transfer). With ``skip_zero``,
+all-zero rows are not counted: after training they are equal because nothing ever updated
+them (idle units: LoRA's zero-init B behind outputs the frozen base never fires), not
+because they got equal updates; a layer whose every gradient is zero is ``dead_param``'s.
 
 Example:
     >>> import torch
@@ -38,7 +41,11 @@ def _project(w: torch.Tensor, dim: int, chunk: int) -> torch.Tensor:
 
 
 def duplicate_rows(
-    weights: list[torch.Tensor], out_dims: list[int] | None = None, chunk: int = 1 << 22
+    weights: list[torch.Tensor],
+    out_dims: list[int] | None = None,
+    chunk: int = 1 << 22,
+    *,
+    skip_zero: bool = False,
 ) -> torch.Tensor:
     """Per weight, ``[how many of its output units equal another one, a checksum of its
     units]`` (a ``(len(weights), 2)`` float tensor; the checksum tells a weight that did not
@@ -47,6 +54,7 @@ def duplicate_rows(
     ``out_dims[k]``: the dimension of ``weights[k]`` that indexes its units (0 for
     ``nn.Linear`` and convolutions; 1 for Hugging Face's ``Conv1D``). A low-precision weight
     is widened ``chunk`` elements at a time (a bounded transient, never a whole copy).
+    ``skip_zero``: all-zero units are not counted (see the module docstring).
     """
     counts = []
     with torch.no_grad():
@@ -54,7 +62,10 @@ def duplicate_rows(
             dim = out_dims[k] if out_dims is not None else 0
             proj = _project(w, dim, chunk)
             s = proj.sort().values
-            counts.append(torch.stack([(s[1:] == s[:-1]).sum().float(), proj.sum()]))
+            same = s[1:] == s[:-1]
+            if skip_zero:
+                same &= s[1:] != 0
+            counts.append(torch.stack([same.sum().float(), proj.sum()]))
     if not counts:
         return torch.zeros(0, 2)
     devices = {c.device for c in counts}

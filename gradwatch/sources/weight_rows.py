@@ -102,7 +102,9 @@ class WeightRowsSource(EvidenceSource):
                 self.looks.units[entry[0]] = p.shape[entry[1]]
         if not weights:
             return []
-        return [duplicate_rows(weights, dims, chunk=_CHUNK)]
+        # Later, units still all zero were never updated: idle, not symmetric (skip_zero).
+        later = self._due(track) == "later"
+        return [duplicate_rows(weights, dims, chunk=_CHUNK, skip_zero=later)]
 
     def read(self, state: StepState, values: list[float]) -> None:
         track = state.track

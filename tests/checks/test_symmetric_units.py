@@ -99,7 +99,27 @@ class LoRA(nn.Module):
         return self.base(x) + self.lora_b(self.lora_a(x))
 
 
-@pytest.mark.parametrize("build", [ZeroHead, FixupBlock, LoRA])
+class IdleLoRA(nn.Module):
+    """peft's LoRA on a layer whose output feeds a ReLU: B starts at zero, and B's rows for the
+    outputs the frozen base never fires get no gradient, so they stay zero: idle, not equal
+    units (the corpus's ``lora_peft``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.base = nn.Linear(DIM, 8)
+        with torch.no_grad():
+            self.base.bias[:3] = -100.0  # three outputs never fire behind the ReLU
+        self.base.requires_grad_(False)
+        self.lora_a = nn.Linear(DIM, 4, bias=False)
+        self.lora_b = nn.Linear(4, 8, bias=False)
+        nn.init.zeros_(self.lora_b.weight)
+        self.head = nn.Linear(8, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.relu(self.base(x) + self.lora_b(self.lora_a(x))))
+
+
+@pytest.mark.parametrize("build", [ZeroHead, FixupBlock, LoRA, IdleLoRA])
 def test_symmetry_broken_by_training_is_silent(build) -> None:  # type: ignore[no-untyped-def]
     model = build()
     params = [p for p in model.parameters() if p.requires_grad]
