@@ -180,16 +180,20 @@ def check_trains(opt: torch.optim.Optimizer, name: str, models: Models) -> None:
     )
 
 
-def check_model(model: nn.Module, names: Sequence[str]) -> None:
+def check_model(model: nn.Module, names: Sequence[str], optimizers: Sequence[Any] = ()) -> None:
     """A model gradwatch can watch (``names``: the named models'): materialised, with
-    something to train."""
+    something to train: its own parameters, or tensors a watched optimizer trains beside a
+    frozen model on purpose (temperature scaling, an input or a perturbation optimised)."""
     for name, p in model.named_parameters():
         if p.device.type == "meta":
             raise ConfigError(
                 f"parameter '{clean_name(name)}' is on the meta device: materialize the model "
                 "(model.to_empty(device=...) and initialise it) before watching"
             )
-    if not any(p.requires_grad for p in model.parameters()):
+    held = (p for opt in optimizers for g in opt.param_groups for p in g["params"])
+    if not any(p.requires_grad for p in model.parameters()) and not any(
+        isinstance(p, torch.Tensor) and p.requires_grad for p in held
+    ):
         what = (
             f"none of the models {', '.join(map(repr, names))} has"
             if names

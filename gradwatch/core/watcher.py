@@ -212,7 +212,7 @@ class Watcher(AdapterAPI, OptimizerEntry):
             return self
         model = self._model
         assert model is not None
-        check_model(model, self._names)
+        check_model(model, self._names, self._pipe.structure.optimizers)
         _claim(self, model)
         self._attached = True
         try:

@@ -281,3 +281,25 @@ def test_a_sequence_of_optimizers_is_accepted() -> None:
             opt.step()
     assert w.report().coverage.optimizers == 2
     assert w.report().findings == []
+
+
+def test_a_frozen_model_beside_tensors_its_optimizer_trains_is_watched() -> None:
+    """Temperature scaling (Guo et al. 2017): the classifier is frozen and the optimizer trains
+    a temperature held outside it, on purpose: no ConfigError, and the run is judged."""
+    model = nn.Linear(4, 3).requires_grad_(False)
+    temperature = torch.ones(1, requires_grad=True)
+    opt = torch.optim.Adam([temperature], lr=0.05)
+    x, y = torch.randn(16, 4), torch.randint(0, 3, (16,))
+    with gradwatch.watch(model, opt, config={"warn": False}) as w:
+        for _ in range(3):
+            opt.zero_grad()
+            with torch.no_grad():
+                logits = model(x)
+            nn.functional.cross_entropy(logits / temperature, y).backward()
+            opt.step()
+    report = w.report()
+    assert report.steps == 3
+    assert [f.line() for f in report.findings if f.severity != "info"] == []
+    frozen_opt = torch.optim.SGD([nn.Parameter(torch.ones(1), requires_grad=False)], lr=0.1)
+    with pytest.raises(ConfigError, match="has no trainable parameters"):
+        gradwatch.watch(nn.Linear(2, 2).requires_grad_(False), frozen_opt).attach()
