@@ -12,6 +12,7 @@ from typing import Iterable, Iterator, Optional
 
 import torch
 from torch import nn
+from torch.nn.utils import parametrize
 
 from gradwatch.model.engines import clean_name
 
@@ -99,7 +100,7 @@ class ParamIndex:
                     continue
                 # the user's names, not a wrapper's; a named model's root "G:" -> "G:weight"
                 full = clean_name(f"{mod_name}.{pname}" if mod_name else pname)
-                self._register(p, full, clean_name(mod_name) or ROOT)
+                self._register(p, full, clean_name(_layer_of(mod_name, mod)) or ROOT)
         for info in self.params:
             if info.numel == 0:
                 p = info.ref()
@@ -172,3 +173,17 @@ class ParamIndex:
         return not types <= _PLAIN_TYPES and any(
             issubclass(t, nn.parameter.UninitializedParameter) for t in types
         )
+
+
+def _layer_of(mod_name: str, mod: nn.Module) -> str:
+    """The layer that owns ``mod``'s parameters: a parametrization's ``original``
+    (``spectral_norm``, ``weight_norm``, ``orthogonal``) belongs to the module it
+    parametrizes, with its bias: judged alone, a hinge GAN's last bias (whose gradient
+    cancels exactly) read as a whole layer gone dead."""
+    if isinstance(mod, parametrize.ParametrizationList) and ".parametrizations." in mod_name:
+        return mod_name.rsplit(".parametrizations.", 1)[0]
+    if isinstance(mod, parametrize.ParametrizationList) and mod_name.startswith(
+        "parametrizations."
+    ):
+        return ""
+    return mod_name
