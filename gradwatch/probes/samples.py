@@ -2,8 +2,9 @@
 
 On a copy of the model, the batch's floating inputs (and the outputs of embedding layers,
 for token ids) become leaves that require grad; one backward from a random weighting of one
-sample's output (the model's first output with the batch's leading dimension) gives the
-gradient on every input. Independent samples give exactly zero on the others: any gradient
+sample's output (the model's first output with the batch's leading dimension; the middle
+sample, then others spread over the batch, first and last included) gives the gradient on
+every input. Independent samples give exactly zero on the others: any gradient
 there, beyond ``min_share`` of the sample's own, is a dependence. When the model trains batch
 norms, the backward is run again with them in eval mode: a dependence that vanishes is batch
 norm's, reported as ``info``.
@@ -27,6 +28,7 @@ from gradwatch.probes._sandbox import (
     evaluate,
     fresh_copy,
     param_bytes,
+    spread,
 )
 from gradwatch.probes.positions import (
     Leak,
@@ -41,6 +43,7 @@ from gradwatch.probes.positions import (
 __all__ = ["SampleResult", "samples_reached"]
 
 SEED = 1729
+SPREAD = 5  # samples whose output is differentiated: the middle one, then spread
 
 
 @dataclass
@@ -237,8 +240,9 @@ def samples_reached(
     budget: Budget,
     causal: Optional[bool] = None,
 ) -> SampleResult:
-    """One backward from the middle sample's output of a copy: which other samples it
-    reaches; then the independences the model or batch declare inside a sample.
+    """One backward from the middle sample's output of a copy, then from samples spread over
+    the batch (first and last included, while the budget lasts) until one reaches other
+    samples; then the independences the model or batch declare inside a sample.
 
     Raises:
         CannotJudge: one sample only, no per-sample output, or no input to differentiate.
@@ -249,14 +253,22 @@ def samples_reached(
     copy = fresh_copy(model)
     result = SampleResult(sample=n // 2, batch=n, memory_bytes=param_bytes(copy))
     out, leaves = _forward(copy, batch, loss_fn, n)
-    others, share, names = _reach(out, leaves, n, result.sample)
+    others, share, names = [], 0.0, []
+    for k, sample in enumerate([n // 2] + [s for s in spread(n, SPREAD) if s != n // 2]):
+        if k and budget.left() <= 0:
+            break  # the middle sample at least; the others spread over the batch in budget
+        others, share, names = _reach(out, leaves, n, sample)
+        result.sample = sample
+        if others and share > min_share:
+            break
     del out, leaves
     if others and share > min_share:
         norms = [m for m in copy.modules() if isinstance(m, _BatchNorm) and m.training]
         if norms:  # over budget or not: without it, batch norm's coupling would read as a bug
             for m in norms:
                 m.eval()
-            still, still_share, _ = _reach(*_forward(copy, batch, loss_fn, n), n, result.sample)
+            again = _forward(copy, batch, loss_fn, n)
+            still, still_share, _ = _reach(*again, n, result.sample)
             if not still or still_share <= min_share:
                 result.cause = "batch_norm"
         result.others, result.share, result.inputs = others, share, names
