@@ -32,7 +32,7 @@ class ForwardNotReproducibleConfig(CheckConfig):
         description="Whether the model carries state across forwards on purpose (truncated "
         "BPTT feeding its hidden state back, a key/value cache): then the property is not "
         "judged and the report says so. None: recognised from the state's names (cache, "
-        "mems, memory); false: never recognised.",
+        "mems, memory, queue, bank); false: never recognised.",
     )
     allow: list[str] = Field(
         default_factory=list,

@@ -167,7 +167,7 @@ class State:
                     out[prefix + key] = value.detach().clone()
                 elif isinstance(value, _KEPT):
                     out[prefix + key] = value
-                elif isinstance(value, (tuple, list)) and all(isinstance(v, Tensor) for v in value):
+                elif _is_state(value):
                     out[prefix + key] = type(value)(v.detach().clone() for v in value)
         return out
 
@@ -188,15 +188,21 @@ class State:
                     value.set_state(self.saved[full])
                 elif full in self.saved:
                     setattr(mod, key, _fresh(self.saved[full]))
-                elif isinstance(value, (Tensor, tuple, list, *_KEPT)) and not isinstance(
-                    value, nn.Parameter
-                ):
+                elif _is_state(value):
                     setattr(mod, key, None)  # created by a forward: gone, as before it
 
     def changed(self, after: dict[str, Any]) -> list[str]:
         """The names whose value differs between the saved state and ``after``."""
         names = sorted(set(self.saved) | set(after))
         return [k for k in names if not _same(self.saved.get(k), after.get(k))]
+
+
+def _is_state(value: Any) -> bool:
+    if isinstance(value, Tensor):
+        return not isinstance(value, nn.Parameter)
+    return isinstance(value, (tuple, list)) and bool(value) and all(
+        isinstance(v, Tensor) for v in value
+    )
 
 
 def _fresh(value: Any) -> Any:

@@ -12,7 +12,8 @@ forward, but the output there reads the batch's own statistics: they are not bla
 mode the forward reads them but does not write them). State carried on purpose, a recurrent
 state fed back for truncated BPTT, a key/value cache or a Transformer-XL memory, is declared
 (the config's ``stateful`` or ``allow``) or recognised by its name (``cache``, ``mems``,
-``memory``): the probe then reports that the property was not judged.
+``memory``, a MoCo ``queue``, a memory ``bank``): the probe then reports that the property
+was not judged.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from gradwatch.probes._sandbox import param_bytes as _param_bytes
 __all__ = ["ReproResult", "reproducibility"]
 
 SEED = 8191
-_ON_PURPOSE = re.compile(r"(cache|mems|memory|past_key)", re.IGNORECASE)
+_ON_PURPOSE = re.compile(r"(cache|mems|memory|past_key|queue|bank)", re.IGNORECASE)
 _STATS = ("running_mean", "running_var", "num_batches_tracked")
 
 
