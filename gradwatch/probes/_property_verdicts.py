@@ -143,6 +143,8 @@ def field_verdict(res: FieldResult, record: ProbeResult, severity: str) -> Optio
     hit = res.outreach
     if hit is None:
         record.verdict = "passed" if res.axes else NotObserved.id
+        if not res.axes:
+            record.details["reason"] = res.reason
         return None
     record.verdict = "finding"
     details: dict[str, Any] = {

@@ -8,7 +8,8 @@ a hook on the root module; ``loss_fn``'s reductions are not the model's). Each o
   cells), global or adaptive pooling, group and instance norm, reductions, softmaxes and
   cumulative ops over a position dimension, sorting, flips and rolls, data-dependent indexing
   (``gather``, ``index_select``, a tensor index), circular padding, FFTs, and a linear map over
-  a last dimension that a reshape merged from positions: any input position may reach any
+  a last dimension that a reshape merged from positions, three or more slices concatenated or
+  stacked along a position dimension (a loop over positions): any input position may reach any
   output position, and the probe does not judge that model;
 - **bounded**: convolutions and local pooling (``(k - 1) * dilation`` times the stride so far),
   padding, slicing, concatenation, pixel shuffles and interpolation (their shift);
@@ -164,6 +165,8 @@ class OpLog(TorchFunctionMode):
             if x is not None and x.dim() >= 2:
                 self.channels.add(int(x.shape[1]))
             self._conv(name, args, kwargs)
+        elif name == "unfold" and len(args) >= 4 and all(isinstance(a, int) for a in args[1:4]):
+            self._grow(args[2], 1, args[3])  # Tensor.unfold(dim, size, step): sliding windows
         elif name.startswith(_POOL):
             self.convolutional = True
             kernel = _first_int(args[1] if len(args) > 1 else kwargs.get("kernel_size", 1))
@@ -176,7 +179,7 @@ class OpLog(TorchFunctionMode):
         elif name == "__getitem__":
             self._index(args)
         elif name in ("cat", "concat", "concatenate", "stack"):
-            self._cat(args, kwargs)
+            self._cat(name, args, kwargs)
         elif name in _RESHAPE and x is not None and isinstance(out, Tensor):
             self._reshape(name, x, out)
 
@@ -234,14 +237,19 @@ class OpLog(TorchFunctionMode):
                 self.field_size += shift * self.stride
                 self.stride *= abs(item.step or 1)
 
-    def _cat(self, args: tuple, kwargs: dict) -> None:
+    def _cat(self, name: str, args: tuple, kwargs: dict) -> None:
         parts = args[0] if args else kwargs.get("tensors", ())
         dim = kwargs.get("dim", args[1] if len(args) > 1 else 0)
         tensors = [t for t in parts if isinstance(t, Tensor)]
         if not tensors or not isinstance(dim, int):
             return
-        d = dim % max(tensors[0].dim(), 1)
-        if d != 0 and d != tensors[0].dim() - 1 and not (self.convolutional and d == 1):
+        ndim = tensors[0].dim() + (1 if name == "stack" else 0)
+        d = dim % max(ndim, 1)
+        if d == 0 or d == ndim - 1 or (self.convolutional and d == 1):
+            return
+        if len(tensors) > 2:  # slices put back together: a loop over positions (a recurrence)
+            self._global(f"{name} of {len(tensors)} slices along dimension {d}")
+        elif name != "stack":
             self.field_size += sum(t.shape[d] for t in tensors[:-1]) * self.stride
 
     def _reshape(self, name: str, x: Tensor, out: Tensor) -> None:

@@ -9,7 +9,9 @@ hook on every module fingerprints its per-sample outputs (two fixed weighted sum
 sample), so the first module whose output moved names where the order got in.
 
 Train-mode batch norm needs no exception: its statistics are sums over the batch, the same in
-any order (up to rounding, which the tolerance allows). A forward that draws random numbers
+any order (up to rounding, which the tolerance allows). Experts of limited capacity (Switch,
+GShard: a module with ``expert_capacity`` or ``capacity_factor``) drop tokens by their place
+in the batch by design: a move there is said as not judged. A forward that draws random numbers
 the replay cannot align with the samples is judged with the copy in eval mode, and says so.
 """
 
@@ -200,4 +202,22 @@ def order_dependence(
             result.loss = (orig.loss, moved.loss)
     if result.moved:
         result.module, result.last_same = _first_moved(first, second, perm, rtol)
+        capped = _capacity_routing(copy)
+        if capped:  # tokens past an expert's capacity are dropped by their place in the batch
+            raise CannotJudge(
+                "coupled_on_purpose",
+                f"the outputs moved with the batch order, but {capped} routes tokens to "
+                "experts of limited capacity, which drops tokens by their place in the batch "
+                "by design: not judged",
+                partial=result,
+            )
     return result
+
+
+def _capacity_routing(model: nn.Module) -> str:
+    """A module that routes to experts of limited capacity (Switch, GShard), if any."""
+    for name, mod in model.named_modules():
+        for key in ("expert_capacity", "capacity_factor"):
+            if getattr(mod, key, None) not in (None, 0, False):
+                return f"{type(mod).__name__} at {name or 'the root'} ({key})"
+    return ""

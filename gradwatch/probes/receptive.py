@@ -48,7 +48,10 @@ _REACH_ALL_MODULES = (
     nn.AdaptiveMaxPool2d,
     nn.AdaptiveMaxPool3d,
 )
-_REACH_ALL_NAME = re.compile(r"Attention|Attn|Mamba|SSM|RNN|LSTM|GRU|Transformer|NonLocal", re.I)
+_REACH_ALL_NAME = re.compile(
+    r"Attention|Attn|Mamba|SSM|RNN|LSTM|GRU|Transformer|NonLocal|Rwkv|Retention|Hyena|Recurren",
+    re.I,
+)
 
 
 @dataclass
@@ -74,6 +77,8 @@ class FieldResult:
     outreach: Optional[Outreach] = None
     reshape: Optional[Reshape] = None  # the regrouping reshape, when one ran
     not_judged: dict[str, str] = field(default_factory=dict)
+    reason: str = ""  # why nothing was judged: no_position_axis, reaches_every_position,
+    # field_covers_axis
     memory_bytes: int = 0
 
 
@@ -200,9 +205,11 @@ def receptive_field(
         result.not_judged["positions"] = (
             f"no input has the per-sample output {tuple(out.shape[1:])}'s position axes"
         )
+        result.reason = "no_position_axis"
         return result
     if result.reach_all:
         result.not_judged["positions"] = f"every position is in reach: {result.reach_all[0]}"
+        result.reason = "reaches_every_position"
         return result
     for path, leaf, axis in pairs:
         if 2 * (log.field_size + leaf.shape[axis] / out.shape[axis]) + 1 >= leaf.shape[axis]:
@@ -216,4 +223,6 @@ def receptive_field(
         if found is not None:
             result.outreach = found
             break
+    if not result.axes:
+        result.reason = "field_covers_axis"
     return result

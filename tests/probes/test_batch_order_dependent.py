@@ -229,3 +229,28 @@ def test_the_permutation_moves_every_sample() -> None:
         perm = derangement(n)
         assert sorted(perm.tolist()) == list(range(n))
         assert not bool((perm == torch.arange(n)).any())
+
+
+class CapacityMoE(nn.Module):
+    """Top-1 routing to two experts of limited capacity (Switch): the first tokens of the
+    batch to reach a full expert are dropped, by design."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.router, self.experts = nn.Linear(4, 2), nn.ModuleList(nn.Linear(4, 10) for _ in range(2))
+        self.expert_capacity = 3
+
+    def forward(self, x: Tensor) -> Tensor:
+        choice = self.router(x).argmax(-1)
+        out = torch.zeros(x.shape[0], 10)
+        for e, expert in enumerate(self.experts):
+            rows = torch.nonzero(choice == e).flatten()[: self.expert_capacity]
+            out = out.index_add(0, rows, expert(x[rows]))
+        return out
+
+
+def test_experts_of_limited_capacity_are_said_not_judged() -> None:
+    torch.manual_seed(0)
+    report = _probe(CapacityMoE(), data())
+    assert verdicts(report) == {CHECK: "not_observed"} and not findings(report, CHECK)
+    assert report.probes[0].details["reason"] == "coupled_on_purpose"

@@ -219,3 +219,36 @@ def test_a_regroup_is_told_from_a_merge_or_a_split() -> None:
     assert not regroups((4, 24, 6), (4, 144))  # flatten
     assert not regroups((4, 24, 16), (4, 24, 2, 8))  # heads split
     assert not regroups((4, 2, 24, 8), (8, 24, 8))  # merged into the batch
+
+
+class Mixer(nn.Module):
+    """MLP-Mixer's token mixing: a Linear over the positions (after a transpose)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tokens, self.channels = nn.Linear(24, 24), nn.Linear(6, 3)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.channels(x + self.tokens(x.transpose(1, 2)).transpose(1, 2))
+
+
+class LoopRecurrence(nn.Module):
+    """A recurrence written as a Python loop over positions (RWKV's or a hand-written RNN's)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inp, self.head = nn.Linear(6, 8), nn.Linear(8, 3)
+
+    def forward(self, x: Tensor) -> Tensor:
+        h, outs = torch.zeros(x.shape[0], 8), []
+        for t in range(x.shape[1]):
+            h = torch.tanh(0.5 * h + self.inp(x[:, t]))
+            outs.append(h)
+        return self.head(torch.stack(outs, dim=1))
+
+
+@pytest.mark.parametrize("make", [Mixer, LoopRecurrence])
+def test_layers_that_reach_every_position_by_other_means_are_not_judged(make: Any) -> None:
+    torch.manual_seed(0)
+    report = _probe(make(), _seq(6)(), _mse)
+    assert verdicts(report) == {CHECK: "not_observed"} and not report.findings
