@@ -70,7 +70,9 @@ def _samples(m: nn.Module, b: Any, fn: LossFn, opt: Any, cfg: Any, budget: Budge
     return sample_verdict(found, rec, cfg.severity)
 
 
-def _gradient(m: nn.Module, b: Any, fn: LossFn, opt: Any, cfg: Any, budget: Budget, rec: Any) -> Any:
+def _gradient(
+    m: nn.Module, b: Any, fn: LossFn, opt: Any, cfg: Any, budget: Budget, rec: Any
+) -> Any:
     compared = gradient_agreement(
         m, b, fn, rtol=cfg.rtol, budget=budget, max_samples=cfg.max_samples
     )

@@ -138,7 +138,9 @@ class OpLog(TorchFunctionMode):
         self.field_size += max(kernel - 1, 0) * max(dilation, 1) * self.stride
         self.stride *= max(stride, 1)
 
-    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: Any = None) -> Any:
+    def __torch_function__(
+        self, func: Any, types: Any, args: tuple = (), kwargs: Any = None
+    ) -> Any:
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         try:
@@ -233,7 +235,9 @@ class OpLog(TorchFunctionMode):
             if isinstance(item, Tensor) and item.dtype != bool and item.dim() > 0:
                 self._global("indexing with a tensor")
             elif isinstance(item, slice):
-                shift = max(abs(item.start or 0), abs(item.stop or 0) if (item.stop or 0) < 0 else 0)
+                shift = max(
+                    abs(item.start or 0), abs(item.stop or 0) if (item.stop or 0) < 0 else 0
+                )
                 self.field_size += shift * self.stride
                 self.stride *= abs(item.step or 1)
 

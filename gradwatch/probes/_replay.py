@@ -117,7 +117,9 @@ class Draws(TorchFunctionMode):
             value = value[self.perm.to(value.device)]
         return value
 
-    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: Any = None) -> Any:
+    def __torch_function__(
+        self, func: Any, types: Any, args: tuple = (), kwargs: Any = None
+    ) -> Any:
         kwargs = dict(kwargs or {})
         if func in _IDENTITY:
             return args[0] if args else kwargs["input"]
@@ -200,8 +202,10 @@ class State:
 def _is_state(value: Any) -> bool:
     if isinstance(value, Tensor):
         return not isinstance(value, nn.Parameter)
-    return isinstance(value, (tuple, list)) and bool(value) and all(
-        isinstance(v, Tensor) for v in value
+    return (
+        isinstance(value, (tuple, list))
+        and bool(value)
+        and all(isinstance(v, Tensor) for v in value)
     )
 
 

@@ -28,7 +28,7 @@ from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from gradwatch.probes._replay import Draws, State, differ, run_forward
-from gradwatch.probes._sandbox import Budget, CannotJudge, LossFn, batch_size, fresh_copy
+from gradwatch.probes._sandbox import Budget, LossFn, batch_size, fresh_copy
 from gradwatch.probes._sandbox import param_bytes as _param_bytes
 
 __all__ = ["ReproResult", "reproducibility"]
@@ -148,8 +148,8 @@ def _read(
 def _set(model: nn.Module, name: str, value: Any) -> None:
     owner, _, key = name.rpartition(".")
     mod = model.get_submodule(owner) if owner else model
-    if key in mod._buffers and mod._buffers[key] is not None and value is not None:
-        buf = mod._buffers[key]
+    buf = mod._buffers.get(key)
+    if buf is not None and value is not None:
         with torch.no_grad():
             if buf.shape != value.shape:
                 buf.resize_(value.shape)

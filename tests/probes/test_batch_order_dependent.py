@@ -237,7 +237,10 @@ class CapacityMoE(nn.Module):
 
     def __init__(self) -> None:
         super().__init__()
-        self.router, self.experts = nn.Linear(4, 2), nn.ModuleList(nn.Linear(4, 10) for _ in range(2))
+        self.router, self.experts = (
+            nn.Linear(4, 2),
+            nn.ModuleList(nn.Linear(4, 10) for _ in range(2)),
+        )
         self.expert_capacity = 3
 
     def forward(self, x: Tensor) -> Tensor:

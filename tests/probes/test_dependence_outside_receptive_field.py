@@ -27,7 +27,11 @@ class ConvOverFeatures(nn.Module):
 
     def __init__(self, scramble: bool = True) -> None:
         super().__init__()
-        self.conv, self.head, self.scramble = nn.Conv1d(6, 16, 3, padding=1), nn.Linear(16, 5), scramble
+        self.conv, self.head, self.scramble = (
+            nn.Conv1d(6, 16, 3, padding=1),
+            nn.Linear(16, 5),
+            scramble,
+        )
 
     def forward(self, x: Tensor) -> Tensor:
         b, length, c = x.shape
@@ -42,7 +46,10 @@ class PixelHead(nn.Module):
     def __init__(self, scramble: bool = True) -> None:
         super().__init__()
         self.body = nn.Sequential(
-            nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1)
+            nn.Conv2d(3, 8, 3, padding=1),
+            nn.BatchNorm2d(8),
+            nn.ReLU(),
+            nn.Conv2d(8, 8, 3, padding=1),
         )
         self.head, self.scramble = nn.Linear(8, 4), scramble
 
@@ -59,7 +66,9 @@ class TcnViewBack(nn.Module):
 
     def __init__(self, scramble: bool = True) -> None:
         super().__init__()
-        self.convs = nn.ModuleList(nn.Conv1d(4 if i == 0 else 8, 8, 2, dilation=2**i) for i in range(2))
+        self.convs = nn.ModuleList(
+            nn.Conv1d(4 if i == 0 else 8, 8, 2, dilation=2**i) for i in range(2)
+        )
         self.head, self.scramble = nn.Linear(8, 3), scramble
 
     def forward(self, x: Tensor) -> Tensor:  # x: (B, L, 4)
@@ -119,7 +128,10 @@ class Tagger(nn.Module):
 
     def __init__(self) -> None:
         super().__init__()
-        self.embed, self.mlp = nn.Embedding(30, 8), nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 5))
+        self.embed, self.mlp = (
+            nn.Embedding(30, 8),
+            nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 5)),
+        )
 
     def forward(self, ids: Tensor) -> Tensor:
         return self.mlp(self.embed(ids))
@@ -183,7 +195,10 @@ class Encoder(nn.Module):
         super().__init__()
         self.embed = nn.Embedding(30, 16)
         layer = nn.TransformerEncoderLayer(16, 2, 32, batch_first=True)
-        self.enc, self.head = nn.TransformerEncoder(layer, 1, enable_nested_tensor=False), nn.Linear(16, 5)
+        self.enc, self.head = (
+            nn.TransformerEncoder(layer, 1, enable_nested_tensor=False),
+            nn.Linear(16, 5),
+        )
 
     def forward(self, ids: Tensor) -> Tensor:
         return self.head(self.enc(self.embed(ids)))
