@@ -196,7 +196,8 @@ class OpLog(TorchFunctionMode):
         dims = [dim] if isinstance(dim, int) else list(dim)
         for d in dims:
             d = d % max(x.dim(), 1)
-            local = d == 0 or d == x.dim() - 1 or (self.convolutional and d == 1) or x.dim() <= 2
+            last = d == x.dim() - 1 and (not self.convolutional or x.shape[d] in self.channels)
+            local = d == 0 or last or (self.convolutional and d == 1) or x.dim() <= 2
             if not local:
                 self._global(f"{name} over dimension {d} of {tuple(x.shape)}")
 

@@ -99,6 +99,7 @@ class Draws(TorchFunctionMode):
         self.n, self.replay, self.perm = n, replay, perm
         self.drawn: list[Tensor] = []
         self.unaligned = 0  # draws without the batch axis first: not permutable
+        self.indices = False  # the draw being replayed is a permutation of the batch
         self.mismatch = ""
 
     def _value(self, fresh: Tensor) -> Tensor:
@@ -114,7 +115,10 @@ class Draws(TorchFunctionMode):
         self.drawn.append(value)
         batched = value.dim() > 0 and value.shape[0] == self.n
         if self.perm is not None and batched:
-            value = value[self.perm.to(value.device)]
+            perm = self.perm.to(value.device)
+            value = value[perm]
+            if self.indices:  # a randperm of the batch (mixup's partner): indices follow too
+                value = perm.argsort()[value]
         return value
 
     def __torch_function__(
@@ -126,6 +130,7 @@ class Draws(TorchFunctionMode):
         if func in _NO_DROPOUT:
             args, kwargs = _without_dropout(func, args, kwargs)
         out = func(*args, **kwargs)
+        self.indices = func is torch.randperm
         if func in _FACTORIES and isinstance(out, Tensor):
             if not (out.dim() > 0 and out.shape[0] == self.n) and out.numel() > 1:
                 self.unaligned += 1

@@ -192,7 +192,7 @@ def order_dependence(
     if len(moved.outputs) != len(orig.outputs):
         raise CannotJudge("forward_changed", "the permuted batch gave another set of outputs")
     for (path, a), (_, b) in zip(orig.outputs, moved.outputs):
-        change, samples = differ(a[perm.to(a.device)], b, rtol)
+        change, samples = _compare(a, b, perm, rtol)
         if len(samples):
             result.output, result.samples, result.change = path, samples.tolist(), change
             break
@@ -212,6 +212,18 @@ def order_dependence(
                 partial=result,
             )
     return result
+
+
+def _compare(a: Tensor, b: Tensor, perm: Tensor, rtol: float) -> tuple[float, Tensor]:
+    """``a`` permuted against ``b``; a pairwise output (``(n, n)``, CLIP's image-text logits)
+    has its columns permuted too."""
+    p = perm.to(a.device)
+    change, samples = differ(a[p], b, rtol)
+    if len(samples) and a.dim() >= 2 and a.shape[1] == a.shape[0]:
+        pairwise = differ(a[p][:, p], b, rtol)
+        if not len(pairwise[1]):
+            return pairwise
+    return change, samples
 
 
 def _capacity_routing(model: nn.Module) -> str:

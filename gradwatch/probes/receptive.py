@@ -195,10 +195,16 @@ def receptive_field(
         if isinstance(mod, _BatchNorm):
             mod.eval()
     result = FieldResult(sample=n // 2, memory_bytes=_param_bytes(copy))
+    modules = _module_reach_all(copy)
+    if modules:  # the module graph already reaches every position: no forward needed
+        result.reach_all = modules
+        result.not_judged["positions"] = f"every position is in reach: {modules[0]}"
+        result.reason = "reaches_every_position"
+        return result
     log = OpLog()
     out, leaves = _forward(copy, batch, loss_fn, n, log)
     result.field_size = log.field_size
-    result.reach_all = _module_reach_all(copy) + log.reach_all
+    result.reach_all = log.reach_all
     result.reshape = next((r for r in log.reshapes if r.regroup), None)
     pairs = [(p, t, a) for p, t in leaves for a in _position_axes(out, t, log.channels)]
     if not pairs:

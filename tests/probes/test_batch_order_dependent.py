@@ -257,3 +257,47 @@ def test_experts_of_limited_capacity_are_said_not_judged() -> None:
     report = _probe(CapacityMoE(), data())
     assert verdicts(report) == {CHECK: "not_observed"} and not findings(report, CHECK)
     assert report.probes[0].details["reason"] == "coupled_on_purpose"
+
+
+class PairwiseLogits(nn.Module):
+    """CLIP-like: image and text towers, logits between every image and every text."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.img, self.txt = nn.Linear(4, 8), nn.Linear(4, 8)
+
+    def forward(self, x: Tensor, t: Tensor) -> Tensor:
+        return F.normalize(self.img(x), dim=-1) @ F.normalize(self.txt(t), dim=-1).T
+
+
+class MixupInForward(nn.Module):
+    """Manifold mixup inside the forward: each sample mixed with a randperm partner."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(4, 16), nn.Linear(16, 10)
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = self.a(x)
+        if self.training:
+            h = 0.7 * h + 0.3 * h[torch.randperm(h.shape[0])]
+        return self.b(h)
+
+
+@pytest.mark.parametrize(
+    "make, batch, loss_fn",
+    [
+        (
+            PairwiseLogits,
+            lambda: (torch.randn(8, 4), torch.randn(8, 4)),
+            lambda m, b: F.cross_entropy(m(*b), torch.arange(8)),
+        ),
+        (MixupInForward, data, ce),
+    ],
+)
+def test_pairwise_outputs_and_a_permutation_drawn_in_the_forward_pass(
+    make: Any, batch: Any, loss_fn: Any
+) -> None:
+    torch.manual_seed(0)
+    report = _probe(make(), batch(), loss_fn)
+    assert verdicts(report) == {CHECK: "passed"}, report.probes[0].details
