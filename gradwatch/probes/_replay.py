@@ -76,9 +76,16 @@ _IN_PLACE = {
 
 
 def _without_dropout(func: Callable[..., Any], args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """The call with ``dropout_p`` 0 (``scaled_dot_product_attention`` is a builtin without a
+    signature to bind: its ``dropout_p`` is the fifth positional argument)."""
+    if "dropout_p" in kwargs:
+        return args, {**kwargs, "dropout_p": 0.0}
     try:
         bound = inspect.signature(func).bind(*args, **kwargs)
     except (TypeError, ValueError):
+        at = 4 if func is F.scaled_dot_product_attention else None
+        if at is not None and len(args) > at:
+            args = (*args[:at], 0.0, *args[at + 1 :])
         return args, kwargs
     if "dropout_p" in bound.arguments:
         bound.arguments["dropout_p"] = 0.0
