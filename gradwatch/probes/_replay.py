@@ -203,7 +203,7 @@ class State:
                 elif full in self.saved:
                     setattr(mod, key, _fresh(self.saved[full]))
                 elif _is_state(value):
-                    setattr(mod, key, None)  # created by a forward: gone, as before it
+                    del vars(mod)[key]  # created by a forward: absent, as before it
 
     def changed(self, after: dict[str, Any]) -> list[str]:
         """The names whose value differs between the saved state and ``after``."""
@@ -214,11 +214,7 @@ class State:
 def _is_state(value: Any) -> bool:
     if isinstance(value, Tensor):
         return not isinstance(value, nn.Parameter)
-    return (
-        isinstance(value, (tuple, list))
-        and bool(value)
-        and all(isinstance(v, Tensor) for v in value)
-    )
+    return isinstance(value, (tuple, list)) and all(isinstance(v, Tensor) for v in value)
 
 
 def _fresh(value: Any) -> Any:

@@ -183,3 +183,28 @@ def test_loss_free_with_a_projection_loss() -> None:
     weight = torch.randn(10)
     report = _probe(KeptHidden(), _seqs(), lambda m, b: F.tanh(m(b[0]) @ weight).sum())
     assert verdicts(report) == {CHECK: "finding"}
+
+
+class Taps(nn.Module):
+    """Feature taps appended to a list by the forward, and a mask made once and reused
+    (``if not hasattr``): state restored between forwards must keep them working."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(4, 16), nn.Linear(16, 10)
+        self.taps: list[Tensor] = []
+
+    def forward(self, x: Tensor) -> Tensor:
+        if not hasattr(self, "scale"):
+            self.scale = torch.ones(16)
+        h = torch.relu(self.a(x)) * self.scale
+        self.taps.append(h.detach())
+        return self.b(h)
+
+
+def test_state_the_forward_creates_is_restored_as_absent() -> None:
+    torch.manual_seed(0)
+    for check in (CHECK, "batch_order_dependent"):
+        config = {"checks": {i: {"enabled": i == check} for i in CFG["checks"]}}
+        report = gradwatch.probe(Taps(), data(), ce, config=config)
+        assert verdicts(report) == {check: "passed"}, report.probes[0].note
