@@ -85,6 +85,7 @@ def repro_verdict(res: ReproResult, record: ProbeResult, severity: str) -> Optio
     if res.declared:
         record.verdict = NotObserved.id
         record.details["declared"] = res.declared
+        record.details["reason"] = "declared_stateful"
         record.note = f"state carried on purpose, declared by {res.declared}: not judged"
         return _finding(
             NotObserved.id,

@@ -10,10 +10,11 @@ put back alone (within the time budget) to find those the output reads.
 Batch-norm running statistics (and ``num_batches_tracked``) change at every train-mode
 forward, but the output there reads the batch's own statistics: they are not blamed (in eval
 mode the forward reads them but does not write them). State carried on purpose, a recurrent
-state fed back for truncated BPTT, a key/value cache or a Transformer-XL memory, is declared
-(the config's ``stateful`` or ``allow``) or recognised by its name (``cache``, ``mems``,
-``memory``, a MoCo ``queue``, a memory ``bank``): the probe then reports that the property
-was not judged.
+state fed back for truncated BPTT, a key/value cache, a Transformer-XL memory or the running
+ranges of quantisation-aware training's observers, is declared (the config's ``stateful``
+or ``allow``) or recognised: by its name (``cache``, ``mems``, ``memory``, a MoCo
+``queue``, a memory ``bank``), or as observers' and fake quantisers' state (by their class).
+The probe then reports that the property was not judged.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ __all__ = ["ReproResult", "reproducibility"]
 SEED = 8191
 _ON_PURPOSE = re.compile(r"(cache|mems|memory|past_key|queue|bank)", re.IGNORECASE)
 _STATS = ("running_mean", "running_var", "num_batches_tracked")
+_OBSERVERS = re.compile(r"Observer|FakeQuant", re.IGNORECASE)
 
 
 @dataclass
@@ -65,9 +67,14 @@ def _norm_stats(model: nn.Module) -> set[str]:
     return names
 
 
-def _on_purpose(names: list[str], stateful: Optional[bool], allow: list[str]) -> str:
+def _on_purpose(
+    names: list[str], stateful: Optional[bool], allow: list[str], kinds: dict[str, str]
+) -> str:
     if stateful:
         return "the config (checks.forward_not_reproducible.stateful)"
+    observed = [k for k in names if _OBSERVERS.search(kinds.get(k, ""))]
+    if names and len(observed) == len(names):  # QAT: the scale follows running min/max
+        return f"quantisation observers ({', '.join(observed[:4])}: running ranges kept on purpose)"
     allowed = [k for k in names if any(fnmatch.fnmatch(k, pat) for pat in allow)]
     if names and len(allowed) == len(names):
         return f"the config's allow ({', '.join(allowed[:4])})"
@@ -109,12 +116,25 @@ def reproducibility(
             break
     if len(first.outputs) != len(second.outputs):
         result.output = "output (another set of tensors)"
-    result.declared = _on_purpose(result.state, stateful, list(allow or []))
+    kinds = _owners(copy, result.state)
+    result.declared = _on_purpose(result.state, stateful, list(allow or []), kinds)
     if result.differs and not result.declared:
         result.read = _read(copy, batch, loss_fn, n, start, after, result, rtol, budget)
         if result.read:
-            result.declared = _on_purpose(result.read, stateful, list(allow or []))
+            result.declared = _on_purpose(result.read, stateful, list(allow or []), kinds)
     return result
+
+
+def _owners(model: nn.Module, names: list[str]) -> dict[str, str]:
+    """The class name of the module that holds each state entry."""
+    out = {}
+    for name in names:
+        owner = name.rpartition(".")[0]
+        try:
+            out[name] = type(model.get_submodule(owner) if owner else model).__name__
+        except AttributeError:
+            out[name] = ""
+    return out
 
 
 def _read(
@@ -137,8 +157,11 @@ def _read(
         if budget.left() <= 0:
             break
         start.restore()
-        _set(copy, name, after.get(name))
-        out = run_forward(copy, batch, loss_fn, n, SEED, Draws(n, replay=[]))
+        try:
+            _set(copy, name, after.get(name))
+            out = run_forward(copy, batch, loss_fn, n, SEED, Draws(n, replay=[]))
+        except Exception:  # one entry alone may be inconsistent with the rest: unknown
+            continue
         if any(len(differ(a, b, rtol)[1]) for (_, a), (_, b) in zip(base.outputs, out.outputs)):
             read.append(name)
     start.restore()

@@ -217,11 +217,17 @@ def _search(
     for half in _splits(n):
         if budget.left() <= 0:
             break
-        split = _reach(out, leaves, n, half)
+        try:
+            split = _reach(out, leaves, n, half)
+        except Exception:  # backward hooks that allow one backward per forward (opacus's)
+            break
         if not split[0] or split[1] <= min_share:
             continue
         for sample in torch.nonzero(half).flatten().tolist():
-            single = _reach(out, leaves, n, _one(n, sample))
+            try:
+                single = _reach(out, leaves, n, _one(n, sample))
+            except Exception:
+                break
             if single[0] and single[1] > min_share:
                 result.sample = sample
                 return single
