@@ -11,8 +11,16 @@ sample), so the first module whose output moved names where the order got in.
 Train-mode batch norm needs no exception: its statistics are sums over the batch, the same in
 any order (up to rounding, which the tolerance allows). Experts of limited capacity (Switch,
 GShard: a module with ``expert_capacity`` or ``capacity_factor``) drop tokens by their place
-in the batch by design: a move there is said as not judged. A forward that draws random numbers
-the replay cannot align with the samples is judged with the copy in eval mode, and says so.
+in the batch by design: a move there is said as not judged. A forward that draws random
+numbers the replay cannot align with the samples is judged with the copy in eval mode, and
+says so.
+
+What it cannot judge: a dependence on the position that the derangement leaves in place (a
+bug that depends only on the batch size, or on a sample's neighbours' content and not
+their order); a loss that reduces over samples in another way than a mean or sum (it is
+compared only when ``compare_loss``); randomness the replay cannot see (drawn inside a C++
+kernel or from a generator the forward does not call through torch), which forces eval mode
+and so misses a train-mode-only order dependence.
 """
 
 from __future__ import annotations

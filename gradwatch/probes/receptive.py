@@ -12,6 +12,14 @@ differentiated, each by one backward from a random weighting of that slice of on
 output: the gradient on input positions outside the field, beyond ``min_share`` of the
 gradient inside it, is a dependence no layer made. The reshape that regrouped dimensions
 (``x.view(B, L, C)`` of a ``(B, C, L)`` tensor) is named with its line.
+
+What it cannot judge: any model with an op that reaches every position (every transformer,
+recurrent net, global pooling, group norm): a scramble before such an op is invisible to a
+dependence map (``sample_dependence``'s causal and padding rules see some of those); an
+output without a position axis of the input's (a classifier); axes whose size equals a
+channel count the layers read (they might be channels); a field that covers the axis. An
+op the log does not know is taken as pointwise: a dependence it makes is reported as a
+``warning`` when no regrouping reshape explains it.
 """
 
 from __future__ import annotations

@@ -15,6 +15,11 @@ ranges of quantisation-aware training's observers, is declared (the config's ``s
 or ``allow``) or recognised: by its name (``cache``, ``mems``, ``memory``, a MoCo
 ``queue``, a memory ``bank``), or as observers' and fake quantisers' state (by their class).
 The probe then reports that the property was not judged.
+
+What it cannot judge: state that the same batch sets back to the same value on every call
+(a mask cached from the first batch and reused, stale for the next, different batch); state
+outside the model's modules (a global, a closure in ``loss_fn``) beyond saying that no
+module attribute changed; non-determinism below ``rtol`` (GPU atomics).
 """
 
 from __future__ import annotations
