@@ -77,6 +77,7 @@ def repro_verdict(res: ReproResult, record: ProbeResult, severity: str) -> Optio
     details: dict[str, Any] = {
         "state": res.state[:32],
         "read": res.read[:32],
+        "reset": res.reset[:32],
         "output": res.output,
         "change": res.change,
         "samples": res.samples[:32],

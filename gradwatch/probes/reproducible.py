@@ -9,12 +9,14 @@ put back alone (within the time budget) to find those the output reads.
 
 Batch-norm running statistics (and ``num_batches_tracked``) change at every train-mode
 forward, but the output there reads the batch's own statistics: they are not blamed (in eval
-mode the forward reads them but does not write them). State carried on purpose, a recurrent
-state fed back for truncated BPTT, a key/value cache, a Transformer-XL memory or the running
-ranges of quantisation-aware training's observers, is declared (the config's ``stateful``
-or ``allow``) or recognised: by its name (``cache``, ``mems``, ``memory``, a MoCo
-``queue``, a memory ``bank``), or as observers' and fake quantisers' state (by their class).
-The probe then reports that the property was not judged.
+mode the forward reads them but does not write them). State a forward re-estimates
+by design and reads, quantisation-aware training's observers (their running ranges) and
+spectral norm's power-iteration vectors (``weight_u``, ``_u``), is set back before the second
+forward (``details.reset``), so the rest is still judged. State carried on purpose, a
+recurrent state fed back for truncated BPTT, a key/value cache or a Transformer-XL memory,
+is declared (the config's ``stateful`` or ``allow``) or recognised by its name (``cache``,
+``mems``, ``memory``, a MoCo ``queue``, a memory ``bank``): the probe then reports that the
+property was not judged (only when the outputs differ, unless ``stateful: true``).
 
 What it cannot judge: state that the same batch sets back to the same value on every call
 (a mask cached from the first batch and reused, stale for the next, different batch); state
@@ -42,7 +44,8 @@ __all__ = ["ReproResult", "reproducibility"]
 SEED = 8191
 _ON_PURPOSE = re.compile(r"(cache|mems|memory|past_key|queue|bank)", re.IGNORECASE)
 _STATS = ("running_mean", "running_var", "num_batches_tracked")
-_OBSERVERS = re.compile(r"Observer|FakeQuant", re.IGNORECASE)
+_OBSERVERS = re.compile(r"Observer|FakeQuant|SpectralNorm", re.IGNORECASE)
+_POWER_ITERATION = ("weight_u", "weight_v", "_u", "_v")
 
 
 @dataclass
@@ -55,6 +58,7 @@ class ReproResult:
     samples: list[int] = field(default_factory=list)
     state: list[str] = field(default_factory=list)  # every entry the first forward changed
     read: list[str] = field(default_factory=list)  # those shown to change the output
+    reset: list[str] = field(default_factory=list)  # re-estimated by design: set back
     declared: str = ""  # what declared or showed the state to be carried on purpose
     memory_bytes: int = 0
 
@@ -72,14 +76,9 @@ def _norm_stats(model: nn.Module) -> set[str]:
     return names
 
 
-def _on_purpose(
-    names: list[str], stateful: Optional[bool], allow: list[str], kinds: dict[str, str]
-) -> str:
+def _on_purpose(names: list[str], stateful: Optional[bool], allow: list[str]) -> str:
     if stateful:
         return "the config (checks.forward_not_reproducible.stateful)"
-    observed = [k for k in names if _OBSERVERS.search(kinds.get(k, ""))]
-    if names and len(observed) == len(names):  # QAT: the scale follows running min/max
-        return f"quantisation observers ({', '.join(observed[:4])}: running ranges kept on purpose)"
     allowed = [k for k in names if any(fnmatch.fnmatch(k, pat) for pat in allow)]
     if names and len(allowed) == len(names):
         return f"the config's allow ({', '.join(allowed[:4])})"
@@ -112,7 +111,12 @@ def reproducibility(
     first = run_forward(copy, batch, loss_fn, n, SEED, Draws(n, replay=[]))
     after = State(copy).saved
     ignored = _norm_stats(copy) if copy.training else set()
-    result.state = [k for k in start.changed(after) if k not in ignored]
+    changed = [k for k in start.changed(after) if k not in ignored]
+    kinds = _owners(copy, changed)
+    result.reset = [k for k in changed if _recomputed(k, kinds)]
+    for name in result.reset:  # re-estimated at every call by design: both forwards alike
+        _set(copy, name, start.saved.get(name))
+    result.state = [k for k in changed if k not in result.reset]
     second = run_forward(copy, batch, loss_fn, n, SEED, Draws(n, replay=[]))
     for (path, a), (_, b) in zip(first.outputs, second.outputs):
         change, samples = differ(a, b, rtol)
@@ -121,13 +125,22 @@ def reproducibility(
             break
     if len(first.outputs) != len(second.outputs):
         result.output = "output (another set of tensors)"
-    kinds = _owners(copy, result.state)
-    result.declared = _on_purpose(result.state, stateful, list(allow or []), kinds)
-    if result.differs and not result.declared:
-        result.read = _read(copy, batch, loss_fn, n, start, after, result, rtol, budget)
-        if result.read:
-            result.declared = _on_purpose(result.read, stateful, list(allow or []), kinds)
+    if stateful:
+        result.declared = _on_purpose(result.state, stateful, [])
+    elif result.differs:
+        result.declared = _on_purpose(result.state, stateful, list(allow or []))
+        if not result.declared:
+            result.read = _read(copy, batch, loss_fn, n, start, after, result, rtol, budget)
+            if result.read:
+                result.declared = _on_purpose(result.read, stateful, list(allow or []))
     return result
+
+
+def _recomputed(name: str, kinds: dict[str, str]) -> bool:
+    """State a forward re-estimates on purpose and reads: quantisation observers' running
+    ranges, spectral norm's power-iteration vectors."""
+    leaf = name.rpartition(".")[2]
+    return bool(_OBSERVERS.search(kinds.get(name, ""))) or leaf in _POWER_ITERATION
 
 
 def _owners(model: nn.Module, names: list[str]) -> dict[str, str]:

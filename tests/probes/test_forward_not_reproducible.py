@@ -208,3 +208,19 @@ def test_state_the_forward_creates_is_restored_as_absent() -> None:
         config = {"checks": {i: {"enabled": i == check} for i in CFG["checks"]}}
         report = gradwatch.probe(Taps(), data(), ce, config=config)
         assert verdicts(report) == {check: "passed"}, report.probes[0].note
+
+
+def test_state_re_estimated_by_design_is_set_back_and_the_rest_judged() -> None:
+    """Spectral norm's power iteration moves ``weight_u`` at every train-mode forward and
+    the output reads it (SN-GAN's discriminator): set back, the property still holds."""
+    torch.manual_seed(0)
+    sn = nn.Sequential(nn.utils.spectral_norm(nn.Linear(4, 16)), nn.ReLU(), nn.Linear(16, 10))
+    report = _probe(sn, data())
+    assert verdicts(report) == {CHECK: "passed"}
+    assert report.probes[0].details["reset"] == ["0.weight_u", "0.weight_v"]
+    torch.manual_seed(0)
+    para = nn.Sequential(nn.utils.parametrizations.spectral_norm(nn.Linear(4, 16)), nn.ReLU())
+    assert verdicts(_probe(para, data(), lambda m, b: m(b[0]).sum())) == {CHECK: "passed"}
+    bug = nn.Sequential(nn.utils.spectral_norm(nn.Linear(4, 16)), RunningNorm(16))
+    (finding,) = findings(_probe(bug, data(), lambda m, b: m(b[0]).sum()), CHECK)
+    assert finding.details["read"] == ["1.mean", "1.var"]
