@@ -12,7 +12,8 @@ a hook on the root module; ``loss_fn``'s reductions are not the model's). Each o
   stacked along a position dimension (a loop over positions): any input position may reach any
   output position, and the probe does not judge that model;
 - **bounded**: convolutions and local pooling (``(k - 1) * dilation`` times the stride so far),
-  padding, slicing, concatenation, pixel shuffles and interpolation (their shift);
+  slicing, concatenation, pixel shuffles and interpolation (their shift; padding only shifts,
+  and the window around an output position is the field on both sides);
 - **pointwise**: every other op (elementwise maths, a linear map on the features).
 
 Reshapes (``view``, ``reshape``, ``flatten``, ``unflatten``) are recorded with the line that
@@ -226,8 +227,8 @@ class OpLog(TorchFunctionMode):
         mode = kwargs.get("mode", args[2] if len(args) > 2 else "constant")
         if mode == "circular":
             self._global("circular padding")
-        pads = kwargs.get("pad", args[1] if len(args) > 1 else ())
-        self.field_size += max((abs(int(p)) for p in pads), default=0) * self.stride
+        # Zero, reflect or replicate padding only shifts positions (the measured window is
+        # centred on the output position scaled to the input, with the field on both sides).
 
     def _index(self, args: tuple) -> None:
         index = args[1] if len(args) > 1 else None
