@@ -15,6 +15,8 @@ ratios (probe seconds / step seconds): machine speed cancels out.
 
     .venv/bin/python benchmarks/probes.py            # both layouts, default budgets
     .venv/bin/python benchmarks/probes.py --quick    # small GPT-2 layout, seconds
+    .venv/bin/python benchmarks/probes.py --probes forward_not_reproducible,\
+        batch_order_dependent,dependence_outside_receptive_field   # the loss-free properties
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 import gradwatch
+from gradwatch.probes import PROBES
 
 LossFn = Callable[[nn.Module, Any], Tensor]
 
@@ -151,6 +154,12 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="a 2-layer GPT-2 layout")
     parser.add_argument("--only", choices=["resnet18", "gpt2"], help="one layout")
     parser.add_argument("--out", help="also write the figures as JSON here")
+    parser.add_argument(
+        "--probes",
+        help="comma-separated probe ids to run (default: every probe), e.g. the loss-free "
+        "properties: forward_not_reproducible,batch_order_dependent,"
+        "dependence_outside_receptive_field",
+    )
     args = parser.parse_args()
     rows: dict[str, Any] = {"torch": torch.__version__, "machine": platform.processor()}
     for key, (what, model, batch, loss_fn) in _cases(args.quick).items():
@@ -158,7 +167,9 @@ def main() -> None:
             continue
         step = _step_seconds(model, batch, loss_fn, reps=3)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-        report = gradwatch.probe(model, batch, loss_fn, opt)
+        chosen = args.probes.split(",") if args.probes else list(PROBES)
+        cfg = {"checks": {p: {"enabled": p in chosen} for p in PROBES}}
+        report = gradwatch.probe(model, batch, loss_fn, opt, config=cfg)
         weights = sum(p.numel() * p.element_size() for p in model.parameters())
         print(f"{key}: {what}; one step {step:.3f} s; parameters {weights / 2**20:.1f} MiB")
         row: dict[str, Any] = {"step_s": step, "param_bytes": weights, "probes": {}}
@@ -167,7 +178,7 @@ def main() -> None:
             copy = p.memory_bytes / weights
             extra = p.note or p.details.get("reason", "")
             print(
-                f"  {p.id:<18} {p.verdict:<12} {p.seconds:7.2f} s = {ratio:6.1f} steps, "
+                f"  {p.id:<34} {p.verdict:<12} {p.seconds:7.2f} s = {ratio:6.1f} steps, "
                 f"copy {copy:.1f} x weights{', sampled' if p.sampled else ''}  {extra}"
             )
             row["probes"][p.id] = {

@@ -34,7 +34,9 @@ class DoesNotLearnConfig(CheckConfig):
         "(measured from |start| for a loss that can be negative).",
     )
     max_samples: int = Field(
-        default=8, ge=1, description="Samples of the batch it trains on (the first ones)."
+        default=8,
+        ge=1,
+        description="Samples of the batch it trains on, spread over it (first and last included).",
     )
     budget_s: float = Field(default=5.0, gt=0, description="Seconds the probe may take.")
 

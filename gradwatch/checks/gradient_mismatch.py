@@ -33,7 +33,10 @@ class GradientMismatchConfig(CheckConfig):
         "says how many it compared.",
     )
     max_samples: int = Field(
-        default=8, ge=1, description="Samples of the batch the probe uses (the first ones)."
+        default=8,
+        ge=1,
+        description="Samples of the batch the probe uses, spread over it (first and last "
+        "included).",
     )
 
 

@@ -10,18 +10,21 @@ from collections.abc import Iterable
 
 from gradwatch.checks.autocast_bypassed import AutocastBypassed
 from gradwatch.checks.base import Check
+from gradwatch.checks.batch_order_dependent import BatchOrderDependent
 from gradwatch.checks.clip_after_step import ClipAfterStep
 from gradwatch.checks.clip_without_effect import ClipWithoutEffect
 from gradwatch.checks.clipped_while_scaled import ClippedWhileScaled
 from gradwatch.checks.coverage import FrozenInOptimizer, NotInOptimizer
 from gradwatch.checks.dead import DeadParam
 from gradwatch.checks.decay_excluded import DecayOnExcludedParams
+from gradwatch.checks.dependence_outside_receptive_field import DependenceOutsideReceptiveField
 from gradwatch.checks.does_not_learn import DoesNotLearn
 from gradwatch.checks.double_backward import DoubleBackward
 from gradwatch.checks.double_update import DoubleUpdate
 from gradwatch.checks.eval_mode import EvalModeTraining
 from gradwatch.checks.eval_stochastic import EvalForwardStochastic
 from gradwatch.checks.exploding import ExplodingGrad
+from gradwatch.checks.forward_not_reproducible import ForwardNotReproducible
 from gradwatch.checks.freeze_flag import FreezeNotApplied
 from gradwatch.checks.frozen_stats import FrozenStatsUpdated
 from gradwatch.checks.frozen_updated import FrozenParamUpdated
@@ -97,6 +100,9 @@ ALL_CHECKS: list[type[Check]] = [
     NormalisedOverBatch,
     EvalForwardStochastic,
     LossTermDominates,
+    ForwardNotReproducible,
+    BatchOrderDependent,
+    DependenceOutsideReceptiveField,
 ]
 
 # gradwatch's own: always on, in no config (a fault or a synthesized name must be said).

@@ -5,7 +5,9 @@ Each probe is an experiment a careful practitioner runs by hand on a new setup (
 :func:`~gradwatch.probes._sandbox.rng_kept`: the user's weights, optimizer state, global RNG
 state and data are never touched. ``gradient_mismatch`` checks the derivative numerically,
 ``sample_dependence`` charts which samples an output depends on, ``does_not_learn``
-overfits one batch. Each has a time budget (its config's ``budget_s``); a probe that cannot
+overfits one batch; three properties of every correct model need no loss
+(``forward_not_reproducible``, ``batch_order_dependent``,
+``dependence_outside_receptive_field``: :data:`LOSS_FREE`). Each has a time budget (its config's ``budget_s``); a probe that cannot
 judge says so as an ``info`` ``not_observed`` finding and ``verdict: not_observed`` in the
 report's ``probes`` section, never as a pass.
 
@@ -16,25 +18,31 @@ Example:
     >>> batch = (torch.randn(8, 4), torch.randn(8, 1))
     >>> report = probe(model, batch, lambda m, b: nn.functional.mse_loss(m(b[0]), b[1]))
     >>> [(p.id, p.verdict) for p in report.probes]
-    [('sample_dependence', 'passed'), ('gradient_mismatch', 'passed'), ('does_not_learn', 'passed')]
+    [('sample_dependence', 'passed'), ('gradient_mismatch', 'passed'), ('does_not_learn', 'passed'), \
+('forward_not_reproducible', 'passed'), ('batch_order_dependent', 'passed'), \
+('dependence_outside_receptive_field', 'not_observed')]
 """
 
 from __future__ import annotations
 
 import time
 import warnings
-from typing import Any, Optional, Union
+from typing import Any, Callable, Optional, Union
 
 import torch
 from torch import nn
 
 from gradwatch._severity import at_least
 from gradwatch._version import __version__
-from gradwatch.checks.does_not_learn import DoesNotLearn, DoesNotLearnConfig
-from gradwatch.checks.gradient_mismatch import GradientMismatch, GradientMismatchConfig
+from gradwatch.checks.batch_order_dependent import BatchOrderDependent
+from gradwatch.checks.dependence_outside_receptive_field import DependenceOutsideReceptiveField
+from gradwatch.checks.does_not_learn import DoesNotLearn
+from gradwatch.checks.forward_not_reproducible import ForwardNotReproducible
+from gradwatch.checks.gradient_mismatch import GradientMismatch
 from gradwatch.checks.not_observed import NotObserved
-from gradwatch.checks.sample_dependence import SampleDependence, SampleDependenceConfig
+from gradwatch.checks.sample_dependence import SampleDependence
 from gradwatch.config import GradWatchConfig
+from gradwatch.probes._property_verdicts import field_verdict, order_verdict, repro_verdict
 from gradwatch.probes._sandbox import Budget, CannotJudge, LossFn, rng_kept
 from gradwatch.probes._verdicts import (
     gradient_verdict,
@@ -43,15 +51,79 @@ from gradwatch.probes._verdicts import (
     sample_verdict,
 )
 from gradwatch.probes.gradient import gradient_agreement
+from gradwatch.probes.order import order_dependence
 from gradwatch.probes.overfit import overfit_one_batch
+from gradwatch.probes.receptive import receptive_field
+from gradwatch.probes.reproducible import reproducibility
 from gradwatch.probes.samples import samples_reached
 from gradwatch.report import Finding, Report
 from gradwatch.results import ProbeResult
 
-__all__ = ["PROBES", "probe", "run_probes"]
+__all__ = ["PROBES", "RUNNERS", "probe", "run_probes"]
 
-#: The checks that are probes, in the order they run (the cheapest first).
-PROBES = (SampleDependence.id, GradientMismatch.id, DoesNotLearn.id)
+#: ``runner(model, batch, loss_fn, optimizer, cfg, budget, record)``: run one probe and
+#: judge it into ``record``; its finding, if any. Adding a probe adds one entry here.
+Runner = Callable[[nn.Module, Any, LossFn, Any, Any, Budget, ProbeResult], Optional[Finding]]
+
+
+def _samples(m: nn.Module, b: Any, fn: LossFn, opt: Any, cfg: Any, budget: Budget, rec: Any) -> Any:
+    found = samples_reached(m, b, fn, min_share=cfg.min_share, budget=budget, causal=cfg.causal)
+    return sample_verdict(found, rec, cfg.severity)
+
+
+def _gradient(
+    m: nn.Module, b: Any, fn: LossFn, opt: Any, cfg: Any, budget: Budget, rec: Any
+) -> Any:
+    compared = gradient_agreement(
+        m, b, fn, rtol=cfg.rtol, budget=budget, max_samples=cfg.max_samples
+    )
+    return gradient_verdict(compared, rec, cfg.severity)
+
+
+def _overfit(m: nn.Module, b: Any, fn: LossFn, opt: Any, cfg: Any, budget: Budget, rec: Any) -> Any:
+    trained = overfit_one_batch(
+        m, b, fn, opt, steps=cfg.steps, ratio=cfg.ratio, max_samples=cfg.max_samples, budget=budget
+    )
+    return overfit_verdict(trained, rec, cfg.severity)
+
+
+def _order(m: nn.Module, b: Any, fn: LossFn, opt: Any, cfg: Any, budget: Budget, rec: Any) -> Any:
+    found = order_dependence(m, b, fn, rtol=cfg.rtol, budget=budget)
+    if not cfg.compare_loss:
+        found.loss = None
+    return order_verdict(found, rec, cfg.severity)
+
+
+def _repro(m: nn.Module, b: Any, fn: LossFn, opt: Any, cfg: Any, budget: Budget, rec: Any) -> Any:
+    found = reproducibility(
+        m, b, fn, rtol=cfg.rtol, budget=budget, stateful=cfg.stateful, allow=cfg.allow
+    )
+    return repro_verdict(found, rec, cfg.severity)
+
+
+def _field(m: nn.Module, b: Any, fn: LossFn, opt: Any, cfg: Any, budget: Budget, rec: Any) -> Any:
+    found = receptive_field(m, b, fn, min_share=cfg.min_share, budget=budget)
+    return field_verdict(found, rec, cfg.severity)
+
+
+#: The checks that are probes and their runners, in the order they run.
+RUNNERS: dict[str, Runner] = {
+    SampleDependence.id: _samples,
+    GradientMismatch.id: _gradient,
+    DoesNotLearn.id: _overfit,
+    ForwardNotReproducible.id: _repro,
+    BatchOrderDependent.id: _order,
+    DependenceOutsideReceptiveField.id: _field,
+}
+PROBES = tuple(RUNNERS)
+#: The probes that judge the model's outputs, not the loss: they run with any ``loss_fn``
+#: that calls the model (``watch()`` can run them on the first batch it sees).
+LOSS_FREE = (
+    ForwardNotReproducible.id,
+    BatchOrderDependent.id,
+    SampleDependence.id,
+    DependenceOutsideReceptiveField.id,
+)
 
 
 def _one(
@@ -64,29 +136,7 @@ def _one(
     opt: Any,
 ) -> Optional[Finding]:
     """Run one probe and judge it into ``record``; its finding, if any."""
-    budget = Budget(cfg.budget_s)
-    if isinstance(cfg, SampleDependenceConfig):
-        found = samples_reached(
-            model, batch, loss_fn, min_share=cfg.min_share, budget=budget, causal=cfg.causal
-        )
-        return sample_verdict(found, record, cfg.severity)
-    if isinstance(cfg, GradientMismatchConfig):
-        compared = gradient_agreement(
-            model, batch, loss_fn, rtol=cfg.rtol, budget=budget, max_samples=cfg.max_samples
-        )
-        return gradient_verdict(compared, record, cfg.severity)
-    assert isinstance(cfg, DoesNotLearnConfig), check_id
-    trained = overfit_one_batch(
-        model,
-        batch,
-        loss_fn,
-        opt,
-        steps=cfg.steps,
-        ratio=cfg.ratio,
-        max_samples=cfg.max_samples,
-        budget=budget,
-    )
-    return overfit_verdict(trained, record, cfg.severity)
+    return RUNNERS[check_id](model, batch, loss_fn, opt, cfg, Budget(cfg.budget_s), record)
 
 
 def _guarded(
@@ -171,7 +221,8 @@ def probe(
 
     Args:
         model: the module; never changed (each probe works on a deep copy).
-        batch: one batch, passed to ``loss_fn`` as is (probes use its first samples).
+        batch: one batch, passed to ``loss_fn`` as is (probes that take a few samples take
+            them spread over the batch, first and last included).
         loss_fn: ``loss_fn(model, batch) -> Tensor``, a scalar loss, as for ``Probe``.
         optimizer: the user's optimizer: ``does_not_learn`` re-creates its class with its
             hyperparameters on the copy (never its state); ``None`` means Adam at 1e-3.

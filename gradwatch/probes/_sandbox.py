@@ -30,6 +30,7 @@ __all__ = [
     "rng_kept",
     "seeded",
     "slice_batch",
+    "spread",
 ]
 
 LossFn = Callable[[nn.Module, Any], Tensor]
@@ -160,12 +161,23 @@ def batch_size(batch: Any) -> Optional[int]:
     return sizes.pop() if len(sizes) == 1 else None
 
 
+def spread(n: int, k: int) -> list[int]:
+    """``k`` indices of ``range(n)`` spread evenly, first and last included."""
+    if k >= n:
+        return list(range(n))
+    if k <= 1:
+        return [n // 2]
+    return sorted({round(i * (n - 1) / (k - 1)) for i in range(k)})
+
+
 def slice_batch(batch: Any, n: int) -> Any:
-    """The first ``n`` samples of a batch whose tensors share their leading dimension."""
+    """``n`` samples spread over a batch whose tensors share their leading dimension (first
+    and last included): a defect in one sample of the middle is not left out."""
     size = batch_size(batch)
     if size is None or size <= n:
         return batch
-    return _map(batch, lambda t: t[:n] if t.dim() > 0 else t)
+    index = torch.tensor(spread(size, n))
+    return _map(batch, lambda t: t[index.to(t.device)] if t.dim() > 0 else t)
 
 
 def cast_batch(batch: Any, dtype: torch.dtype) -> Any:

@@ -3,7 +3,10 @@
 On a copy of the model, the batch's floating inputs (and the outputs of embedding layers,
 for token ids) become leaves that require grad; one backward from a random weighting of one
 sample's output (the model's first output with the batch's leading dimension) gives the
-gradient on every input. Independent samples give exactly zero on the others: any gradient
+gradient on every input. The middle sample's first; then the halves of the batch by each bit
+of the sample index and their complements (2 log2 n backwards): any two samples fall apart in
+one of them, so a dependence between any two samples is seen wherever they sit, and the one
+sample of that half whose output shows it is named. Independent samples give exactly zero on the others: any gradient
 there, beyond ``min_share`` of the sample's own, is a dependence. When the model trains batch
 norms, the backward is run again with them in eval mode: a dependence that vanishes is batch
 norm's, reported as ``info``.
@@ -159,10 +162,12 @@ def _forward(
 
 
 def _reach(
-    out: Tensor, leaves: list[tuple[str, Tensor]], n: int, sample: int
+    out: Tensor, leaves: list[tuple[str, Tensor]], n: int, chosen: Tensor
 ) -> tuple[list[int], float, list[str]]:
-    """The other samples one sample's output reaches, the share of gradient, the inputs."""
-    grads = weighted_grads(out[sample], leaves, SEED)
+    """The samples outside ``chosen`` (a mask) that the chosen samples' outputs reach, the
+    share of gradient on them, and the inputs it came through."""
+    index = torch.nonzero(chosen).flatten().to(out.device)
+    grads = weighted_grads(out.index_select(0, index), leaves, SEED)
     own, others = 0.0, 0.0
     reached: set[int] = set()
     names = []
@@ -171,16 +176,66 @@ def _reach(
             continue
         flat = g.detach().double().reshape(n, -1).abs()
         per = flat.max(dim=1).values
-        own = max(own, float(flat[sample].norm()))
-        mask = torch.ones(n, dtype=torch.bool, device=per.device)
-        mask[sample] = False
-        rest = float(flat[mask].norm()) if n > 1 else 0.0
+        mask = ~chosen.to(per.device)
+        own = max(own, float(flat[~mask].norm()))
+        rest = float(flat[mask].norm()) if bool(mask.any()) else 0.0
         if rest > 0:
             names.append(path)
             others = max(others, rest)
             reached |= {int(j) for j in torch.nonzero(per * mask > 0).flatten().tolist()}
     share = others / own if own > 0 else (float("inf") if others > 0 else 0.0)
     return sorted(reached), share, names
+
+
+def _one(n: int, sample: int) -> Tensor:
+    mask = torch.zeros(n, dtype=torch.bool)
+    mask[sample] = True
+    return mask
+
+
+def _splits(n: int) -> list[Tensor]:
+    """Halves of the batch by each bit of the sample index, and their complements: any two
+    samples fall apart in one of them, so a dependence between any two is seen."""
+    index = torch.arange(n)
+    halves = [((index >> bit) & 1).bool() for bit in range(max(1, (n - 1).bit_length()))]
+    return [m for h in halves for m in (h, ~h) if bool(m.any()) and not bool(m.all())]
+
+
+def _search(
+    out: Tensor,
+    leaves: list[tuple[str, Tensor]],
+    n: int,
+    min_share: float,
+    budget: Budget,
+    result: SampleResult,
+) -> tuple[list[int], float, list[str]]:
+    """The middle sample's reach; then the bit halves of the batch (a dependence between any
+    two samples, wherever they sit), and the one sample of a half that shows it."""
+    found = _reach(out, leaves, n, _one(n, n // 2))
+    if found[0] and found[1] > min_share:
+        return found
+    for half in _splits(n):
+        if budget.left() <= 0:
+            break
+        try:
+            split = _reach(out, leaves, n, half)
+        except Exception:  # backward hooks that allow one backward per forward (opacus's)
+            break
+        if not split[0] or split[1] <= min_share:
+            continue
+        for sample in torch.nonzero(half).flatten().tolist():
+            try:
+                single = _reach(out, leaves, n, _one(n, sample))
+            except Exception:
+                break
+            if single[0] and single[1] > min_share:
+                result.sample = sample
+                return single
+            if budget.left() <= 0:
+                break
+        result.sample = int(torch.nonzero(half).flatten()[0])
+        return split
+    return found
 
 
 def _within(
@@ -237,8 +292,9 @@ def samples_reached(
     budget: Budget,
     causal: Optional[bool] = None,
 ) -> SampleResult:
-    """One backward from the middle sample's output of a copy: which other samples it
-    reaches; then the independences the model or batch declare inside a sample.
+    """One backward from the middle sample's output of a copy, then from halves of the batch
+    (by each bit of the sample index, while the budget lasts) until one reaches other
+    samples; then the independences the model or batch declare inside a sample.
 
     Raises:
         CannotJudge: one sample only, no per-sample output, or no input to differentiate.
@@ -249,14 +305,15 @@ def samples_reached(
     copy = fresh_copy(model)
     result = SampleResult(sample=n // 2, batch=n, memory_bytes=param_bytes(copy))
     out, leaves = _forward(copy, batch, loss_fn, n)
-    others, share, names = _reach(out, leaves, n, result.sample)
+    others, share, names = _search(out, leaves, n, min_share, budget, result)
     del out, leaves
     if others and share > min_share:
         norms = [m for m in copy.modules() if isinstance(m, _BatchNorm) and m.training]
         if norms:  # over budget or not: without it, batch norm's coupling would read as a bug
             for m in norms:
                 m.eval()
-            still, still_share, _ = _reach(*_forward(copy, batch, loss_fn, n), n, result.sample)
+            again = _forward(copy, batch, loss_fn, n)
+            still, still_share, _ = _reach(*again, n, _one(n, result.sample))
             if not still or still_share <= min_share:
                 result.cause = "batch_norm"
         result.others, result.share, result.inputs = others, share, names

@@ -40,7 +40,7 @@ from gradwatch.sources.registry import NEEDS
 SPEC = Path(__file__).resolve().parents[2].parent / "shared" / "SPEC.md"
 # SPEC sections whose checks are being built this round: their ids are judged once
 # registered, and may be missing until then.
-BEING_BUILT: frozenset[str] = frozenset()
+BEING_BUILT: frozenset[str] = frozenset({"8"})
 # Every observed step, and gradwatch's own faults raised, so a broken check cannot hide.
 CFG: dict[str, Any] = {"every_n_steps": 1, "on_internal_error": "raise"}
 OTHER = {"error": "warning", "warning": "error", "info": "warning"}  # an override != default
@@ -52,13 +52,16 @@ EVERY_CHECK = pytest.mark.parametrize(
 SNAKE = r"[a-z][a-z0-9]*(_[a-z0-9]+)*"
 _SECTION = re.compile(r"##\s+(\d+)\.")
 _TABLE_HEAD = ["id", "fires when", "default severity"]
+# Section 8.2's table of properties: ``| id | the property ... | measured by | default severity |``
+_PROPERTY_HEAD = ("id", "default severity")
 
 
 def spec_checks(text: str) -> dict[str, tuple[str, str]]:
     """``{id: (section, default severity)}`` from SPEC's tables of checks.
 
-    A table of checks is one whose header is ``| id | fires when | default severity |``;
-    the section is the number of the ``## N.`` heading above it.
+    A table of checks is one whose header is ``| id | fires when | default severity |``
+    (or, section 8.2's, starts with ``id`` and ends with ``default severity``); the section is
+    the number of the ``## N.`` heading above it.
     """
     out: dict[str, tuple[str, str]] = {}
     section, in_table = "", False
@@ -70,10 +73,12 @@ def spec_checks(text: str) -> dict[str, tuple[str, str]]:
             in_table = False
             continue
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if cells == _TABLE_HEAD:
+        if cells == _TABLE_HEAD or (cells[0], cells[-1]) == _PROPERTY_HEAD:
             in_table = True
         elif in_table and not set(cells[0]) <= set("-: "):
             check_id = cells[0].strip("`")
+            if not re.fullmatch(SNAKE, check_id):
+                continue  # a row that names a source and its checks (section 8.2's data_as_fed)
             assert check_id not in out, f"SPEC lists {check_id} twice"
             out[check_id] = (section, cells[-1])
     return out

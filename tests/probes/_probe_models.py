@@ -31,8 +31,9 @@ def verdicts(report: gradwatch.Report) -> dict[str, str]:
 
 def only(check: str) -> dict[str, Any]:
     """A config that runs one probe."""
-    ids = ("gradient_mismatch", "sample_dependence", "does_not_learn")
-    return {"checks": {i: {"enabled": i == check} for i in ids}}
+    from gradwatch.probes import PROBES
+
+    return {"checks": {i: {"enabled": i == check} for i in PROBES}}
 
 
 def findings(report: gradwatch.Report, check: str) -> list[gradwatch.Finding]:

@@ -369,3 +369,38 @@ def test_a_mask_the_forward_builds_in_the_default_dtype_agrees() -> None:
     (record,) = report.probes
     assert record.verdict == "passed", [f.message for f in report.findings]
     assert record.details["dtype"] == "float64" and torch.get_default_dtype() == torch.float32
+
+
+class _SoftClip(torch.autograd.Function):
+    """A hand-written clip to [-3, 3] whose backward forgot the clipped region's zero."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor) -> Tensor:
+        return x.clamp(-3.0, 3.0)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> Tensor:
+        return grad
+
+
+class ClippedInput(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(4, 16), nn.Linear(16, 10)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.b(_SoftClip.apply(self.a(x)))
+
+
+def test_a_wrong_derivative_in_one_sample_of_the_middle_of_the_batch_is_found() -> None:
+    """Issue 47 item 9: only sample 9 of 16 reaches the clipped region; the probe's samples
+    are spread over the batch, so it is among them."""
+    torch.manual_seed(0)
+    model = ClippedInput()
+    x, y = data(n=16)
+    x = x.clamp(-0.3, 0.3)
+    x[9] = 40.0
+    with torch.no_grad():
+        assert bool((model.a(x[:8]).abs() < 3).all()) and bool((model.a(x[9]).abs() > 3).any())
+    (finding,) = findings(_probe(model, (x, y)), CHECK)
+    assert "_SoftClip" in finding.details["custom_functions"]

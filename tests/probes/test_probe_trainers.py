@@ -13,6 +13,7 @@ pytest.importorskip("pytorch_lightning")
 from _lightning_helpers import Regressor, loader, trainer
 
 from gradwatch.lightning import GradWatchCallback
+from gradwatch.probes import PROBES
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*LeafSpec.*:FutureWarning")
 
@@ -39,11 +40,7 @@ def test_probes_run_once_on_a_copy_and_change_nothing(tmp_path: Path) -> None:
     cb = _fit(tmp_path / "b", probed, probes=True)
     report = cb.probe_report
     assert report is not None and not report.failed
-    assert [p.id for p in report.probes] == [
-        "sample_dependence",
-        "gradient_mismatch",
-        "does_not_learn",
-    ]
+    assert [p.id for p in report.probes] == list(PROBES)
     assert all(torch.equal(a, b) for a, b in zip(plain.parameters(), probed.parameters()))
     assert cb.report is not None and cb.report.steps == 6
 

@@ -138,3 +138,25 @@ def test_a_batch_of_one_is_not_judged() -> None:
     report = _probe(mlp(), (x, y))
     assert verdicts(report) == {CHECK: "not_observed"}
     assert report.findings[0].details["reason"] == "probe_one_sample"
+
+
+class OneSampleReadsAnother(nn.Module):
+    """Sample 9's output reads sample 3's input (a hand-written "context" row lookup)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(4, 10)
+
+    def forward(self, x: Tensor) -> Tensor:
+        out = self.a(x)
+        if x.shape[0] > 9:
+            out = torch.cat([out[:9], out[9:10] + 0.5 * self.a(x[3:4]), out[10:]])
+        return out
+
+
+def test_a_dependence_of_one_sample_in_the_middle_of_the_batch_is_found() -> None:
+    """Issue 47 item 9: the probes look at the whole batch, not its first or middle sample."""
+    torch.manual_seed(0)
+    report = _probe(OneSampleReadsAnother(), data(n=16))
+    (finding,) = findings(report, CHECK)
+    assert finding.details["sample"] == 9 and finding.details["other_samples"] == [3]

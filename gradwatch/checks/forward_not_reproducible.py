@@ -1,0 +1,73 @@
+"""``forward_not_reproducible``: the same batch gives other outputs on a second forward.
+
+A probe (:mod:`gradwatch.probes.reproducible`), loss-free: two forwards of one copy on one
+batch with the same RNG state must agree; the state that changed between them is named.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from pydantic import Field
+
+from gradwatch._severity import Severity
+from gradwatch.checks.base import Check, CheckConfig, severity_field
+from gradwatch.checks.docs import CheckDoc
+
+__all__ = ["ForwardNotReproducible", "ForwardNotReproducibleConfig"]
+
+
+class ForwardNotReproducibleConfig(CheckConfig):
+    """``forward_not_reproducible``: the tolerance, declared state, and the budget."""
+
+    severity: Severity = severity_field("warning")
+    rtol: float = Field(
+        default=1e-5,
+        gt=0,
+        description="Change of an output between the two forwards, relative to its largest "
+        "magnitude, that is a difference (never below 1000 x its dtype's epsilon).",
+    )
+    stateful: Optional[bool] = Field(
+        default=None,
+        description="Whether the model carries state across forwards on purpose (truncated "
+        "BPTT feeding its hidden state back, a key/value cache): then the property is not "
+        "judged and the report says so. None: recognised from the state's names (cache, "
+        "mems, memory, queue, bank); false: never recognised.",
+    )
+    allow: list[str] = Field(
+        default_factory=list,
+        description="Glob patterns of state names (`module.attribute`) carried on purpose; "
+        "when all the state the output reads matches, the property is not judged.",
+    )
+    budget_s: float = Field(default=5.0, gt=0, description="Seconds the probe may take.")
+
+
+class ForwardNotReproducible(Check):
+    """A forward's outputs depend on what an earlier forward left in the model."""
+
+    id = "forward_not_reproducible"
+    Config = ForwardNotReproducibleConfig
+    doc = CheckDoc(
+        summary="The same batch, through the same weights with the same RNG state, gave "
+        "other outputs on a second forward of a copy: the forward reads state that an "
+        "earlier call left (`details.state`, `details.read`).",
+        why="Batches of a shuffled loader are independent: an output that depends on the "
+        "previous call mixes one batch into the next, and evaluation gives another result "
+        "depending on what ran before.",
+        causes=(
+            "A recurrent state kept on the module (`self.hidden = h.detach()`) and never "
+            "reset between independent batches.",
+            "A cache or running value the forward writes and reads: an accumulated "
+            "normaliser, a memoised tensor keyed on nothing, a counter that changes a "
+            "schedule inside the forward.",
+            "A hand-written norm that normalises by its running statistics in train mode, "
+            "or an `nn.Module` attribute updated in place by the forward.",
+        ),
+        fix="Reset the state at the start of each batch (pass the initial state as an "
+        "argument), or declare it (`stateful: true`, `allow`) when it is carried on purpose.",
+        silence=(
+            "Batch-norm running statistics and `num_batches_tracked` change in train mode "
+            "but the output does not read them. State declared (`stateful`, `allow`) or "
+            "named as a cache or memory is not judged, and the report says so.",
+        ),
+    )

@@ -1,0 +1,243 @@
+"""The ``batch_order_dependent`` probe: does a sample's result depend on where it sits?
+
+On a copy of the model, the batch and a permutation of it (a seeded derangement: every sample
+moves) run through the same weights with the same RNG state (:mod:`._replay`: dropout off,
+every other random draw replayed and permuted with its sample; the state a forward writes
+restored before each). Every per-sample output of the permuted run must be the original's,
+permuted alike, and ``loss_fn``'s value (a mean or a sum over samples) unchanged. A forward
+hook on every module fingerprints its per-sample outputs (two fixed weighted sums per
+sample), so the first module whose output moved names where the order got in.
+
+Train-mode batch norm needs no exception: its statistics are sums over the batch, the same in
+any order (up to rounding, which the tolerance allows). Experts of limited capacity (Switch,
+GShard: a module with ``expert_capacity`` or ``capacity_factor``) drop tokens by their place
+in the batch by design: a move there is said as not judged. A forward that draws random
+numbers the replay cannot align with the samples is judged with the copy in eval mode, and
+says so.
+
+What it cannot judge: a dependence on the position that the derangement leaves in place (a
+bug that depends only on the batch size, or on a sample's neighbours' content and not
+their order); a loss that reduces over samples in another way than a mean or sum (it is
+compared only when ``compare_loss``); randomness the replay cannot see (drawn inside a C++
+kernel or from a generator the forward does not call through torch), which forces eval mode
+and so misses a train-mode-only order dependence.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import torch
+from torch import Tensor, nn
+
+from gradwatch.probes._replay import Draws, Forward, State, differ, run_forward
+from gradwatch.probes._sandbox import Budget, CannotJudge, LossFn, _map, batch_size, fresh_copy
+from gradwatch.probes._sandbox import param_bytes as _param_bytes
+
+__all__ = ["OrderResult", "order_dependence"]
+
+SEED = 31337
+
+
+@dataclass
+class OrderResult:
+    """What the permuted forward changed."""
+
+    batch: int = 0
+    permutation: list[int] = field(default_factory=list)
+    output: Optional[str] = None  # the output that moved (its path in what the model returned)
+    samples: list[int] = field(default_factory=list)  # the samples whose output moved
+    change: float = 0.0  # the largest change, relative to the output's scale
+    loss: Optional[tuple[float, float]] = None  # (original, permuted) when only the loss moved
+    module: Optional[str] = None  # the first module whose per-sample output moved
+    last_same: Optional[str] = None  # the last module before it whose output did not
+    mode: str = "train"  # "eval" when randomness forced the copy into eval mode
+    memory_bytes: int = 0
+
+    @property
+    def moved(self) -> bool:
+        return self.output is not None or self.loss is not None
+
+
+def derangement(n: int, seed: int = SEED) -> Tensor:
+    """A seeded permutation of ``range(n)`` that moves every index (n >= 2)."""
+    gen = torch.Generator().manual_seed(seed)
+    perm = torch.randperm(n, generator=gen)
+    fixed = perm == torch.arange(n)
+    while bool(fixed.any()):  # rotate the fixed points among themselves (or with a neighbour)
+        idx = torch.nonzero(fixed).flatten()
+        if len(idx) == 1:
+            j = int(idx[0])
+            k = (j + 1) % n
+            perm[j], perm[k] = perm[k].clone(), perm[j].clone()
+        else:
+            perm[idx] = perm[idx.roll(1)]
+        fixed = perm == torch.arange(n)
+    return perm
+
+
+def permute_batch(batch: Any, perm: Tensor, n: int) -> Any:
+    """Every tensor of the batch with ``n`` samples first, in the order ``perm``."""
+    return _map(batch, lambda t: t[perm.to(t.device)] if t.dim() > 0 and t.shape[0] == n else t)
+
+
+class _Prints:
+    """Per-sample fingerprints of every module's output, in the order the forward ran them."""
+
+    def __init__(self, model: nn.Module, n: int) -> None:
+        self.n = n
+        self.rows: list[tuple[str, Tensor, Tensor]] = []
+        self.calls: dict[str, int] = {}
+        self.handles = [
+            mod.register_forward_hook(self._hook(name or "(the model)"))
+            for name, mod in model.named_modules()
+        ]
+
+    def _hook(self, name: str) -> Any:
+        def hook(module: nn.Module, args: Any, output: Any) -> None:
+            out = output[0] if isinstance(output, (tuple, list)) and output else output
+            if not (isinstance(out, Tensor) and out.is_floating_point()):
+                return
+            if out.dim() == 0 or out.shape[0] != self.n or out.numel() == 0:
+                return
+            k = self.calls.get(name, 0)
+            self.calls[name] = k + 1
+            flat = out.detach().reshape(self.n, -1).double()
+            w = torch.cos(torch.arange(flat.shape[1], device=flat.device, dtype=flat.dtype))
+            prints = torch.stack([flat.sum(1), (flat * w).sum(1)], dim=1)
+            label = name if k == 0 else f"{name} (call {k + 1})"
+            self.rows.append((label, prints, flat.abs().sum(1)))
+
+        return hook
+
+    def remove(self) -> None:
+        for h in self.handles:
+            h.remove()
+
+
+def _first_moved(
+    first: _Prints, second: _Prints, perm: Tensor, rtol: float
+) -> tuple[Optional[str], Optional[str]]:
+    """The first module (in forward order) whose per-sample output moved, and the last
+    module before it that did not."""
+    by_label = {label: (p, s) for label, p, s in second.rows}
+    last_same = None
+    for label, prints, scale in first.rows:
+        if label not in by_label:
+            continue
+        other, _ = by_label[label]
+        want = prints[perm.to(prints.device)]
+        tol = max(rtol, 1e3 * torch.finfo(torch.float32).eps)
+        bound = tol * (scale[perm.to(scale.device)].unsqueeze(1) + 1e-30)
+        if other.shape != want.shape or bool(((want - other).abs() > bound).any()):
+            return label, last_same
+        last_same = label
+    return None, last_same
+
+
+def _pair(
+    copy: nn.Module, batch: Any, loss_fn: LossFn, n: int, perm: Tensor, state: State
+) -> tuple[Forward, Forward, Forward, _Prints, _Prints]:
+    """The original forward (fingerprinted), its replay under another seed, the permuted one."""
+    state.restore()
+    first = _Prints(copy, n)
+    try:
+        orig = run_forward(copy, batch, loss_fn, n, SEED, Draws(n))
+    finally:
+        first.remove()
+    state.restore()
+    again = run_forward(copy, batch, loss_fn, n, SEED + 1, Draws(n, orig.draws.drawn))
+    state.restore()
+    second = _Prints(copy, n)
+    try:
+        moved = run_forward(
+            copy, permute_batch(batch, perm, n), loss_fn, n, SEED, Draws(n, orig.draws.drawn, perm)
+        )
+    finally:
+        second.remove()
+    state.restore()
+    return orig, again, moved, first, second
+
+
+def _stable(orig: Forward, again: Forward, rtol: float) -> bool:
+    if again.draws.mismatch or orig.draws.unaligned:
+        return False
+    return all(
+        len(differ(a, b, rtol)[1]) == 0 for (_, a), (_, b) in zip(orig.outputs, again.outputs)
+    )
+
+
+def order_dependence(
+    model: nn.Module, batch: Any, loss_fn: LossFn, *, rtol: float, budget: Budget
+) -> OrderResult:
+    """Run the batch and a derangement of it through a copy; what moved, and where.
+
+    Raises:
+        CannotJudge: fewer than two samples, no per-sample output, a forward that is not
+            reproducible even in eval mode, or a permuted batch the model refuses.
+    """
+    n = batch_size(batch)
+    if n is None or n < 2:
+        raise CannotJudge("one_sample", "the batch has no leading dimension of two or more samples")
+    copy = fresh_copy(model)
+    perm = derangement(n)
+    result = OrderResult(batch=n, permutation=perm.tolist(), memory_bytes=_param_bytes(copy))
+    state = State(copy)
+    orig, again, moved, first, second = _pair(copy, batch, loss_fn, n, perm, state)
+    if not _stable(orig, again, rtol):
+        if budget.left() <= 0:
+            raise CannotJudge("budget", "the forward is random beyond what the replay aligns")
+        copy.eval()  # the forward draws what the replay cannot align: judged in eval mode
+        result.mode = "eval"
+        orig, again, moved, first, second = _pair(copy, batch, loss_fn, n, perm, state)
+        if not _stable(orig, again, rtol):
+            raise CannotJudge(
+                "not_reproducible",
+                "two forwards with the same weights, batch and replayed random draws differ, "
+                "even in eval mode (see forward_not_reproducible)",
+            )
+    if len(moved.outputs) != len(orig.outputs):
+        raise CannotJudge("forward_changed", "the permuted batch gave another set of outputs")
+    for (path, a), (_, b) in zip(orig.outputs, moved.outputs):
+        change, samples = _compare(a, b, perm, rtol)
+        if len(samples):
+            result.output, result.samples, result.change = path, samples.tolist(), change
+            break
+    if result.output is None and orig.loss is not None and moved.loss is not None:
+        scale = max(abs(orig.loss), 1e-30)
+        if abs(orig.loss - moved.loss) > max(rtol, 1e-4) * scale:
+            result.loss = (orig.loss, moved.loss)
+    if result.moved:
+        result.module, result.last_same = _first_moved(first, second, perm, rtol)
+        capped = _capacity_routing(copy)
+        if capped:  # tokens past an expert's capacity are dropped by their place in the batch
+            raise CannotJudge(
+                "coupled_on_purpose",
+                f"the outputs moved with the batch order, but {capped} routes tokens to "
+                "experts of limited capacity, which drops tokens by their place in the batch "
+                "by design: not judged",
+                partial=result,
+            )
+    return result
+
+
+def _compare(a: Tensor, b: Tensor, perm: Tensor, rtol: float) -> tuple[float, Tensor]:
+    """``a`` permuted against ``b``; a pairwise output (``(n, n)``, CLIP's image-text logits)
+    has its columns permuted too."""
+    p = perm.to(a.device)
+    change, samples = differ(a[p], b, rtol)
+    if len(samples) and a.dim() >= 2 and a.shape[1] == a.shape[0]:
+        pairwise = differ(a[p][:, p], b, rtol)
+        if not len(pairwise[1]):
+            return pairwise
+    return change, samples
+
+
+def _capacity_routing(model: nn.Module) -> str:
+    """A module that routes to experts of limited capacity (Switch, GShard), if any."""
+    for name, mod in model.named_modules():
+        for key in ("expert_capacity", "capacity_factor"):
+            if getattr(mod, key, None) not in (None, 0, False):
+                return f"{type(mod).__name__} at {name or 'the root'} ({key})"
+    return ""
