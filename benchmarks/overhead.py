@@ -5,6 +5,7 @@ Usage::
     .venv/bin/python benchmarks/overhead.py            # full run, both models (minutes)
     .venv/bin/python benchmarks/overhead.py --quick    # short run of model (a): a smoke test
     .venv/bin/python benchmarks/overhead.py --memory   # state growth over 10,000 steps of (a)
+    .venv/bin/python benchmarks/overhead.py --quick --check  # ratios vs results.json (CI)
 
 Every variant runs on the same model and optimizer (separate copies differ by several
 percent in step time on their own: memory placement), interleaved block by block (A B C ...
@@ -37,6 +38,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _check import COMMITTED, compare
 from _models import MODELS, ModelCase
 from _variants import VARIANTS, make_variants
 
@@ -290,6 +292,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
     ap.add_argument("--memory", action="store_true", help="measure state growth instead of time")
     ap.add_argument("--memory-steps", type=int, default=10_000, help="steps of the --memory run")
+    ap.add_argument(
+        "--check",
+        nargs="?",
+        const=COMMITTED,
+        type=Path,
+        default=None,
+        help="compare the ratios with committed figures (default benchmarks/results.json)",
+    )
+    ap.add_argument("--tolerance", type=float, default=1.5, help="--check: allowed ratio growth")
+    ap.add_argument("--strict", action="store_true", help="--check: exit 1 on a regression")
     args = ap.parse_args(argv)
 
     torch.set_num_threads(args.threads)
@@ -330,6 +342,11 @@ def main(argv: list[str] | None = None) -> int:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=2) + "\n")
         print(f"wrote {args.out}")
+    if args.check is not None and not args.memory:
+        lines, ok = compare(result, args.check, args.tolerance)
+        print("\n" + "\n".join(lines))
+        if args.strict and not ok:
+            return 1
     return 0
 
 

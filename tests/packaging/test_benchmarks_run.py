@@ -84,3 +84,30 @@ def test_gpu_script_runs_every_combination_on_the_cpu() -> None:
         variants = row["time"]["added_ms"]
         assert list(variants) == ["baseline", "clip", "gradwatch_default", "gradwatch_every_step"]
         assert all(math.isfinite(v) for v in variants.values()), row
+
+
+def test_check_flags_a_ratio_past_its_tolerance(tmp_path: Path) -> None:
+    """``overhead.py --check`` (issue 49): a ratio above tolerance x its committed figure is
+    REGRESSED; within it, ok; variants the committed file lacks are not compared."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        from _check import compare
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+
+    def run(**ratios: float) -> dict[str, object]:
+        rows = {name: {"x_clip": x} for name, x in ratios.items()}
+        return {"models": {"a": {"variants": rows}}}
+
+    committed = tmp_path / "results.json"
+    committed.write_text(json.dumps(run(gradwatch_default=1.0, gradwatch_every_step=2.0)))
+    lines, ok = compare(
+        run(gradwatch_default=1.4, gradwatch_every_step=3.5, gradwatch_new=9.0, baseline=0.0),
+        committed,
+        tolerance=1.5,
+    )
+    assert not ok
+    assert [line.rsplit(": ", 1)[1] for line in lines] == ["ok", "REGRESSED"]
+    assert "gradwatch_every_step 3.50x clip (committed 2.00x, limit 3.00x)" in lines[1]
+    lines, ok = compare(run(gradwatch_default=0.5), tmp_path / "missing.json", tolerance=1.5)
+    assert ok and "cannot read" in lines[0]
