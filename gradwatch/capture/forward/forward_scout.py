@@ -113,6 +113,9 @@ class ForwardScout(NanProbe):
         self._judged: dict[int, weakref.ref[nn.Module]] = {}
         # unregistered parameters waiting for a gradient: id -> (param, module, its name)
         self._waiting: dict[int, tuple[weakref.ref[nn.Parameter], _Called, str]] = {}
+        # Leaves requiring grad handed to the model's forward as they are (a PINN's
+        # collocation points, a fixed batch's saliency): inputs differentiated against.
+        self._fed: dict[int, weakref.ref[torch.Tensor]] = {}
         self._grad_hooks: dict[int, RemovableHandle] = {}
         self._got: set[int] = set()
         self._reported: set[int] = set()  # unregistered parameters already returned
@@ -160,6 +163,8 @@ class ForwardScout(NanProbe):
                     for h in me._children:
                         h.remove()
                     me._children.clear()
+                if me.scanning and len(me._fed) < 64:
+                    me._note_fed(args)
                 me._enter(module)
 
         self._entry.append(model.register_forward_pre_hook(_Owned(pre_root, model)))
@@ -274,6 +279,16 @@ class ForwardScout(NanProbe):
         if not self.installed:
             return None
         return sum(1 for seq in self.batch_starts if seq > start)
+
+    def _note_fed(self, args: Any) -> None:
+        for a in args if isinstance(args, tuple) else ():
+            if isinstance(a, torch.Tensor) and a.requires_grad and a.grad_fn is None:
+                self._fed[id(a)] = weakref.ref(a)
+
+    def fed(self, t: torch.Tensor) -> bool:
+        """Whether ``t`` (a leaf requiring grad) was an argument of the model's forward."""
+        ref = self._fed.get(id(t))
+        return ref is not None and ref() is t
 
     def follows(self, p: torch.Tensor) -> bool:
         """Whether ``p`` is an unregistered module's parameter this scout judges (waiting for
