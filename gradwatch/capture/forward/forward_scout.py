@@ -126,6 +126,8 @@ class ForwardScout(NanProbe):
         # first after a backward pass completed (a model called twice per batch, as a
         # Siamese one is, is one batch; a backward repeated on one forward is one batch).
         self.batch_starts: deque[int] = deque(maxlen=_MAX_BATCHES)
+        # Samples the latest batch held (the leading dim of the forward's first tensor input).
+        self.rows: Optional[int] = None
         self._ended_seen = -1
 
     # -- installing ------------------------------------------------------------------------
@@ -165,7 +167,10 @@ class ForwardScout(NanProbe):
                     me._children.clear()
                 if me.scanning and len(me._fed) < 64:
                     me._note_fed(args)
+                last = me.batch_starts[-1] if me.batch_starts else 0
                 me._enter(module)
+                if me.batch_starts and me.batch_starts[-1] != last:  # a new batch began
+                    me.rows = _rows(args)
 
         self._entry.append(model.register_forward_pre_hook(_Owned(pre_root, model)))
         self._entry.append(model.register_forward_hook(_Owned(post, model), always_call=True))
@@ -314,6 +319,14 @@ class ForwardScout(NanProbe):
         self._grad_hooks.clear()
         self._waiting.clear()
         self.disarm()
+
+
+def _rows(args: Any) -> Optional[int]:
+    """The batch's samples: the leading dim of the forward's first tensor argument."""
+    for a in args if isinstance(args, tuple) else ():
+        if isinstance(a, torch.Tensor):
+            return int(a.shape[0]) if a.dim() else 1
+    return None
 
 
 def _seen(scout: ForwardScout) -> Callable[..., None]:
