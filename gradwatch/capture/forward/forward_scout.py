@@ -113,8 +113,7 @@ class ForwardScout(NanProbe):
         self._judged: dict[int, weakref.ref[nn.Module]] = {}
         # unregistered parameters waiting for a gradient: id -> (param, module, its name)
         self._waiting: dict[int, tuple[weakref.ref[nn.Parameter], _Called, str]] = {}
-        # Leaves requiring grad handed to the model's forward as they are (a PINN's
-        # collocation points, a fixed batch's saliency): inputs differentiated against.
+        # Leaves requiring grad handed to the forward as they are (a PINN's collocation points)
         self._fed: dict[int, weakref.ref[torch.Tensor]] = {}
         self._grad_hooks: dict[int, RemovableHandle] = {}
         self._got: set[int] = set()
@@ -166,7 +165,7 @@ class ForwardScout(NanProbe):
                         h.remove()
                     me._children.clear()
                 if me.scanning and len(me._fed) < 64:
-                    me._note_fed(args)
+                    _note_fed(me._fed, args)
                 last = me.batch_starts[-1] if me.batch_starts else 0
                 me._enter(module)
                 if me.batch_starts and me.batch_starts[-1] != last:  # a new batch began
@@ -285,11 +284,6 @@ class ForwardScout(NanProbe):
             return None
         return sum(1 for seq in self.batch_starts if seq > start)
 
-    def _note_fed(self, args: Any) -> None:
-        for a in args if isinstance(args, tuple) else ():
-            if isinstance(a, torch.Tensor) and a.requires_grad and a.grad_fn is None:
-                self._fed[id(a)] = weakref.ref(a)
-
     def fed(self, t: torch.Tensor) -> bool:
         """Whether ``t`` (a leaf requiring grad) was an argument of the model's forward."""
         ref = self._fed.get(id(t))
@@ -319,6 +313,12 @@ class ForwardScout(NanProbe):
         self._grad_hooks.clear()
         self._waiting.clear()
         self.disarm()
+
+
+def _note_fed(fed: dict[int, weakref.ref[torch.Tensor]], args: Any) -> None:
+    for a in args if isinstance(args, tuple) else ():
+        if isinstance(a, torch.Tensor) and a.requires_grad and a.grad_fn is None:
+            fed[id(a)] = weakref.ref(a)
 
 
 def _rows(args: Any) -> Optional[int]:
