@@ -147,8 +147,8 @@ class LossTermDominates(Check):
         top = max(range(len(shares)), key=shares.__getitem__)
         if min(shares[top], unweighted[top] / n) < self.config.max_share:
             return
-        exit_share, row_grad = self._designed(key, terms, top, n)
-        if exit_share is None:
+        at_exit = self._designed(key, terms, top, n)
+        if at_exit is None:
             return
         names = [f"{t.label}" + (f" ({t.module})" if t.module else "") for t in terms]
         log.emit(
@@ -166,8 +166,7 @@ class LossTermDominates(Check):
                 "share": [round(s, 4) for s in shares],
                 "dominant": names[top],
                 "steps": n,
-                "exit_share": exit_share,
-                "row_grad": row_grad,
+                **at_exit,
             },
             key="|".join(key),
         )
@@ -187,17 +186,17 @@ class LossTermDominates(Check):
 
     def _designed(
         self, key: tuple[str, ...], terms: list[TermInfo], top: int, n: int
-    ) -> tuple[Optional[float], Optional[float]]:
-        """``(None, _)`` when a design explains the dominance (the model's path, or declared
+    ) -> Optional[dict[str, Optional[float]]]:
+        """``None`` when a design explains the dominance (the model's path, or declared
         auxiliaries next to a unit-scale loss); else the top term's exit share and row
-        gradient, for the finding (``None`` where its exit was not measured)."""
+        gradient, for the finding's details (``None`` where its exit was not measured)."""
         if key in self._unmeasured or key not in self._exits:
-            return 0.0, None  # judged on the trunk alone
+            return {"exit_share": None, "row_grad": None}  # judged on the trunk alone
         exit_share = self._exits[key][top] / n
         row_grad = self._rowgrad[key][top] / n
         if exit_share < self.config.max_share:
-            return None, None  # comparable where they leave the loss: the model's path
+            return None  # comparable where they leave the loss: the model's path
         weighted = all(t.weight is not None for k, t in enumerate(terms) if k != top)
         if weighted and row_grad <= self.config.unit_row_grad:
-            return None, None  # auxiliaries weighted on purpose beside a unit-scale loss
-        return round(exit_share, 4), round(row_grad, 3)
+            return None  # auxiliaries weighted on purpose beside a unit-scale loss
+        return {"exit_share": round(exit_share, 4), "row_grad": round(row_grad, 3)}
