@@ -132,4 +132,4 @@ def test_patch_in_an_optimizer_that_never_steps_still_fires() -> None:
             F.cross_entropy(net(x + patch), y).backward()
             opt.step()  # opt_patch.step() is missing
     (f,) = _found(w)
-    assert f.severity == "error" and f.details["shapes"] == [[1, 16]]
+    assert f.severity == "error" and f.details["shapes"] == [[1, 16]] and f.details["held"]

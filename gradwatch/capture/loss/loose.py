@@ -33,7 +33,7 @@ import functools
 import gc
 import math
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Optional
 
 import torch
@@ -298,7 +298,7 @@ class BackwardRoots:
                 leaf = s.ref()
                 if leaf is not None and leaf._version == s.version:
                     if s.sample is None or torch.equal(s.sample, _sample(leaf)):
-                        self._loose.append(name_of(leaf, model))
+                        self._loose.append(replace(name_of(leaf, model), held=True))
 
     def remove(self) -> None:
         _drop(self)
