@@ -48,3 +48,8 @@ class MedianWindow:
         s = self._sorted
         mid = len(s) // 2
         return s[mid] if len(s) % 2 else 0.5 * (s[mid - 1] + s[mid])
+
+    def quantile(self, q: float) -> float:
+        """The held value at fraction ``q`` of the sorted window (nearest rank)."""
+        s = self._sorted
+        return s[min(len(s) - 1, int(q * len(s)))] if s else 0.0

@@ -2,6 +2,10 @@
 
 A single parameter whose gradient is zero while the rest of its layer learns (a bias that a
 following normalisation cancels) is not a dead layer: it is reported at ``info`` at most.
+
+The streak must also cover ``min_samples`` samples (the ``samples`` evidence: the batches
+behind each step): at batch size 1, three zero gradients in a row are three samples for which
+no unit of a ReLU layer fired, not a dead layer.
 """
 
 from __future__ import annotations
@@ -29,6 +33,12 @@ class DeadParamConfig(CheckConfig):
     patience: StrictInt = Field(
         default=3, ge=1, description="Consecutive observed steps before it fires."
     )
+    min_samples: StrictInt = Field(
+        default=16,
+        ge=1,
+        description="Samples (the batches' leading dim) those steps' gradients must cover "
+        "together: at batch size 1 a few zero gradients are a few samples no unit fired for.",
+    )
 
 
 class DeadParam(Check):
@@ -49,22 +59,27 @@ class DeadParam(Check):
         "redundant bias (bias=False).",
     )
     config: DeadParamConfig
+    needs = frozenset({"samples"})
 
     def __init__(self, config, watch_config) -> None:  # type: ignore[no-untyped-def]
         super().__init__(config, watch_config)
         self._layers = Streaks()
         self._params = Streaks()
         self._counting: set[int] = set()  # parameters whose zero-gradient streak is > 0
+        self._samples: dict[str, int] = {}  # layer -> samples its zero streak covers
 
     def on_step(self, view: StepView, log: FindingLog) -> None:
         patience = self.config.patience
         grad_norm = view.grad_norm
         any_zero = 0.0 in grad_norm  # one C-level scan; NaN and None are not zero
         dead_layers: list[str] = []
+        # samples behind each observed step (unknown: enough, as the steps alone decided)
+        per_step = view.window.samples or self.config.min_samples
         for layer, s in view.layers.items():
             finite = isfinite(s.norm)
             dead = finite and s.nonzero == 0
-            if self._layers.hit(layer, dead) >= patience:
+            covered = self._samples[layer] = self._samples.get(layer, 0) + per_step if dead else 0
+            if self._layers.hit(layer, dead) >= patience and covered >= self.config.min_samples:
                 dead_layers.append(layer)
                 continue
             if dead or not finite:

@@ -10,15 +10,31 @@ constant is not what drowns it), unless a term's weight is learned (Kendall-styl
 uncertainty weighting balances the terms itself), or a term gave (next to) no gradient when
 first seen (a consistency term to an EMA teacher copied from the student, a KL to a
 reference policy: at its optimum at the start, small by design).
+
+Two measurements tell a mis-scaled term from a design whose auxiliary terms are small, both
+taken where each term leaves the loss code (the module output it reads, ``TermInfo.exit``):
+
+- the model's path: where the terms' gradients are comparable as they leave the loss code,
+  and one dominates only on the trunk, the model's own layers made the difference (BERT's
+  NSP head behind its pooler, both initialised at std 0.02, next to the MLM head): not the
+  loss's scale, which is what this check is about;
+- declared auxiliaries: where every drowned term carries the user's constant weight
+  (``router_aux_loss_coef * aux``, a consistency weight) and the dominating term's gradient
+  per row (sample or token) where it leaves the loss code is that of a mean-reduced loss on
+  values of unit scale (at most ``unit_row_grad``: a cross entropy's is at most sqrt(2)), the
+  small terms are small on their own: a load-balancing loss at balance, a consistency term
+  near a teacher copied from the student. A term in pixels, millimetres or summed over the
+  batch has a row gradient of tens to thousands and still fires.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Optional
 
 from pydantic import Field, StrictFloat, StrictInt
 
 from gradwatch._severity import Severity
+from gradwatch.capture.loss.term_shares import TermInfo
 from gradwatch.checks._loss_graph import ScanConfig, graph_record
 from gradwatch.checks.base import Check, severity_field
 from gradwatch.checks.docs import CheckDoc
@@ -41,6 +57,13 @@ class LossTermDominatesConfig(ScanConfig):
     )
     min_steps: StrictInt = Field(
         default=3, ge=1, le=1000, description="Scan steps with a summed loss it is judged over."
+    )
+    unit_row_grad: StrictFloat = Field(
+        default=4.0,
+        gt=0.0,
+        description="A dominating term whose gradient per row (sample, token) where it "
+        "leaves the loss code is at most this is a loss on unit-scale values: next to it, "
+        "terms with the user's constant weights are small on purpose (auxiliary terms).",
     )
 
 
@@ -72,6 +95,11 @@ class LossTermDominates(Check):
         silence=(
             "A term scaled on purpose (`0.01 * aux_loss`, `beta * kl`) and losses with learned "
             "weights (Kendall et al.'s uncertainty weighting) are not judged.",
+            "Designed auxiliary terms are not findings: a MoE router's load-balancing loss "
+            "(`router_aux_loss_coef * aux`, Mixtral, Qwen2-MoE, Switch), a mean-teacher "
+            "consistency term or a KL to a reference, each weighted and near its optimum next "
+            "to a unit-scale main loss; and heads that the model's own layers make small "
+            "(BERT's NSP next to its MLM: comparable where they leave the loss code).",
         ),
     )
 
@@ -81,6 +109,9 @@ class LossTermDominates(Check):
         self._raw: dict[tuple[str, ...], list[float]] = {}
         self._at_start: dict[tuple[str, ...], bool] = {}
         self._steps: dict[tuple[str, ...], int] = {}
+        self._exits: dict[tuple[str, ...], list[float]] = {}
+        self._rowgrad: dict[tuple[str, ...], list[float]] = {}
+        self._unmeasured: set[tuple[str, ...]] = set()
 
     def evidence(self) -> dict[str, int]:
         return {"loss_terms": self.config.scan_steps}
@@ -108,12 +139,16 @@ class LossTermDominates(Check):
         for k, v in enumerate(norms):
             sums[k] += v / total
             unweighted[k] += raw[k] / (sum(raw) or 1.0)
+        self._at_exit(key, terms)
         self._steps[key] = n = self._steps.get(key, 0) + 1
         if n < self.config.min_steps:
             return
         shares = [s / n for s in sums]
         top = max(range(len(shares)), key=shares.__getitem__)
         if min(shares[top], unweighted[top] / n) < self.config.max_share:
+            return
+        at_exit = self._designed(key, terms, top, n)
+        if at_exit is None:
             return
         names = [f"{t.label}" + (f" ({t.module})" if t.module else "") for t in terms]
         log.emit(
@@ -131,6 +166,37 @@ class LossTermDominates(Check):
                 "share": [round(s, 4) for s in shares],
                 "dominant": names[top],
                 "steps": n,
+                **at_exit,
             },
             key="|".join(key),
         )
+
+    def _at_exit(self, key: tuple[str, ...], terms: list[TermInfo]) -> None:
+        """Add the step's shares where the terms leave the loss code, and each term's
+        gradient per row there without its weight."""
+        if any(t.rows <= 0 for t in terms):
+            self._unmeasured.add(key)  # a term computed inside the model: its exit unseen
+            return
+        total = sum(t.exit for t in terms)
+        exits = self._exits.setdefault(key, [0.0] * len(terms))
+        rows = self._rowgrad.setdefault(key, [0.0] * len(terms))
+        for k, t in enumerate(terms):
+            exits[k] += t.exit / total if total > 0 else 0.0
+            rows[k] += t.exit / abs(t.weight or 1.0) * t.rows**0.5
+
+    def _designed(
+        self, key: tuple[str, ...], terms: list[TermInfo], top: int, n: int
+    ) -> Optional[dict[str, Optional[float]]]:
+        """``None`` when a design explains the dominance (the model's path, or declared
+        auxiliaries next to a unit-scale loss); else the top term's exit share and row
+        gradient, for the finding's details (``None`` where its exit was not measured)."""
+        if key in self._unmeasured or key not in self._exits:
+            return {"exit_share": None, "row_grad": None}  # judged on the trunk alone
+        exit_share = self._exits[key][top] / n
+        row_grad = self._rowgrad[key][top] / n
+        if exit_share < self.config.max_share:
+            return None  # comparable where they leave the loss: the model's path
+        weighted = all(t.weight is not None for k, t in enumerate(terms) if k != top)
+        if weighted and row_grad <= self.config.unit_row_grad:
+            return None  # auxiliaries weighted on purpose beside a unit-scale loss
+        return {"exit_share": round(exit_share, 4), "row_grad": round(row_grad, 3)}

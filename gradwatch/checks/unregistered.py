@@ -189,8 +189,13 @@ class UnregisteredParam(Check):
                 severity="warning" if teacher and self.severity == "error" else self.severity,
                 step=view.step,
                 message=f"'{owner}': {len(names)} {what}(s) of shape {shapes} get gradients from "
-                f"the loss, step after step{at}, but are in no watched model and no optimizer: "
-                "nothing ever updates them (and no model state_dict saves them).",
+                f"the loss, step after step{at}, but are in no watched model and "
+                + (
+                    "only in an optimizer gradwatch does not watch, whose step() never moved them: "
+                    if first.held
+                    else "no optimizer: "
+                )
+                + "nothing ever updates them (and no model state_dict saves them).",
                 hint=(
                     f"'{owner}' is in eval mode: a teacher or reference model? Run it under "
                     f"torch.no_grad() (or {owner}.requires_grad_(False)): its gradients cost "
@@ -216,5 +221,6 @@ class UnregisteredParam(Check):
                     "backward_at": first.backward_at,
                     "in_eval": teacher,
                     "copied": copied,
+                    "held": first.held,
                 },
             )

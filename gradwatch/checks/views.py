@@ -75,6 +75,8 @@ class WindowEvidence:
     nan_trace: Optional[dict[str, Any]] = None
     """The NaN probe's verdict for this window: where a non-finite value was born."""
     discarded_passes: int = 0
+    samples: Optional[int] = None
+    """Samples the model's training forwards took since the previous step (``None``: unseen)."""
     """Backward passes of the window whose gradients were reset before this step used them."""
     edited_after_step: Optional[list[int]] = None
     """Parameters whose gradients changed after the previous step, before their reset."""

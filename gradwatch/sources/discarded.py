@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gradwatch.capture.grads.discarded import discarded_passes
+from gradwatch.capture.grads.discarded import discarded_passes, hear_other_steps
 from gradwatch.sources.base import EvidenceSource, StepState
 
 __all__ = ["DiscardedSource"]
@@ -14,6 +14,19 @@ __all__ = ["DiscardedSource"]
 class DiscardedSource(EvidenceSource):
     name = "discarded"
     serves = frozenset({"discarded_passes"})
+    _remove: Any = None
+
+    def install(self) -> None:
+        if self._remove is None:  # once: a GAN's other half watched by another watcher
+            ctx = self.ctx
+            self._remove = hear_other_steps(
+                ctx.tracker, lambda: ctx.structure.tracks, ctx.faults.callback()
+            )
+
+    def remove(self) -> None:
+        if self._remove is not None:
+            self._remove()
+            self._remove = None
 
     def window(self, state: StepState) -> dict[str, Any]:
         if state.skipped:  # a step the GradScaler skipped drops its gradient rightly

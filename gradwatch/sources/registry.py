@@ -27,6 +27,7 @@ from gradwatch.sources.loss_graph import LossGraphSource
 from gradwatch.sources.modes import ModesSource
 from gradwatch.sources.replicas import ReplicaSource
 from gradwatch.sources.resume import ResumeSource
+from gradwatch.sources.samples import SamplesSource
 from gradwatch.sources.schedulers import SchedulerSource
 from gradwatch.sources.unscale import UnscaleSource
 from gradwatch.sources.weight_rows import WeightRowsSource
@@ -56,6 +57,7 @@ ALL_SOURCES: list[type[EvidenceSource]] = [
     AdamMomentsSource,
     ClipSource,
     ArrivalSource,
+    SamplesSource,
 ]
 
 

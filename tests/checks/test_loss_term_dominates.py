@@ -72,8 +72,8 @@ def test_box_regression_in_pixels_drowns_classification() -> None:
 class VAE(nn.Module):
     def __init__(self) -> None:
         super().__init__()
-        self.enc = nn.Linear(64, 16)
-        self.dec = nn.Linear(8, 64)
+        self.enc = nn.Linear(784, 16)  # MNIST's 28 x 28 pixels
+        self.dec = nn.Linear(8, 784)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         mu, logvar = self.enc(x).chunk(2, dim=-1)
@@ -85,7 +85,8 @@ def test_vae_summed_reconstruction_drowns_batch_mean_kl() -> None:
     torch.manual_seed(0)  # the VAE's init and its sampling draw on the global RNG
 
     def loss(m: nn.Module, x: torch.Tensor, k: int) -> torch.Tensor:
-        img = torch.rand(N, 64, generator=torch.Generator().manual_seed(k)) * 255
+        # pixels in [0, 1] as ToTensor gives them (in 0..255 the KL's exp overflows at once)
+        img = torch.rand(N, 784, generator=torch.Generator().manual_seed(k))
         recon, mu, logvar = m(img)
         rec = F.mse_loss(recon, img, reduction="sum")
         kl = -0.5 * torch.mean(1 + logvar - mu.pow(2) - logvar.exp())

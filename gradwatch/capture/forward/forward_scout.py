@@ -113,6 +113,8 @@ class ForwardScout(NanProbe):
         self._judged: dict[int, weakref.ref[nn.Module]] = {}
         # unregistered parameters waiting for a gradient: id -> (param, module, its name)
         self._waiting: dict[int, tuple[weakref.ref[nn.Parameter], _Called, str]] = {}
+        # Leaves requiring grad handed to the forward as they are (a PINN's collocation points)
+        self._fed: dict[int, weakref.ref[torch.Tensor]] = {}
         self._grad_hooks: dict[int, RemovableHandle] = {}
         self._got: set[int] = set()
         self._reported: set[int] = set()  # unregistered parameters already returned
@@ -123,6 +125,8 @@ class ForwardScout(NanProbe):
         # first after a backward pass completed (a model called twice per batch, as a
         # Siamese one is, is one batch; a backward repeated on one forward is one batch).
         self.batch_starts: deque[int] = deque(maxlen=_MAX_BATCHES)
+        # Samples the latest batch held (the leading dim of the forward's first tensor input).
+        self.rows: Optional[int] = None
         self._ended_seen = -1
 
     # -- installing ------------------------------------------------------------------------
@@ -160,7 +164,12 @@ class ForwardScout(NanProbe):
                     for h in me._children:
                         h.remove()
                     me._children.clear()
+                if me.scanning and len(me._fed) < 64:
+                    _note_fed(me._fed, args)
+                last = me.batch_starts[-1] if me.batch_starts else 0
                 me._enter(module)
+                if me.batch_starts and me.batch_starts[-1] != last:  # a new batch began
+                    me.rows = _rows(args)
 
         self._entry.append(model.register_forward_pre_hook(_Owned(pre_root, model)))
         self._entry.append(model.register_forward_hook(_Owned(post, model), always_call=True))
@@ -275,6 +284,11 @@ class ForwardScout(NanProbe):
             return None
         return sum(1 for seq in self.batch_starts if seq > start)
 
+    def fed(self, t: torch.Tensor) -> bool:
+        """Whether ``t`` (a leaf requiring grad) was an argument of the model's forward."""
+        ref = self._fed.get(id(t))
+        return ref is not None and ref() is t
+
     def follows(self, p: torch.Tensor) -> bool:
         """Whether ``p`` is an unregistered module's parameter this scout judges (waiting for
         its gradient, or reported): named by its container path, not as a loose leaf."""
@@ -299,6 +313,20 @@ class ForwardScout(NanProbe):
         self._grad_hooks.clear()
         self._waiting.clear()
         self.disarm()
+
+
+def _note_fed(fed: dict[int, weakref.ref[torch.Tensor]], args: Any) -> None:
+    for a in args if isinstance(args, tuple) else ():
+        if isinstance(a, torch.Tensor) and a.requires_grad and a.grad_fn is None:
+            fed[id(a)] = weakref.ref(a)
+
+
+def _rows(args: Any) -> Optional[int]:
+    """The batch's samples: the leading dim of the forward's first tensor argument."""
+    for a in args if isinstance(args, tuple) else ():
+        if isinstance(a, torch.Tensor):
+            return int(a.shape[0]) if a.dim() else 1
+    return None
 
 
 def _seen(scout: ForwardScout) -> Callable[..., None]:

@@ -9,12 +9,43 @@ the count at the step.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Optional
+from typing import Any, Callable, Optional
+
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from gradwatch.capture.grads.evidence import Tracker
 from gradwatch.capture.grads.window import Track
 
-__all__ = ["discarded_passes"]
+__all__ = ["discarded_passes", "hear_other_steps"]
+
+
+def hear_other_steps(
+    tracker: Tracker,
+    tracks: Callable[[], Sequence[Track]],
+    on_error: Callable[[str, BaseException], None],
+) -> Callable[[], None]:
+    """Mark the step of an optimizer this watcher does not watch, whose parameters hold
+    gradients, as a step of ``tracker`` (``stepped_at``); return the hook's remover.
+
+    Each model watched by its own watcher (a GAN: ``watch(netD, optD), watch(netG, optG)``):
+    the generator's backward passes through the discriminator, and ``netD.zero_grad()``
+    discards those gradients at the next iteration, by design. That backward also reached
+    parameters another optimizer holds, which stepped on them before the reset: the
+    gradients were that optimizer's loss's, not a micro-batch dropped by ``zero_grad()``
+    inside an accumulation loop (where no optimizer steps between backward and reset)."""
+
+    def hook(opt: Any, args: Any, kwargs: Any) -> None:
+        try:
+            if any(t.ref is not None and t.ref() is opt for t in tracks()):
+                return  # its own steps: the snapshot marks them
+            for group in opt.param_groups:
+                if any(getattr(p, "grad", None) is not None for p in group["params"]):
+                    tracker.stepped_at = tracker.now()
+                    return
+        except Exception as exc:
+            on_error("another optimizer's step hook", exc)
+
+    return register_optimizer_step_post_hook(hook).remove
 
 
 def discarded_passes(

@@ -39,6 +39,8 @@ class LooseLeaf:
     copied: bool = False
     """What ``name`` holds is a tensor computed from the leaf (``nn.Parameter(...).to(...)``
     stored as an attribute keeps ``.to()``'s result; the Parameter is registered nowhere)."""
+    held: bool = False
+    """An optimizer gradwatch does not watch holds it, but never stepped on it in the scan."""
 
 
 Match = Callable[[Any], bool]

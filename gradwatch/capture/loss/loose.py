@@ -18,6 +18,11 @@ and ``torch.autograd.grad`` are not seen (the latter writes no ``.grad``).
   examples ``x.requires_grad_()``, saliency, gradient-penalty interpolates) are new objects
   each step and never loose; a second model trained by an optimizer gradwatch does not
   watch (a GAN's other half) moves its version at every step and is not loose either.
+  Nor is a leaf whose values changed (updated by hand through ``.data``, which leaves the
+  version alone: a strided sample of it is kept from its first sighting), one an optimizer
+  gradwatch does not watch holds (it may step rarely: a temperature's own optimizer every
+  few steps), or one handed to the watched model's forward as it is (an input
+  differentiated against: a PINN's collocation points).
 
 Nothing syncs: the walk reads graph metadata only, the flags stay tensors.
 """
@@ -25,9 +30,10 @@ Nothing syncs: the walk reads graph metadata only, the flags stay tensors.
 from __future__ import annotations
 
 import functools
+import gc
 import math
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Optional
 
 import torch
@@ -79,6 +85,22 @@ class _Sighting:
     ref: weakref.ref[torch.Tensor]
     version: int
     window: int
+    sample: Optional[torch.Tensor] = None  # a strided sample of its values
+
+
+def _sample(t: torch.Tensor) -> torch.Tensor:
+    flat = t.detach().reshape(-1)
+    return flat[:: max(1, flat.numel() // 64)][:64].clone()
+
+
+def _held_by_optimizer(t: torch.Tensor) -> bool:
+    """Whether a param group of some optimizer (``{"params": [..., t, ...]}``) holds ``t``."""
+    for seq in gc.get_referrers(t):
+        if isinstance(seq, list):
+            for group in gc.get_referrers(seq):
+                if isinstance(group, dict) and group.get("params") is seq:
+                    return True
+    return False
 
 
 class BackwardRoots:
@@ -92,8 +114,10 @@ class BackwardRoots:
         loss: bool,
         scan_steps: int,
         model: Optional[nn.Module] = None,
+        fed: Callable[[torch.Tensor], bool] = lambda t: False,
     ) -> None:
         self._known = known
+        self._fed = fed
         self._on_error = on_error
         self.loss = loss
         self.scan_steps = scan_steps
@@ -102,6 +126,7 @@ class BackwardRoots:
         self._sighted: dict[int, _Sighting] = {}
         self._done: set[int] = set()  # leaves judged (loose, or updated elsewhere)
         self._loose: list[LooseLeaf] = []
+        self._held: list[_Sighting] = []  # held by an optimizer gradwatch does not watch
         self._flags: list[torch.Tensor] = []
         self.host_nonfinite = False  # a float loss an integration handed over was NaN/Inf
         self._finite: Optional[bool] = None  # the step being decided: its losses' flag
@@ -141,6 +166,7 @@ class BackwardRoots:
             loss="loss_value" in wanted,
             scan_steps=loose,
             model=pipe.model,
+            fed=scout.fed,
         )
         pipe.hooks.removers.append(me.remove)
         return me
@@ -227,7 +253,9 @@ class BackwardRoots:
         if s is None or s.ref() is not leaf:
             if len(self._sighted) >= _MAX_SIGHTED:
                 self._forget()
-            self._sighted[key] = _Sighting(weakref.ref(leaf), leaf._version, self.window)
+            self._sighted[key] = _Sighting(
+                weakref.ref(leaf), leaf._version, self.window, _sample(leaf)
+            )
             return
         if s.window == self.window:
             return  # the same step (accumulation, PGD's inner steps): not yet persistent
@@ -235,9 +263,16 @@ class BackwardRoots:
         self._done.add(key)
         if leaf._version != s.version:
             return  # something updates it (an optimizer gradwatch does not watch, by hand)
+        if s.sample is not None and not torch.equal(s.sample, _sample(leaf)):
+            return  # updated through ``.data`` (no version bump): by hand, on purpose
+        if self._fed(leaf):
+            return  # an input differentiated against (a PINN's collocation points)
         model = self._model() if self._model is not None else None
         if model is not None and any(p is leaf for p in model.parameters()):
             return  # the model's own (a layer replaced in the run, not read yet): no leaf
+        if _held_by_optimizer(leaf):
+            self._held.append(s)  # its optimizer may step apart: judged when the scan ends
+            return
         self._loose.append(name_of(leaf, model))
 
     def _forget(self) -> None:
@@ -257,6 +292,13 @@ class BackwardRoots:
         self.window += 1
         if not self.scanning:
             self._sighted.clear()
+            held, self._held = self._held, []
+            model = self._model() if self._model is not None else None
+            for s in held:  # its optimizer never stepped on it over the scan: loose after all
+                leaf = s.ref()
+                if leaf is not None and leaf._version == s.version:
+                    if s.sample is None or torch.equal(s.sample, _sample(leaf)):
+                        self._loose.append(replace(name_of(leaf, model), held=True))
 
     def remove(self) -> None:
         _drop(self)

@@ -34,6 +34,8 @@ class TermInfo:
     weight: Optional[float]  # an explicit constant multiplier (0.5 * l_box), if any
     learned: bool  # multiplied by something that trains (uncertainty weighting)
     module: Optional[str]  # the module whose output it takes, where known
+    rows: int = 0  # rows (samples, tokens) of the values where it leaves the loss code
+    exit: float = 0.0  # the norm of the gradient it sends there (``take`` fills it in)
 
 
 _LABELS = {
@@ -60,7 +62,8 @@ def _describe_term(g: GraphDesc, i: int) -> tuple[TermInfo, int]:
         if len(n.inputs) == 1:
             other = n.settings.get("other")
             if isinstance(other, (int, float)) and not isinstance(other, bool):
-                weight = float(other) if n.kind.startswith("Mul") else 1.0 / float(other or 1)
+                w = float(other) if n.kind.startswith("Mul") else 1.0 / float(other or 1)
+                weight = w if weight is None else weight * w  # 0.01 * (E * aux): all of it
             i = n.inputs[0]
             continue
         if len(n.inputs) == 2:  # a weight that trains (exp(-s) * L): follow L
@@ -83,6 +86,7 @@ class TermShares:
     def __init__(self) -> None:
         self.terms: list[TermInfo] = []
         self._sums: list[Optional[torch.Tensor]] = []
+        self._exits: list[Optional[torch.Tensor]] = []
 
     def attach(self, g: GraphDesc, objs: list[Any]) -> None:
         """Hook the edges where each term enters the shared trunk (before the backward)."""
@@ -98,18 +102,38 @@ class TermShares:
         if not self.terms:
             self.terms = [t for t, _ in infos]
             self._sums = [None] * len(infos)
-        hooks = 0
+            self._exits = [None] * len(infos)
+        region = g.loss_region() if g.marked else None
+        trunk: list[tuple[Any, int, list[tuple[int, int]]]] = []
+        exits: list[tuple[Any, int, list[tuple[int, int]]]] = []
         for i, owners in enumerate(reach):
-            if len(owners) != 1 or hooks >= _MAX_HOOKS:
+            if len(owners) != 1:
                 continue
             (t,) = owners
             fn = objs[i]
-            slots = _shared_slots(g, fn, i, reach)
+            slots = _edges(g, fn, i, reach, None)
             if slots:
-                fn.register_hook(self._hook(t, slots))
-                hooks += 1
+                trunk.append((fn, t, slots))
+            if region is None or i in region:  # not inside the model (a head)
+                out = _edges(g, fn, i, reach, region)
+                if out:
+                    exits.append((fn, t, out))
+        # a term computed inside the model (HF's router loss) leaves it where it meets the trunk
+        left = {t for _, t, _ in exits}
+        exits += [e for e in trunk if e[1] not in left]
+        hooks = 0
+        for edges, acc in ((trunk, self._sums), (exits, self._exits)):
+            for fn, t, slots in edges:
+                if hooks < _MAX_HOOKS:
+                    fn.register_hook(self._hook(acc, t, [pos for pos, _ in slots]))
+                    hooks += 1
+        rows: list[dict[int, int]] = [{} for _ in infos]
+        for _, t, slots in exits:
+            rows[t].update((j, _rows(g.nodes[j].shape)) for _, j in slots)
+        for info, r in zip(self.terms, rows):
+            info.rows = max(info.rows, sum(r.values()))
 
-    def _hook(self, t: int, slots: list[int]) -> Any:
+    def _hook(self, acc: list[Optional[torch.Tensor]], t: int, slots: list[int]) -> Any:
         def hook(grad_inputs: Any, grad_outputs: Any) -> None:
             total = None
             for s in slots:
@@ -118,25 +142,30 @@ class TermShares:
                     sq = gi.detach().float().pow(2).sum()
                     total = sq if total is None else total + sq
             if total is not None:
-                old = self._sums[t]
-                self._sums[t] = total if old is None else old + total.to(old.device)
+                old = acc[t]
+                acc[t] = total if old is None else old + total.to(old.device)
 
         return hook
 
     def values(self) -> list[torch.Tensor]:
-        """The per-term squared norms for the step's transfer (zeros for a silent term)."""
+        """The per-term squared norms for the step's transfer (zeros for a silent term): at
+        the trunk, then where each term leaves the loss code."""
         if not self.terms or all(s is None for s in self._sums):
             return []
         dev = next(s for s in self._sums if s is not None).device
         zero = torch.zeros((), device=dev)
-        return [torch.stack([s.to(dev) if s is not None else zero for s in self._sums])]
+        both = self._sums + self._exits
+        return [torch.stack([s.to(dev) if s is not None else zero for s in both])]
 
     def take(self, values: list[float]) -> Optional[tuple[list[TermInfo], list[float]]]:
-        """This window's terms and the norm of the gradient each sent into the trunk."""
-        terms, self.terms, self._sums = self.terms, [], []
-        if not terms or len(values) != len(terms):
+        """This window's terms and the norm of the gradient each sent into the trunk (each
+        term's ``exit``: the norm where it left the loss code)."""
+        terms, self.terms, self._sums, self._exits = self.terms, [], [], []
+        if not terms or len(values) != 2 * len(terms):
             return None
-        return terms, [max(v, 0.0) ** 0.5 for v in values]
+        for t, v in zip(terms, values[len(terms) :]):
+            t.exit = max(v, 0.0) ** 0.5
+        return terms, [max(v, 0.0) ** 0.5 for v in values[: len(terms)]]
 
 
 def _reduced(g: GraphDesc, i: int) -> str:
@@ -182,14 +211,28 @@ def _reach(g: GraphDesc, roots: list[int]) -> Optional[list[set[int]]]:
     return owners
 
 
-def _shared_slots(g: GraphDesc, fn: Any, i: int, reach: list[set[int]]) -> list[int]:
-    """Positions in ``fn.next_functions`` of inputs that several terms reach (the trunk)."""
+def _rows(shape: Optional[tuple[int, ...]]) -> int:
+    """Rows of a value: its samples (or tokens), every dim but the last (classes, features)."""
+    if not shape:
+        return 1
+    n = 1
+    for d in shape[:-1] if len(shape) > 1 else shape:
+        n *= d
+    return n
+
+
+def _edges(
+    g: GraphDesc, fn: Any, i: int, reach: list[set[int]], region: Optional[set[int]]
+) -> list[tuple[int, int]]:
+    """``(position in fn.next_functions, node)`` of node ``i``'s inputs that several terms
+    reach (the trunk) or, given ``region`` (the loss code, when the forward was marked), that
+    lie outside it (a module's output): where the term's gradient leaves the loss code."""
     out = []
     inputs = iter(g.nodes[i].inputs)
     for pos, (nxt, _) in enumerate(getattr(fn, "next_functions", ())):
         if nxt is None:
             continue
         j = next(inputs, None)
-        if j is not None and len(reach[j]) > 1:
-            out.append(pos)
+        if j is not None and (len(reach[j]) > 1 or (region is not None and j not in region)):
+            out.append((pos, j))
     return out
