@@ -31,6 +31,7 @@ from gradwatch.checks.graph_retained import GraphRetainedAcrossSteps
 from gradwatch.checks.internal_error import InternalError
 from gradwatch.checks.loss_broadcast import LossBroadcast
 from gradwatch.checks.loss_disconnected import LossDisconnected
+from gradwatch.checks.loss_domain import LossInputOutOfDomain
 from gradwatch.checks.loss_normalised import LossInputAlreadyNormalised
 from gradwatch.checks.loss_term_dominates import LossTermDominates
 from gradwatch.checks.nonfinite import NonfiniteGrad
@@ -97,6 +98,7 @@ ALL_CHECKS: list[type[Check]] = [
     NormalisedOverBatch,
     EvalForwardStochastic,
     LossTermDominates,
+    LossInputOutOfDomain,
 ]
 
 # gradwatch's own: always on, in no config (a fault or a synthesized name must be said).

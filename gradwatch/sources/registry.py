@@ -23,6 +23,7 @@ from gradwatch.sources.discarded import DiscardedSource
 from gradwatch.sources.eval_forward import EvalForwardSource
 from gradwatch.sources.forward import ForwardSource
 from gradwatch.sources.loss import LossSource
+from gradwatch.sources.loss_domain import LossDomainSource
 from gradwatch.sources.loss_graph import LossGraphSource
 from gradwatch.sources.modes import ModesSource
 from gradwatch.sources.replicas import ReplicaSource
@@ -42,6 +43,7 @@ ALL_SOURCES: list[type[EvidenceSource]] = [
     AutocastSource,
     LossSource,
     LossGraphSource,
+    LossDomainSource,
     EvalForwardSource,
     BackwardProbeSource,
     UnscaleSource,
