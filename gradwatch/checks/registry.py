@@ -11,6 +11,7 @@ from collections.abc import Iterable
 from gradwatch.checks.autocast_bypassed import AutocastBypassed
 from gradwatch.checks.base import Check
 from gradwatch.checks.clip_after_step import ClipAfterStep
+from gradwatch.checks.call_without_effect import CallWithoutEffect
 from gradwatch.checks.clip_without_effect import ClipWithoutEffect
 from gradwatch.checks.clipped_while_scaled import ClippedWhileScaled
 from gradwatch.checks.coverage import FrozenInOptimizer, NotInOptimizer
@@ -99,6 +100,7 @@ ALL_CHECKS: list[type[Check]] = [
     EvalForwardStochastic,
     LossTermDominates,
     LossInputOutOfDomain,
+    CallWithoutEffect,
 ]
 
 # gradwatch's own: always on, in no config (a fault or a synthesized name must be said).

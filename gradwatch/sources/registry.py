@@ -29,6 +29,7 @@ from gradwatch.sources.modes import ModesSource
 from gradwatch.sources.replicas import ReplicaSource
 from gradwatch.sources.resume import ResumeSource
 from gradwatch.sources.schedulers import SchedulerSource
+from gradwatch.sources.state_calls import StateCallsSource
 from gradwatch.sources.unscale import UnscaleSource
 from gradwatch.sources.weight_rows import WeightRowsSource
 from gradwatch.sources.zero_grad import ZeroGradSource
@@ -49,6 +50,7 @@ ALL_SOURCES: list[type[EvidenceSource]] = [
     UnscaleSource,
     ZeroGradSource,
     SchedulerSource,
+    StateCallsSource,
     DiscardedSource,
     BackwardCallsSource,
     ResumeSource,
