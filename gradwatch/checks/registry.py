@@ -10,8 +10,8 @@ from collections.abc import Iterable
 
 from gradwatch.checks.autocast_bypassed import AutocastBypassed
 from gradwatch.checks.base import Check
-from gradwatch.checks.clip_after_step import ClipAfterStep
 from gradwatch.checks.call_without_effect import CallWithoutEffect
+from gradwatch.checks.clip_after_step import ClipAfterStep
 from gradwatch.checks.clip_without_effect import ClipWithoutEffect
 from gradwatch.checks.clipped_while_scaled import ClippedWhileScaled
 from gradwatch.checks.coverage import FrozenInOptimizer, NotInOptimizer

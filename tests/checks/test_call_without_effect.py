@@ -34,9 +34,7 @@ class Net(nn.Module):
         return self.head(torch.relu(self.enc(x)))
 
 
-def _run(
-    model: nn.Module, opt: Any, before: Callable[[int], None], steps: int = 3
-) -> list[Any]:
+def _run(model: nn.Module, opt: Any, before: Callable[[int], None], steps: int = 3) -> list[Any]:
     gen = torch.Generator().manual_seed(0)
     with gradwatch.watch(model, opt, config=CFG) as w:
         for k in range(steps):

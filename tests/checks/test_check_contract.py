@@ -40,7 +40,7 @@ from gradwatch.sources.registry import NEEDS
 SPEC = Path(__file__).resolve().parents[2].parent / "shared" / "SPEC.md"
 # SPEC sections whose checks are being built this round: their ids are judged once
 # registered, and may be missing until then.
-BEING_BUILT: frozenset[str] = frozenset()
+BEING_BUILT: frozenset[str] = frozenset({"8"})
 # Every observed step, and gradwatch's own faults raised, so a broken check cannot hide.
 CFG: dict[str, Any] = {"every_n_steps": 1, "on_internal_error": "raise"}
 OTHER = {"error": "warning", "warning": "error", "info": "warning"}  # an override != default
@@ -57,7 +57,8 @@ _TABLE_HEAD = ["id", "fires when", "default severity"]
 def spec_checks(text: str) -> dict[str, tuple[str, str]]:
     """``{id: (section, default severity)}`` from SPEC's tables of checks.
 
-    A table of checks is one whose header is ``| id | fires when | default severity |``;
+    A table of checks is one whose header is ``| id | fires when | default severity |`` (or
+    any header from ``id`` to ``default severity``: section 8.2's properties);
     the section is the number of the ``## N.`` heading above it.
     """
     out: dict[str, tuple[str, str]] = {}
@@ -70,10 +71,12 @@ def spec_checks(text: str) -> dict[str, tuple[str, str]]:
             in_table = False
             continue
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if cells == _TABLE_HEAD:
+        if cells == _TABLE_HEAD or (cells[0] == "id" and cells[-1] == "default severity"):
             in_table = True
         elif in_table and not set(cells[0]) <= set("-: "):
             check_id = cells[0].strip("`")
+            if not re.fullmatch(SNAKE, check_id):
+                continue  # a row that names a source and its checks (§8.2's data_as_fed)
             assert check_id not in out, f"SPEC lists {check_id} twice"
             out[check_id] = (section, cells[-1])
     return out

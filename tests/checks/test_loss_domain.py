@@ -30,7 +30,9 @@ Loss = Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
 
 def _net(out: int = 4) -> nn.Module:
     torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 8), nn.ReLU(), nn.Linear(8, out))
+    return nn.Sequential(
+        nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 8), nn.ReLU(), nn.Linear(8, out)
+    )
 
 
 def _run(model: nn.Module, loss: Loss, target: Callable[[torch.Generator], torch.Tensor]) -> Any:
@@ -133,7 +135,10 @@ class _WithLoss(nn.Module):
 
 def test_a_loss_computed_inside_the_forward() -> None:
     (f,) = _found(_run(_WithLoss(), lambda m, x, y: m(x, y), _mask255))
-    assert f.details["loss"] == "binary_cross_entropy_with_logits" and f.details["argument"] == "target"
+    assert (
+        f.details["loss"] == "binary_cross_entropy_with_logits"
+        and f.details["argument"] == "target"
+    )
 
 
 def _soft(g: torch.Generator) -> torch.Tensor:
@@ -167,15 +172,25 @@ def _distil(m: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         (lambda m, x, y: F.cross_entropy(m(x), y), _mixup),
         (lambda m, x, y: F.cross_entropy(m(x), y), _ignored),
         (lambda m, x, y: F.nll_loss(F.log_softmax(m(x), 1), y), _cls),
-        (lambda m, x, y: F.kl_div(F.log_softmax(m(x), -1), F.log_softmax(y, -1), log_target=True,
-                                  reduction="batchmean"),
-         lambda g: torch.randn(16, 4, generator=g)),
+        (
+            lambda m, x, y: F.kl_div(
+                F.log_softmax(m(x), -1),
+                F.log_softmax(y, -1),
+                log_target=True,
+                reduction="batchmean",
+            ),
+            lambda g: torch.randn(16, 4, generator=g),
+        ),
         (_distil, lambda g: torch.randn(16, 4, generator=g)),
         (lambda m, x, y: nn.CosineEmbeddingLoss()(m(x), m(x.flip(0)), 2 * y - 1), _labels01),
-        (lambda m, x, y: F.poisson_nll_loss(m(x), y),
-         lambda g: torch.poisson(torch.full((16, 4), 3.0), generator=g)),
-        (lambda m, x, y: F.multilabel_soft_margin_loss(m(x), y),
-         lambda g: (torch.rand(16, 4, generator=g) > 0.5).float()),
+        (
+            lambda m, x, y: F.poisson_nll_loss(m(x), y),
+            lambda g: torch.poisson(torch.full((16, 4), 3.0), generator=g),
+        ),
+        (
+            lambda m, x, y: F.multilabel_soft_margin_loss(m(x), y),
+            lambda g: (torch.rand(16, 4, generator=g) > 0.5).float(),
+        ),
     ],
 )
 def test_losses_given_their_domain_are_silent(loss: Loss, target: Any) -> None:
@@ -192,7 +207,9 @@ def test_only_scan_steps_are_read_and_a_users_mode_is_left_alone() -> None:
     from torch.overrides import TorchFunctionMode
 
     class Count(TorchFunctionMode):
-        def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        def __torch_function__(
+            self, func: Any, types: Any, args: Any = (), kwargs: Any = None
+        ) -> Any:
             return func(*args, **(kwargs or {}))
 
     model = _net()

@@ -114,7 +114,9 @@ class StateCalls:
         if trained and (pairs or loaded == 0):
             self.misloads.append(Misload(name, call_site(), trained, pairs[:_MAX_PAIRS], loaded))
 
-    def mode_or_freeze(self, module: nn.Module, kind: str, on: bool, site: Callable[[], Any]) -> None:
+    def mode_or_freeze(
+        self, module: nn.Module, kind: str, on: bool, site: Callable[[], Any]
+    ) -> None:
         """``module.train(on)`` (kind "eval") or ``module.requires_grad_(not on)`` ("freeze")
         has just returned: ``on`` False sets an intent, True may undo others."""
         name = self.names.get(id(module))
@@ -187,7 +189,9 @@ def _wrap() -> None:
     train = _saved["train"] = nn.Module.train
     freeze = _saved["requires_grad_"] = nn.Module.requires_grad_
 
-    def load_state_dict(self: nn.Module, state_dict: Any, strict: bool = True, *a: Any, **k: Any) -> Any:
+    def load_state_dict(
+        self: nn.Module, state_dict: Any, strict: bool = True, *a: Any, **k: Any
+    ) -> Any:
         result = load(self, state_dict, strict, *a, **k)
         if not strict and _depth[0] == 0:
             try:

@@ -115,7 +115,9 @@ LOSS_RULES: dict[Callable[..., Any], Callable[[dict[str, Any]], list[Demand]]] =
 _SIGNATURES: dict[Callable[..., Any], inspect.Signature] = {}
 
 
-def demands(func: Callable[..., Any], args: Any, kwargs: Any) -> tuple[dict[str, Any], list[Demand]]:
+def demands(
+    func: Callable[..., Any], args: Any, kwargs: Any
+) -> tuple[dict[str, Any], list[Demand]]:
     """The call's arguments by name (defaults filled in) and what its loss demands of them."""
     sig = _SIGNATURES.get(func)
     if sig is None:

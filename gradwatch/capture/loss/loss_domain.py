@@ -111,7 +111,7 @@ class LossDomain(BackwardRoots):
         self, model: nn.Module, on_error: Callable[[str, BaseException], None], scan_steps: int
     ) -> None:
         super().__init__(lambda p: True, on_error, loss=False, scan_steps=scan_steps)
-        self.calls: list[LossCall] = []
+        self.loss_calls: list[LossCall] = []
         self._stats: list[torch.Tensor] = []
         self._pending: list[LossCall] = []
         self._mode: Optional[_DomainMode] = None
@@ -167,7 +167,7 @@ class LossDomain(BackwardRoots):
     def seen(self, func: Any, args: Any, kwargs: Any) -> None:
         """A loss call while the mode is live: its demands and their reductions."""
         try:
-            if len(self.calls) >= _MAX_CALLS or not torch.is_grad_enabled():
+            if len(self.loss_calls) >= _MAX_CALLS or not torch.is_grad_enabled():
                 return
             b, wants = demands(func, args, kwargs)
             kept: list[Demand] = []
@@ -185,7 +185,7 @@ class LossDomain(BackwardRoots):
                 if isinstance(b.get(k), (str, bool, int, float))
             }
             self.seen_calls += 1
-            self.calls.append(
+            self.loss_calls.append(
                 LossCall(
                     func.__name__,
                     _loss_module(),
@@ -208,7 +208,7 @@ class LossDomain(BackwardRoots):
         """The window's reductions as one float tensor for the step's transfer (or none)."""
         self.disarm()
         stats, self._stats = self._stats, []
-        self._pending, self.calls = self.calls, []
+        self._pending, self.loss_calls = self.loss_calls, []
         if not stats:
             return []
         device = stats[0].device
@@ -238,7 +238,7 @@ class LossDomain(BackwardRoots):
         for h in self._hooks:
             h.remove()
         self._hooks.clear()
-        self.calls, self._stats, self._pending = [], [], []
+        self.loss_calls, self._stats, self._pending = [], [], []
         super().remove()
 
 
