@@ -62,25 +62,33 @@ def _plain(v: Any) -> Any:
 
 
 def _holders(p: torch.Tensor) -> list[torch.optim.Optimizer]:
-    """The optimizers whose groups hold ``p`` (param list -> group -> param_groups -> it)."""
+    """The optimizers whose groups hold ``p``: param list -> group -> ``param_groups`` ->
+    the optimizer (or its ``__dict__``), one ``gc.get_referrers`` per level."""
+    plists = [x for x in gc.get_referrers(p) if isinstance(x, list)]
+    if not plists:
+        return []
+    ids = {id(x) for x in plists}
+    groups = [
+        d for d in gc.get_referrers(*plists) if isinstance(d, dict) and id(d.get("params")) in ids
+    ]
+    if not groups:
+        return []
+    lists = [x for x in gc.get_referrers(*groups) if isinstance(x, list)]
+    if not lists:
+        return []
+    ids = {id(x) for x in lists}
+    found = gc.get_referrers(*lists)
+    dicts = [d for d in found if isinstance(d, dict) and id(d.get("param_groups")) in ids]
+    if dicts:
+        found = found + gc.get_referrers(*dicts)
     out: list[torch.optim.Optimizer] = []
-    for plist in gc.get_referrers(p):
-        if not isinstance(plist, list):
-            continue
-        for group in gc.get_referrers(plist):
-            if not (isinstance(group, dict) and group.get("params") is plist):
-                continue
-            for groups in gc.get_referrers(group):
-                if not isinstance(groups, list):
-                    continue
-                for o in gc.get_referrers(groups):
-                    if isinstance(o, dict) and o.get("param_groups") is groups:
-                        o = next(
-                            (x for x in gc.get_referrers(o) if getattr(x, "__dict__", None) is o),
-                            None,
-                        )
-                    if isinstance(o, torch.optim.Optimizer) and all(o is not x for x in out):
-                        out.append(o)
+    for o in found:
+        if (
+            isinstance(o, torch.optim.Optimizer)
+            and id(o.param_groups) in ids
+            and all(o is not x for x in out)
+        ):
+            out.append(o)
     return out
 
 
