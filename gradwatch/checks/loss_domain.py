@@ -142,6 +142,8 @@ class LossInputOutOfDomain(Check):
             message=f"{name}{at} expects its {d.role} to hold {_EXPECT[d.domain]}, and was "
             f"given {what}: the loss is computed anyway and optimises something else.",
             hint=_FIX[d.domain],
+            params=call.params or None,
+            module=call.producer,
             details={
                 "loss": call.loss,
                 "loss_module": call.module,

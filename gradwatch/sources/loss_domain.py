@@ -58,7 +58,24 @@ class LossDomainSource(EvidenceSource):
             return None
         values, self._values = self._values, []
         calls = self.domain.take(values)
+        for call in calls:
+            self._name(call)
         return LossDomainRecord(calls) if calls else None
+
+    def _name(self, call: LossCall) -> None:
+        """The watched parameters upstream of the loss's input, and the nearest one's module."""
+        index = self.ctx.structure.index
+        idxs: list[int] = []
+        for ref in call.leaves:
+            p = ref()
+            i = index.lookup(p) if p is not None else None
+            if i is not None and i not in idxs:
+                idxs.append(i)
+        call.leaves = []
+        if idxs:
+            call.params = index.names(idxs)
+            first = call.params[0]
+            call.producer = first.rsplit(".", 1)[0] if "." in first else None
 
     def _compiled(self) -> None:
         checks = self.ctx.needing("loss_inputs")

@@ -71,6 +71,8 @@ def test_a_255_mask_into_bce_with_logits_names_the_target_and_the_line() -> None
     assert f.severity == "error" and f.details["argument"] == "target"
     assert f.details["loss_module"] == "BCEWithLogitsLoss" and f.details["observed"] == [0, 255]
     assert "test_loss_domain.py" in f.details["called_at"]
+    assert f.module == "4" and set(f.params[:2]) == {"4.weight", "4.bias"}  # upstream, nearest first
+    assert "0.weight" in f.params
 
 
 def test_kldiv_given_probabilities_as_its_input() -> None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import sys
 import threading
 import weakref
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
@@ -53,6 +54,10 @@ class LossCall:
     settings: dict[str, Any] = field(default_factory=dict)  # reduction, log_target, ...
     normalised: Optional[str] = None  # the input is a softmax's/sigmoid's output
     values: list[list[float]] = field(default_factory=list)  # each demand's reductions
+    leaves: list[weakref.ref[torch.Tensor]] = field(default_factory=list, repr=False)
+    """The leaves upstream of the loss's input, nearest first (named by the source)."""
+    params: list[str] = field(default_factory=list)  # their names, once named
+    producer: Optional[str] = None  # the module of the nearest one
 
 
 class _DomainMode(TorchFunctionMode):
@@ -84,6 +89,32 @@ def _normalised(x: Any) -> Optional[str]:
             return None
         fn = nxt[0]
     return None
+
+
+_PREDICTION = ("input", "log_probs", "input1")  # the argument the model's output is
+_MAX_WALK = 4096  # graph nodes walked per loss call for its upstream leaves, at most
+
+
+def _upstream(b: dict[str, Any]) -> list[weakref.ref[torch.Tensor]]:
+    """The leaf tensors the loss's prediction depends on, breadth first (nearest first)."""
+    x = next((b[k] for k in _PREDICTION if isinstance(b.get(k), torch.Tensor)), None)
+    fn = getattr(x, "grad_fn", None)
+    if fn is None:
+        return []
+    out: list[weakref.ref[torch.Tensor]] = []
+    seen, queue, n = {id(fn)}, deque([fn]), 0
+    while queue and n < _MAX_WALK:
+        node = queue.popleft()
+        n += 1
+        var = getattr(node, "variable", None)
+        if var is not None:
+            out.append(weakref.ref(var))
+            continue
+        for nxt, _ in node.next_functions:
+            if nxt is not None and id(nxt) not in seen:
+                seen.add(id(nxt))
+                queue.append(nxt)
+    return out
 
 
 def _loss_module() -> Optional[str]:
@@ -193,6 +224,7 @@ class LossDomain(BackwardRoots):
                     kept,
                     settings,
                     _normalised(b.get("input")),
+                    leaves=_upstream(b),
                 )
             )
         except Exception as exc:  # never the user's loss
