@@ -79,7 +79,7 @@ def _violation(d: Demand, v: list[float], call: LossCall) -> Optional[str]:
         return f"a smallest value of {v[0]:.4g}"
     if d.domain == "pm1" and v[0] > _TOL:
         return f"a label {v[0]:.4g} away from ±1 (labels other than -1 and +1, such as 0)"
-    if d.domain == "dist" and v[0] > _DIST_TOL:
+    if d.domain == "dist" and v[0] > max(_DIST_TOL, d.tol):
         return f"a row whose sum is {v[0]:.4g} away from 1"
     if d.domain == "index" and d.extra is not None and (v[0] < 0 or v[1] >= d.extra):
         return f"indices in [{v[0]:.0f}, {v[1]:.0f}] for C = {d.extra}"

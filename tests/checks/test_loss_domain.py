@@ -71,7 +71,10 @@ def test_a_255_mask_into_bce_with_logits_names_the_target_and_the_line() -> None
     assert f.severity == "error" and f.details["argument"] == "target"
     assert f.details["loss_module"] == "BCEWithLogitsLoss" and f.details["observed"] == [0, 255]
     assert "test_loss_domain.py" in f.details["called_at"]
-    assert f.module == "4" and set(f.params[:2]) == {"4.weight", "4.bias"}  # upstream, nearest first
+    assert f.module == "4" and set(f.params[:2]) == {
+        "4.weight",
+        "4.bias",
+    }  # upstream, nearest first
     assert "0.weight" in f.params
 
 
@@ -153,6 +156,11 @@ def _mixup(g: torch.Generator) -> torch.Tensor:
     return lam * F.one_hot(a, 4).float() + (1 - lam) * F.one_hot(b, 4).float()
 
 
+def _smoothed_bf16(g: torch.Generator) -> torch.Tensor:
+    t = F.one_hot(torch.randint(0, 4, (16,), generator=g), 4).float() * 0.9 + 0.1 / 4
+    return t.bfloat16()  # soft targets kept in bf16: each row sums to 1 within rounding
+
+
 def _ignored(g: torch.Generator) -> torch.Tensor:
     t = torch.randint(0, 4, (16,), generator=g)
     t[::3] = -100
@@ -172,6 +180,7 @@ def _distil(m: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         (lambda m, x, y: F.binary_cross_entropy(torch.sigmoid(m(x)), y), _soft),
         (lambda m, x, y: F.cross_entropy(m(x), y, label_smoothing=0.1), _cls),
         (lambda m, x, y: F.cross_entropy(m(x), y), _mixup),
+        (lambda m, x, y: F.cross_entropy(m(x).bfloat16(), y), _smoothed_bf16),
         (lambda m, x, y: F.cross_entropy(m(x), y), _ignored),
         (lambda m, x, y: F.nll_loss(F.log_softmax(m(x), 1), y), _cls),
         (

@@ -37,6 +37,7 @@ class Demand:
     domain: str  # see the module docstring
     extra: Optional[int] = None  # ``dist``: the class dim; ``index``: C (the class count)
     ignore: Optional[int] = None  # ``index``: the ignore_index
+    tol: float = 0.0  # ``dist``: the rounding a row sum of this dtype and width may carry
 
 
 def _t(b: dict[str, Any], name: str) -> Optional[torch.Tensor]:
@@ -69,7 +70,10 @@ def _cross_entropy(b: dict[str, Any]) -> list[Demand]:
     if x is None or t is None or x.dim() < 1:
         return []
     if t.is_floating_point():  # class probabilities (soft targets, mixup, label smoothing)
-        return [Demand("target", "unit"), Demand("target", "dist", _class_dim(x))]
+        dim = _class_dim(x)
+        width = int(t.shape[dim]) if t.dim() > dim else 1
+        tol = max(1e-3, width * torch.finfo(t.dtype).eps)  # a bf16 row of 10: 0.08
+        return [Demand("target", "unit"), Demand("target", "dist", dim, tol=tol)]
     return [Demand("target", "index", int(x.shape[_class_dim(x)]), b.get("ignore_index"))]
 
 
