@@ -52,8 +52,9 @@ _FIX = {
     "or use the loss that matches the labels.",
     "logprob": "Give the loss log-probabilities: `log_softmax(logits, dim)` (or use "
     "`cross_entropy` on the logits).",
-    "nonneg": "Poisson targets are counts or rates (>= 0); with `log_input=False` the input "
-    "is a rate (>= 0): use `log_input=True` for a log-rate.",
+    "nonneg": "Poisson targets are counts or rates (>= 0), with `log_input=False` the input "
+    "is a rate (>= 0, use `log_input=True` for a log-rate); class and positive weights are "
+    ">= 0 (a weight from `1 - frequency` or a log-ratio can turn negative).",
     "pm1": "Map {0, 1} labels to {-1, +1} (`2 * y - 1`).",
     "dist": "Normalise the soft targets per sample (`t / t.sum(dim, keepdim=True)`), or pass "
     "class indices.",

@@ -127,6 +127,13 @@ def test_negative_poisson_counts_from_standardised_targets() -> None:
     assert f.details["loss"] == "poisson_nll_loss" and f.details["domain"] == "nonneg"
 
 
+def test_negative_class_weights_from_a_log_ratio() -> None:
+    freq = torch.tensor([0.5, 0.3, 0.15, 0.05])
+    weight = torch.log(freq.max() / freq) - 0.5  # meant as inverse frequency: the first < 0
+    (f,) = _found(_run(_net(), lambda m, x, y: F.cross_entropy(m(x), y, weight=weight), _cls))
+    assert f.details["argument"] == "weight" and f.details["domain"] == "nonneg"
+
+
 class _WithLoss(nn.Module):
     """A model that computes its loss in forward, as Hugging Face models do."""
 
@@ -182,6 +189,7 @@ def _distil(m: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         (lambda m, x, y: F.cross_entropy(m(x), y), _mixup),
         (lambda m, x, y: F.cross_entropy(m(x).bfloat16(), y), _smoothed_bf16),
         (lambda m, x, y: F.cross_entropy(m(x), y), _ignored),
+        (lambda m, x, y: F.cross_entropy(m(x), y, weight=torch.tensor([1.0, 2.0, 0.0, 4.0])), _cls),
         (lambda m, x, y: F.nll_loss(F.log_softmax(m(x), 1), y), _cls),
         (
             lambda m, x, y: F.kl_div(

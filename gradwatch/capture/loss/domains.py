@@ -10,7 +10,7 @@ Domains (``Demand.domain``):
 
 - ``unit``: every value in [0, 1] (BCE targets and inputs, probabilities);
 - ``logprob``: every value <= 0 (``nll_loss``'s and ``kl_div``'s input, ``ctc_loss``'s);
-- ``nonneg``: every value >= 0 (Poisson counts and rates);
+- ``nonneg``: every value >= 0 (Poisson counts and rates, class and positive weights);
 - ``pm1``: every value -1 or +1 (the margin losses' labels);
 - ``dist``: each row along the class dim sums to one (an all-zero row, a masked position,
   is allowed): cross-entropy's probability targets;
@@ -49,17 +49,20 @@ def _class_dim(x: torch.Tensor) -> int:
     return 1 if x.dim() >= 2 else 0
 
 
+_WEIGHTS = (Demand("weight", "nonneg"), Demand("pos_weight", "nonneg"))  # absent: skipped
+
+
 def _bce(b: dict[str, Any]) -> list[Demand]:
-    return [Demand("input", "unit"), Demand("target", "unit")]
+    return [Demand("input", "unit"), Demand("target", "unit"), *_WEIGHTS]
 
 
 def _bce_logits(b: dict[str, Any]) -> list[Demand]:
-    return [Demand("target", "unit")]
+    return [Demand("target", "unit"), *_WEIGHTS]
 
 
 def _nll(b: dict[str, Any]) -> list[Demand]:
     x = _t(b, "input")
-    out = [Demand("input", "logprob")]
+    out = [Demand("input", "logprob"), *_WEIGHTS]
     if x is not None and x.dim() >= 1:
         out.append(Demand("target", "index", int(x.shape[_class_dim(x)]), b.get("ignore_index")))
     return out
@@ -69,12 +72,14 @@ def _cross_entropy(b: dict[str, Any]) -> list[Demand]:
     x, t = _t(b, "input"), _t(b, "target")
     if x is None or t is None or x.dim() < 1:
         return []
+    weights = list(_WEIGHTS)
     if t.is_floating_point():  # class probabilities (soft targets, mixup, label smoothing)
         dim = _class_dim(x)
         width = int(t.shape[dim]) if t.dim() > dim else 1
         tol = max(1e-3, width * torch.finfo(t.dtype).eps)  # a bf16 row of 10: 0.08
-        return [Demand("target", "unit"), Demand("target", "dist", dim, tol=tol)]
-    return [Demand("target", "index", int(x.shape[_class_dim(x)]), b.get("ignore_index"))]
+        return [Demand("target", "unit"), Demand("target", "dist", dim, tol=tol), *weights]
+    index = Demand("target", "index", int(x.shape[_class_dim(x)]), b.get("ignore_index"))
+    return [index, *weights]
 
 
 def _kl_div(b: dict[str, Any]) -> list[Demand]:
