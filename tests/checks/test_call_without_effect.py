@@ -176,6 +176,18 @@ def test_undos_that_are_decisions_are_silent(first: Any, then: Any) -> None:
     assert not _epoch_start(first, then)
 
 
+def test_a_sample_drawn_in_eval_then_restored_by_model_train_is_silent() -> None:
+    model = Net()
+
+    def sample(k: int) -> None:
+        model.enc.eval()  # a preview through the encoder, dropout off
+        with torch.no_grad():
+            model.enc(torch.randn(2, 8))
+        model.train()  # restored by the blanket call: the eval took effect
+
+    assert not _run(model, _sgd(model), sample)
+
+
 def test_gradual_unfreezing_after_steps_is_silent() -> None:
     model = Net()
 

@@ -12,9 +12,11 @@ watcher, restored when the last one closes unless another library wrapped them s
 - ``requires_grad_``: ``sub.requires_grad_(False)`` below the root, undone by an ancestor's
   ``requires_grad_(True)`` before an optimizer step.
 
-An undo counts only when it comes from an ancestor's blanket call and the module's state at
-the step still differs from the intent: ``sub.train()`` itself, or unfreezing a few of its
-parameters by hand, is a decision, not an accident. For a module no watcher holds each
+An undo counts only when it comes from an ancestor's blanket call before the module ran
+a forward in the intended state, and the module's state at the step still differs from the
+intent: ``sub.train()`` itself, a sample drawn with ``sub.eval()`` before ``model.train()``
+restores it, or unfreezing a few of its parameters by hand, is a decision, not an accident.
+While an intent waits, the module holds one forward pre-hook (removed at the step). For a module no watcher holds each
 wrapper costs one set lookup per watcher; the user's line is read once per call that
 matters.
 """
@@ -22,11 +24,12 @@ matters.
 from __future__ import annotations
 
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from torch import nn
 
+from gradwatch.capture.forward.nan_probe import _Owned
 from gradwatch.model.locations import call_site
 
 __all__ = ["Intent", "Misload", "StateCalls"]
@@ -57,6 +60,8 @@ class Intent:
     site: Optional[str]
     undone_by: Optional[str] = None  # the ancestor whose call undid it
     undone_at: Optional[str] = None  # that call's line
+    used: bool = False  # the module ran a forward while the intent held: it took effect
+    hook: Any = field(default=None, repr=False)  # the forward pre-hook that tells ``used``
 
 
 def _match(missing: str, unexpected: list[str]) -> Optional[str]:
@@ -125,16 +130,25 @@ class StateCalls:
             return
         if not on:
             if module is not root and (kind == "freeze" or root.training):
-                self.intents[id(module)] = (weakref.ref(module), Intent(kind, name, site()))
+                self._drop(id(module))
+                intent = Intent(kind, name, site())
+                intent.hook = module.register_forward_pre_hook(_Owned(_used(intent), module))
+                self.intents[id(module)] = (weakref.ref(module), intent)
             return
         for key, (ref, intent) in list(self.intents.items()):
             sub = ref()
             if intent.kind != kind or intent.undone_by is not None or sub is None:
                 continue
-            if sub is module:
-                self.intents.pop(key)  # undone by itself: a decision
+            if sub is module or intent.used:
+                self._drop(key)  # undone by itself, or after it took effect: a decision
             elif any(m is sub for m in module.modules()):
                 intent.undone_by, intent.undone_at = name, site()
+                intent.hook.remove()
+
+    def _drop(self, key: int) -> None:
+        entry = self.intents.pop(key, None)
+        if entry is not None and entry[1].hook is not None:
+            entry[1].hook.remove()
 
     # -- the step ----------------------------------------------------------------------------
 
@@ -143,6 +157,7 @@ class StateCalls:
         every intent is settled at the step (later changes are decisions)."""
         undone = []
         for ref, intent in self.intents.values():
+            intent.hook.remove()
             sub = ref()
             if sub is None or intent.undone_by is None:
                 continue
@@ -159,11 +174,19 @@ class StateCalls:
         if not self._on:
             return
         self._on = False
-        self.intents.clear()
+        for key in list(self.intents):
+            self._drop(key)
         self.names = {}
         _listeners[:] = [r for r in _listeners if r() is not None and r() is not self]
         if not _listeners:
             _unwrap()
+
+
+def _used(intent: Intent) -> Callable[..., None]:
+    def pre(module: nn.Module, args: Any) -> None:
+        intent.used = True
+
+    return pre
 
 
 def _each(fn: Callable[[StateCalls], None]) -> None:
