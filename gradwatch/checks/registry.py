@@ -11,6 +11,7 @@ from collections.abc import Iterable
 from gradwatch.checks.autocast_bypassed import AutocastBypassed
 from gradwatch.checks.base import Check
 from gradwatch.checks.batch_order_dependent import BatchOrderDependent
+from gradwatch.checks.call_without_effect import CallWithoutEffect
 from gradwatch.checks.clip_after_step import ClipAfterStep
 from gradwatch.checks.clip_without_effect import ClipWithoutEffect
 from gradwatch.checks.clipped_while_scaled import ClippedWhileScaled
@@ -34,6 +35,7 @@ from gradwatch.checks.graph_retained import GraphRetainedAcrossSteps
 from gradwatch.checks.internal_error import InternalError
 from gradwatch.checks.loss_broadcast import LossBroadcast
 from gradwatch.checks.loss_disconnected import LossDisconnected
+from gradwatch.checks.loss_domain import LossInputOutOfDomain
 from gradwatch.checks.loss_normalised import LossInputAlreadyNormalised
 from gradwatch.checks.loss_term_dominates import LossTermDominates
 from gradwatch.checks.nonfinite import NonfiniteGrad
@@ -103,6 +105,8 @@ ALL_CHECKS: list[type[Check]] = [
     ForwardNotReproducible,
     BatchOrderDependent,
     DependenceOutsideReceptiveField,
+    LossInputOutOfDomain,
+    CallWithoutEffect,
 ]
 
 # gradwatch's own: always on, in no config (a fault or a synthesized name must be said).

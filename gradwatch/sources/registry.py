@@ -23,12 +23,14 @@ from gradwatch.sources.discarded import DiscardedSource
 from gradwatch.sources.eval_forward import EvalForwardSource
 from gradwatch.sources.forward import ForwardSource
 from gradwatch.sources.loss import LossSource
+from gradwatch.sources.loss_domain import LossDomainSource
 from gradwatch.sources.loss_graph import LossGraphSource
 from gradwatch.sources.modes import ModesSource
 from gradwatch.sources.replicas import ReplicaSource
 from gradwatch.sources.resume import ResumeSource
 from gradwatch.sources.samples import SamplesSource
 from gradwatch.sources.schedulers import SchedulerSource
+from gradwatch.sources.state_calls import StateCallsSource
 from gradwatch.sources.unscale import UnscaleSource
 from gradwatch.sources.weight_rows import WeightRowsSource
 from gradwatch.sources.zero_grad import ZeroGradSource
@@ -43,11 +45,13 @@ ALL_SOURCES: list[type[EvidenceSource]] = [
     AutocastSource,
     LossSource,
     LossGraphSource,
+    LossDomainSource,
     EvalForwardSource,
     BackwardProbeSource,
     UnscaleSource,
     ZeroGradSource,
     SchedulerSource,
+    StateCallsSource,
     DiscardedSource,
     BackwardCallsSource,
     ResumeSource,

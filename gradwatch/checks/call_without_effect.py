@@ -1,0 +1,172 @@
+"""``call_without_effect``: a state change the user asked for did not hold at the next step.
+
+A property of every correct program: what the user asks of the model and the optimizer
+takes effect by the next step. The evidence (``state_calls``,
+:mod:`gradwatch.sources.state_calls`) compares each intent with the state at the step:
+
+- ``load_state_dict(strict=False)`` whose missing keys are trainable parameters that the
+  state dict holds under another name (a ``module.``, ``model.`` or ``_orig_mod.`` prefix,
+  the same shape), or that loaded nothing: the weights stay at their initialisation;
+- a hyperparameter written where ``step()`` never reads it: ``opt.lr = ...`` on a torch
+  optimizer, ``opt.defaults["lr"] = ...`` after construction, a scheduler (or a hand-written
+  loop over ``param_groups``) driving another optimizer object over the same parameters that
+  is never stepped (an optimizer built again after its scheduler);
+- ``sub.eval()`` or ``sub.requires_grad_(False)`` below the root, undone by an ancestor's
+  ``train()`` / ``requires_grad_(True)`` before the step.
+
+Instances of the same property with their own ids stay theirs: ``freeze_not_applied``
+(``module.requires_grad = False``), ``frozen_stats_updated`` (a frozen norm layer put back
+in train mode), ``scheduler_misstepped``, ``clip_without_effect``, ``tie_broken``.
+
+Correct and silent: a new head left missing by a ``strict=False`` fine-tuning load,
+``model.eval()`` for validation then ``model.train()``, gradual unfreezing after some steps,
+unfreezing a few parameters of a frozen block by hand, a scheduler on the stepped optimizer,
+a custom optimizer that reads its own attributes.
+
+Not judged: loads made before ``watch()`` began, a device or dtype move undone before the
+step, a scheduler's value overwritten by hand on the stepped optimizer (a manual warm-up is a
+design), writes to hyperparameters a custom optimizer keeps elsewhere.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from gradwatch._severity import Severity
+from gradwatch.checks.base import Check, CheckConfig, severity_field
+from gradwatch.checks.docs import CheckDoc
+from gradwatch.checks.views import StepView
+
+if TYPE_CHECKING:
+    from gradwatch.capture.loop.lr_writes import IgnoredWrite
+    from gradwatch.capture.loop.state_calls import Intent, Misload
+    from gradwatch.checks.base import FindingLog
+
+
+class CallWithoutEffectConfig(CheckConfig):
+    """``call_without_effect``: no thresholds (``enabled`` and ``severity`` only)."""
+
+    severity: Severity = severity_field("warning")
+
+
+def _at(site: Any) -> str:
+    return f" at {site}" if site else ""
+
+
+class CallWithoutEffect(Check):
+    """Per step: each state change asked for since the previous step that the step's state
+    does not show, by the line that asked."""
+
+    id = "call_without_effect"
+    Config = CallWithoutEffectConfig
+    needs = frozenset({"state_calls"})
+    doc = CheckDoc(
+        summary="A state change the user asked for did not take effect by the next step: a "
+        "`strict=False` load that missed trained weights, a learning rate written where "
+        "`step()` does not read it, a freeze or `eval()` undone before the step.",
+        why="The run trains as if the call had not been made, while the code says it was: "
+        "a pretrained model trains from scratch, a schedule never reaches the optimizer, a "
+        "frozen encoder trains. Nothing fails.",
+        causes=(
+            "A checkpoint saved from `DataParallel` (`module.` prefix), a Lightning module "
+            "(`model.`) or `torch.compile` (`_orig_mod.`) loaded with `strict=False`.",
+            "An optimizer built again after its LR scheduler, so the scheduler drives the "
+            "old one; `opt.lr = x` or `opt.defaults['lr'] = x` instead of the param groups.",
+            "`model.encoder.eval()` / `.requires_grad_(False)` before the loop, undone by "
+            "`model.train()` / `model.requires_grad_(True)` at the epoch's start.",
+        ),
+        fix="Strip or add the prefix before loading (and check the returned missing keys); "
+        "write `for g in opt.param_groups: g['lr'] = x` on the optimizer that steps, and "
+        "build schedulers after the optimizer they drive; re-apply a partial freeze or "
+        "eval after the blanket call (or override `train()`).",
+    )
+
+    def on_step(self, view: StepView, log: FindingLog) -> None:
+        rec = view.window.records.get("state_calls")
+        if rec is None:
+            return
+        for m in rec.misloads:
+            self._misload(view, log, m)
+        for i in rec.undone:
+            self._undone(view, log, i)
+        for w in rec.ignored:
+            self._ignored(view, log, w)
+
+    def _misload(self, view: StepView, log: FindingLog, m: Misload) -> None:
+        where = f"'{m.module}'" if m.module else "the model"
+        named = [f"{m.module}.{k}" if m.module else k for k in m.missing]
+        if m.pairs:
+            a, b = m.pairs[0]
+            what = (
+                f"the state dict holds them under other names ('{b}' for '{a}'), so "
+                f"{len(m.missing)} trained parameters keep their initial values"
+            )
+        else:
+            what = f"it loaded no key at all: {len(m.missing)} trained parameters keep their initial values"
+        log.emit(
+            self.id,
+            severity=self.severity,
+            step=view.step,
+            message=f"load_state_dict(strict=False) into {where}{_at(m.site)} missed trained "
+            f"weights: {what}.",
+            hint="Rename the keys before loading (strip or add the prefix: `{k.removeprefix("
+            "'module.'): v for k, v in sd.items()}`) and check the missing keys it returns.",
+            params=named,
+            module=m.module or None,
+            details={
+                "kind": "load_state_dict",
+                "called_at": m.site,
+                "missing": m.missing[:8],
+                "pairs": [list(p) for p in m.pairs],
+                "loaded": m.loaded,
+            },
+            key=f"load:{m.module}:{m.site}",
+        )
+
+    def _undone(self, view: StepView, log: FindingLog, i: Intent) -> None:
+        asked = "eval()" if i.kind == "eval" else "requires_grad_(False)"
+        undo = "train()" if i.kind == "eval" else "requires_grad_(True)"
+        by = f"'{i.undone_by}'" if i.undone_by else "the model"
+        state = "trains in train mode" if i.kind == "eval" else "trains"
+        log.emit(
+            self.id,
+            severity=self.severity,
+            step=view.step,
+            message=f"'{i.module}'.{asked}{_at(i.site)} was undone before the step by "
+            f"{undo} on {by}{_at(i.undone_at)}: the module {state} at the step.",
+            hint=f"Call '{i.module}'.{asked} after {undo} on its ancestor (at each epoch's "
+            "start), or override the parent's train() to keep it.",
+            module=i.module,
+            details={
+                "kind": i.kind,
+                "called_at": i.site,
+                "undone_by": i.undone_by,
+                "undone_at": i.undone_at,
+            },
+            key=f"{i.kind}:{i.module}",
+        )
+
+    def _ignored(self, view: StepView, log: FindingLog, w: IgnoredWrite) -> None:
+        where = {
+            "attribute": f"as the optimizer attribute `opt.{w.hparam}`",
+            "defaults": f"into `opt.defaults['{w.hparam}']` after construction",
+            "other_optimizer": f"into another {w.other} over the same parameters, which "
+            "is never stepped (a scheduler or a loop on an optimizer built before this one)",
+        }[w.kind]
+        log.emit(
+            self.id,
+            severity=self.severity,
+            step=view.step,
+            message=f"{w.hparam} = {w.written} was written {where}; the step of optimizer "
+            f"{w.k} reads its param groups, which hold {w.hparam} = {list(w.used)}.",
+            hint=f"Write `for g in opt.param_groups: g['{w.hparam}'] = value` on the optimizer "
+            "that steps, and build schedulers on it.",
+            details={
+                "kind": w.kind,
+                "hparam": w.hparam,
+                "written": w.written,
+                "used": list(w.used),
+                "optimizer": w.k,
+            },
+            key=f"{w.kind}:{w.k}:{w.hparam}",
+        )
