@@ -3,7 +3,7 @@ have used them (``step_without_grad``)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 from gradwatch.capture.grads.discarded import discarded_passes, hear_other_steps
 from gradwatch.sources.base import EvidenceSource, StepState
@@ -38,6 +38,15 @@ class DiscardedSource(EvidenceSource):
             state.track,
             ctx.structure.tracks,
             exact=ctx.dist is None,
-            batches=ctx.scout.batches_since(state.track.start),
+            batches=_training_batches(ctx.scout, state.track.start),
         )
         return {"discarded_passes": passes}
+
+
+def _training_batches(scout: Any, start: int) -> Optional[int]:
+    """The window's batches, less those whose forward wanted its inputs' gradient: FGSM's
+    ``loss.backward()`` fills ``delta.grad`` and the weights' ``.grad`` alike, and the reset
+    before the training backward drops only what that backward left (Wong et al. 2020)."""
+    batches = scout.batches_since(start)
+    wanted_input_grad = sum(1 for seq in scout.input_grad_starts if seq > start)
+    return None if batches is None else batches - wanted_input_grad

@@ -125,6 +125,7 @@ class ForwardScout(NanProbe):
         # first after a backward pass completed (a model called twice per batch, as a
         # Siamese one is, is one batch; a backward repeated on one forward is one batch).
         self.batch_starts: deque[int] = deque(maxlen=_MAX_BATCHES)
+        self.input_grad_starts: deque[int] = deque(maxlen=_MAX_BATCHES)  # inputs wanted grad
         # Samples the latest batch held (the leading dim of the forward's first tensor input).
         self.rows: Optional[int] = None
         self._ended_seen = -1
@@ -169,7 +170,7 @@ class ForwardScout(NanProbe):
                 last = me.batch_starts[-1] if me.batch_starts else 0
                 me._enter(module)
                 if me.batch_starts and me.batch_starts[-1] != last:  # a new batch began
-                    me.rows = _rows(args)
+                    _new_batch(me, args)
 
         self._entry.append(model.register_forward_pre_hook(_Owned(pre_root, model)))
         self._entry.append(model.register_forward_hook(_Owned(post, model), always_call=True))
@@ -319,6 +320,14 @@ def _note_fed(fed: dict[int, weakref.ref[torch.Tensor]], args: Any) -> None:
     for a in args if isinstance(args, tuple) else ():
         if isinstance(a, torch.Tensor) and a.requires_grad and a.grad_fn is None:
             fed[id(a)] = weakref.ref(a)
+
+
+def _new_batch(scout: ForwardScout, args: Any) -> None:
+    """A new batch began: its samples, and whether its inputs' gradient is wanted (an
+    attack's or a saliency map's forward: a tensor argument that requires grad)."""
+    scout.rows = _rows(args)
+    if any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
+        scout.input_grad_starts.append(scout.batch_starts[-1])
 
 
 def _rows(args: Any) -> Optional[int]:
