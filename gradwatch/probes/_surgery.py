@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 from torch import Tensor
@@ -91,13 +91,19 @@ def measure_functions(nodes: list[Any], upstream: Any) -> Declared:
     return out
 
 
-def declare(loss: Tensor, params: list[Tensor]) -> tuple[Declared, Optional[list[Any]]]:
-    """The loss's custom Functions measured, and the gradient with the unexplained ones cut
-    (``None`` when there are none, or the cut backward fails). The graph must be retained."""
+def declare(loss: Tensor, params: list[Tensor]) -> tuple[Declared, Callable[[], Any]]:
+    """The loss's custom Functions measured, and a callable that gives, once asked, the
+    gradient with the unexplained ones cut (``None`` when there are none or the cut backward
+    fails). It runs a second backward only when asked; the graph must be retained."""
     declared = measure_functions(_walk(loss), _upstream_params)
-    if not declared.candidates:
-        return declared, None
-    return declared, cut_grads(loss, params, declared.candidates)
+    memo: list[Any] = []
+
+    def cut() -> Any:
+        if not memo:
+            memo.append(cut_grads(loss, params, declared.candidates) if declared.candidates else None)
+        return memo[0]
+
+    return declared, cut
 
 
 def cut_grads(loss: Tensor, params: list[Tensor], nodes: list[Any]) -> Optional[list[Any]]:
@@ -109,7 +115,7 @@ def cut_grads(loss: Tensor, params: list[Tensor], nodes: list[Any]) -> Optional[
     handles = [node.register_prehook(zero) for node in nodes]
     try:
         return list(torch.autograd.grad(loss, params, allow_unused=True, retain_graph=True))
-    except RuntimeError:
+    except Exception:  # a wrapper's backward hooks (Opacus) may refuse a second backward
         return None
     finally:
         for h in handles:

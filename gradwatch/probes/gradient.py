@@ -252,7 +252,6 @@ def _agreement(
     ste_ids |= declared.explained_ids
     result.masked = mode.masks.described({id(p): n for g in groups for n, p in zip(g[1], g[2])})
     value = float(loss.detach())
-    del loss
     again = ev.replayed()
     if abs(again - value) > 1e-9 * max(1.0, abs(value)):
         raise CannotJudge(
@@ -275,9 +274,8 @@ def _agreement(
         result.joint = _compare(ev, whole, list(grads), h_rel, tol, explained=False)
     chosen = [order[i] for i in _spread(len(order), max(fits, 1))]
     result.sampled = len(chosen) < len(order)
-    flat, cuts = iter(grads), iter(cut or [])
+    flat = iter(grads)
     grad_of = [[next(flat) for _ in g[2]] for g in groups]
-    cut_of = [[next(cuts) for _ in g[2]] for g in groups] if cut else None
     for k in chosen:
         if budget.left() <= 0 and result.layers:
             result.sampled = True
@@ -287,18 +285,28 @@ def _agreement(
         layer.exclude(mode.masks)
         explained = any(id(p) in ste_ids for p in params)
         row = _compare(ev, layer, grad_of[k], h_rel, tol, explained=explained)
-        behind = sorted({f for p in params for f in declared.upstream_of.get(id(p), ())})
-        if cut_of is not None and row.status != "agree" and behind and not explained:
-            if _judge(_cut_row(row, layer.directional(cut_of[k])), 0.0, tol) == "agree":
+        behind = sorted(
+            {f for p in params for f in declared.upstream_of.get(id(p), ())} - set(result.surgery)
+        )
+        if row.status != "agree" and behind and not explained:
+            if _cut_agrees(row, layer, cut(), groups, k, tol):
                 row.status = "explained"  # the Function's forward is locally constant: an STE
                 result.straight_through = sorted({*result.straight_through, *behind})
         result.layers.append(row)
     return result
 
 
-def _cut_row(row: ProbeLayer, cut: float) -> ProbeLayer:
-    """The row with autograd's derivative taken with the unexplained Functions' paths cut."""
-    return ProbeLayer(name=row.name, params=row.params, autograd=cut, numeric=row.numeric)
+def _cut_agrees(
+    row: ProbeLayer, layer: _Layer, cut: Any, groups: list[Any], k: int, tol: float
+) -> bool:
+    """Whether the finite difference equals autograd's derivative with the unexplained custom
+    Functions' paths cut: their forward is locally constant (straight-through)."""
+    if cut is None:
+        return False
+    start = sum(len(g[2]) for g in groups[:k])
+    auto = layer.directional(cut[start : start + len(groups[k][2])])
+    cut_row = ProbeLayer(name=row.name, params=row.params, autograd=auto, numeric=row.numeric)
+    return _judge(cut_row, 0.0, tol) == "agree"
 
 
 def _even_out(whole: _Layer, groups: list[Any], grads: list[Optional[Tensor]]) -> None:
