@@ -33,7 +33,7 @@ class Declared:
 
     surgery: dict[str, float] = field(default_factory=dict)  # class -> c
     explained_ids: set[int] = field(default_factory=set)  # params upstream of a surgery
-    candidates: list[Any] = field(default_factory=list)  # other custom nodes (cut test)
+    candidates: dict[str, list[Any]] = field(default_factory=dict)  # class -> nodes (cut test)
     upstream_of: dict[int, list[str]] = field(default_factory=dict)  # param id -> classes
 
 
@@ -83,25 +83,28 @@ def measure_functions(nodes: list[Any], upstream: Any) -> Declared:
         for k in ids:
             out.upstream_of.setdefault(k, []).append(cls.__name__)
         c = _constant_multiple(node)
-        if c is None:
-            out.candidates.append(node)
+        if c is None or abs(c - 1.0) <= _RESIDUAL or cls.__module__.startswith("torch."):
+            # a pass-through (c = 1: torch's BackwardHookFunction, or an STE whose forward
+            # the cut test tells) or torch's own: its forward decides, measured by the cut
+            out.candidates.setdefault(cls.__name__, []).append(node)
         else:
             out.surgery[cls.__name__] = c
             out.explained_ids |= ids
     return out
 
 
-def declare(loss: Tensor, params: list[Tensor]) -> tuple[Declared, Callable[[], Any]]:
-    """The loss's custom Functions measured, and a callable that gives, once asked, the
-    gradient with the unexplained ones cut (``None`` when there are none or the cut backward
-    fails). It runs a second backward only when asked; the graph must be retained."""
+def declare(loss: Tensor, params: list[Tensor]) -> tuple[Declared, Callable[[str], Any]]:
+    """The loss's custom Functions measured, and ``cut(name)``: the gradient with the nodes
+    of the unexplained Function class ``name`` cut (``None`` when the backward fails), one
+    backward per class, run only when asked. The graph must be retained."""
     declared = measure_functions(_walk(loss), _upstream_params)
-    memo: list[Any] = []
+    memo: dict[str, Any] = {}
 
-    def cut() -> Any:
-        if not memo:
-            memo.append(cut_grads(loss, params, declared.candidates) if declared.candidates else None)
-        return memo[0]
+    def cut(name: str) -> Any:
+        if name not in memo:
+            nodes = declared.candidates.get(name)
+            memo[name] = cut_grads(loss, params, nodes) if nodes else None
+        return memo[name]
 
     return declared, cut
 

@@ -285,13 +285,16 @@ def _agreement(
         layer.exclude(mode.masks)
         explained = any(id(p) in ste_ids for p in params)
         row = _compare(ev, layer, grad_of[k], h_rel, tol, explained=explained)
-        behind = sorted(
-            {f for p in params for f in declared.upstream_of.get(id(p), ())} - set(result.surgery)
-        )
-        if row.status != "agree" and behind and not explained:
-            if _cut_agrees(row, layer, cut(), groups, k, tol):
-                row.status = "explained"  # the Function's forward is locally constant: an STE
-                result.straight_through = sorted({*result.straight_through, *behind})
+        behind = [
+            f
+            for f in declared.candidates
+            if any(f in declared.upstream_of.get(id(p), ()) for p in params)
+        ]
+        if row.status != "agree" and not explained:
+            ste = [f for f in behind if _cut_agrees(row, layer, cut(f), groups, k, tol)]
+            if ste:  # the Function's forward is locally constant: a straight-through estimator
+                row.status = "explained"
+                result.straight_through = sorted({*result.straight_through, *ste})
         result.layers.append(row)
     return result
 
