@@ -230,6 +230,13 @@ def overfit_verdict(res: OverfitResult, record: ProbeResult, severity: str) -> O
         optimizer=res.optimizer,
         curve_at_10x_lr=res.boosted,
     )
+    if res.converged:  # a loss with no floor at 0: at its own floor, said how it was judged
+        record.details.update(judged_by="convergence", no_zero_floor=res.no_zero_floor)
+        record.note = (
+            f"the loss has no floor at 0 ({res.no_zero_floor}), so halving it is no target: "
+            f"judged by convergence, it fell from {res.start:.4g} to {res.floor:.4g} and "
+            "stopped, with every layer the optimizer holds moving"
+        )
     if res.learned:
         record.verdict = "passed"
         return None

@@ -32,13 +32,13 @@ from gradwatch.probes._sandbox import (
     param_bytes,
     slice_batch,
 )
-from gradwatch.probes._surgery import declare
 from gradwatch.probes._stopgrad import (
     ReplayMismatch,
     StopGradients,
     custom_functions,
     straight_through_params,
 )
+from gradwatch.probes._surgery import declare
 from gradwatch.results import ProbeLayer
 from gradwatch.vectors.sensitivity import layer_groups
 

@@ -19,6 +19,12 @@ import torch
 from torch import Tensor, nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
+from gradwatch.probes._graph import (
+    declared_graph,
+    hops_needed,
+    layers_with_parameters,
+    nodes_of_edge_batch,
+)
 from gradwatch.probes._sandbox import (
     Budget,
     CannotJudge,
@@ -27,12 +33,6 @@ from gradwatch.probes._sandbox import (
     evaluate,
     fresh_copy,
     param_bytes,
-)
-from gradwatch.probes._graph import (
-    declared_graph,
-    hops_needed,
-    layers_with_parameters,
-    nodes_of_edge_batch,
 )
 from gradwatch.probes.positions import (
     Leak,
