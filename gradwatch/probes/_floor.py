@@ -21,6 +21,10 @@ from typing import Callable, Optional
 import torch
 from torch import nn
 
+from gradwatch.vectors.sensitivity import layer_groups
+
+MOVED = 1e-7  # |w - w0| / |w0| at or below this: the layer did not move
+
 __all__ = ["FELL", "asymptote", "converged", "frozen_share", "goes_below_zero", "still_falling"]
 
 FELL = 1e-3  # of |start|: the least fall that is progress on a loss with no floor at 0
@@ -81,3 +85,35 @@ def converged(curve: list[float], unmoved: list[str]) -> bool:
     if len(finite) != len(curve):
         return False
     return min(curve) < curve[0] - FELL * abs(curve[0]) and not still_falling(curve)
+
+
+def not_moved(model: nn.Module, clone: nn.Module, opt: torch.optim.Optimizer) -> list[str]:
+    """The layers whose copy still equals the user's weights, among those the optimizer
+    holds (a layer it does not hold cannot move by design: a frozen classifier)."""
+    before = dict(model.named_parameters())
+    held = {id(p) for g in opt.param_groups for p in g["params"]}
+    out = []
+    for name, names, params in layer_groups(clone):
+        if not any(id(p) in held for p in params):
+            continue
+        moved = False
+        for pname, p in zip(names, params):
+            old = before.get(pname)
+            if old is None or old.shape != p.shape:
+                moved = True
+                break
+            with torch.no_grad():
+                diff = float((p.detach().double() - old.detach().double().to(p.device)).norm())
+                size = float(old.detach().double().norm())
+            if diff > MOVED * max(size, 1e-12):
+                moved = True
+                break
+        if not moved:
+            out.append(name)
+    return out
+
+
+def unreached(clone: nn.Module) -> list[str]:
+    """The layers none of whose parameters has a gradient after the copy's last backward:
+    outside the loss's graph (a ghost, reported as such), not a cause of its floor."""
+    return [name for name, _, params in layer_groups(clone) if all(p.grad is None for p in params)]

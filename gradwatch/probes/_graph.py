@@ -1,7 +1,8 @@
 """A batch that declares a graph over its samples: a full-graph GNN's nodes are its batch.
 
 A GCN trained on a whole graph (Kipf & Welling, 2017) takes the node features ``(N, F)`` and
-the graph, as an adjacency ``(N, N)`` (dense or sparse, normalised or not) or a PyG-style
+the graph, as an adjacency ``(N, N)`` (sparse, or dense and graph-like: non-negative,
+not complete, symmetric or 0/1) or a PyG-style
 ``edge_index`` ``(2, E)`` of node numbers below ``N``. A node's output then depends on its
 neighbours' inputs by design, within as many hops as the model has layers. The evidence
 that tells it from a bug: every other sample the output reaches lies within ``k`` hops of
@@ -35,8 +36,11 @@ def _adjacency(t: Tensor, n: int) -> Optional[Tensor]:
     if t.dim() != 2 or n < 2:
         return None
     if tuple(t.shape) == (n, n):
-        dense = t.detach().to_dense() if t.layout != torch.strided else t.detach()
+        sparse = t.layout != torch.strided
+        dense = t.detach().to_dense() if sparse else t.detach()
         adj = dense != 0
+        if not sparse and not _graph_like(dense, adj):
+            return None
     elif t.shape[0] == 2 and not t.is_floating_point() and not t.is_complex() and t.numel():
         ids = t.detach().long()
         if int(ids.min()) < 0 or int(ids.max()) >= n:
@@ -47,6 +51,19 @@ def _adjacency(t: Tensor, n: int) -> Optional[Tensor]:
         return None
     eye = torch.eye(n, dtype=torch.bool, device=adj.device)
     return adj.cpu() | adj.t().cpu() | eye.cpu()
+
+
+def _graph_like(dense: Tensor, adj: Tensor) -> bool:
+    """A dense square tensor reads as a graph only as one: no negative weight, some pair of
+    nodes not joined, and joined both ways or 0/1 (a batch of 8 samples of 8 features is
+    not a graph)."""
+    if dense.is_complex() or bool((dense < 0).any()):
+        return False
+    off = ~torch.eye(adj.shape[0], dtype=torch.bool, device=adj.device)
+    if bool(adj[off].all()):
+        return False
+    binary = bool(((dense == 0) | (dense == 1)).all())
+    return binary or bool(torch.equal(adj, adj.t()))
 
 
 def declared_graph(batch: Any, n: int) -> Optional[tuple[str, Tensor]]:

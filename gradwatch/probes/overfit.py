@@ -24,7 +24,9 @@ from gradwatch.probes._floor import (
     converged,
     frozen_share,
     goes_below_zero,
+    not_moved,
     still_falling,
+    unreached,
 )
 from gradwatch.probes._sandbox import (
     Budget,
@@ -36,12 +38,10 @@ from gradwatch.probes._sandbox import (
     param_bytes,
     slice_batch,
 )
-from gradwatch.vectors.sensitivity import layer_groups
 
 __all__ = ["OverfitResult", "overfit_one_batch"]
 
 SEED = 31337
-MOVED = 1e-7  # |w - w0| / |w0| at or below this: the layer did not move
 FEW = 2  # samples of the capacity retry (Karpathy's recipe: overfit "as little as two")
 RETRY_SHARE = 0.2  # of budget_s, at least, for that retry
 FROZEN_MAJORITY = 0.5  # of the parameters frozen: an adapter on a base it cannot judge
@@ -136,38 +136,6 @@ def copy_optimizer(
     return made, f"{cls.__name__}(lr={', '.join(f'{lr:g}' for lr in lrs)})"
 
 
-def _not_moved(model: nn.Module, clone: nn.Module, opt: torch.optim.Optimizer) -> list[str]:
-    """The layers whose copy still equals the user's weights, among those the optimizer
-    holds (a layer it does not hold cannot move by design: a frozen classifier)."""
-    before = dict(model.named_parameters())
-    held = {id(p) for g in opt.param_groups for p in g["params"]}
-    out = []
-    for name, names, params in layer_groups(clone):
-        if not any(id(p) in held for p in params):
-            continue
-        moved = False
-        for pname, p in zip(names, params):
-            old = before.get(pname)
-            if old is None or old.shape != p.shape:
-                moved = True
-                break
-            with torch.no_grad():
-                diff = float((p.detach().double() - old.detach().double().to(p.device)).norm())
-                size = float(old.detach().double().norm())
-            if diff > MOVED * max(size, 1e-12):
-                moved = True
-                break
-        if not moved:
-            out.append(name)
-    return out
-
-
-def _unreached(clone: nn.Module) -> list[str]:
-    """The layers none of whose parameters has a gradient after the copy's last backward:
-    outside the loss's graph (a ghost, reported as such), not a cause of its floor."""
-    return [name for name, _, params in layer_groups(clone) if all(p.grad is None for p in params)]
-
-
 def _train(
     clone: nn.Module,
     small: Any,
@@ -229,7 +197,7 @@ def _fit(
     result.curve = _train(clone, small, loss_fn, opt, result, steps=steps, budget=budget)
     result.steps = len(result.curve)
     if result.learned or result.diverged:
-        result.not_moved = [] if result.learned else _not_moved(model, clone, opt)
+        result.not_moved = [] if result.learned else not_moved(model, clone, opt)
         return result
     if still_falling(result.curve) and budget.left() > 0:
         del clone, opt
@@ -246,8 +214,8 @@ def _fit(
             if result.boosted and min(result.boosted) <= result.target:
                 return result
     curve = result.boosted or result.curve
-    result.not_moved = _not_moved(model, clone, opt)
-    result.unreached = [n for n in _unreached(clone) if n in result.not_moved]
+    result.not_moved = not_moved(model, clone, opt)
+    result.unreached = [n for n in unreached(clone) if n in result.not_moved]
     heading = asymptote(curve) if result.boosted else None
     if heading is not None and heading > result.target:
         result.floor_estimate = heading

@@ -144,3 +144,15 @@ def test_a_pairwise_matrix_in_the_batch_does_not_hide_a_softmax_over_the_batch()
     )
     (found,) = findings(report, CHECK)
     assert found.severity == "error"
+
+
+def test_a_square_batch_of_features_is_not_read_as_a_graph() -> None:
+    """8 samples of 8 features (a Gaussian matrix, (N, N) by chance) hold no graph: a
+    softmax over the batch stays an error."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Softmax(dim=0), nn.Linear(8, 1))
+    gen = torch.Generator().manual_seed(0)
+    batch = (torch.randn(8, 8, generator=gen), torch.randn(8, 1, generator=gen))
+    report = gradwatch.probe(model, batch, lambda m, b: F.mse_loss(m(b[0]), b[1]), config=CFG)
+    (found,) = findings(report, CHECK)
+    assert found.severity == "error"
