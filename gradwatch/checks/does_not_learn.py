@@ -63,4 +63,13 @@ class DoesNotLearn(Check):
         fix="Look at `details.floor` against `details.start`, and at the layers that did "
         "not move: remove the extra normalisation, break the symmetry of the "
         "initialisation, check the output's range and the learning rate.",
+        silence=(
+            "A loss with no floor at 0 (it starts below 0, or a copy takes it below 0 on one "
+            "sample: an eps-bounded adversarial perturbation, a density fitted by "
+            "likelihood) is judged by convergence, not halving: it fell, stopped, and every "
+            "layer the optimizer holds moved (`details.judged_by: convergence`).",
+            "A model too small to memorise the batch (it fits 2 samples) or an adapter on a "
+            "mostly frozen base (layers the optimizer does not hold count as frozen) is "
+            "`not_observed`, unless the loss never fell.",
+        ),
     )

@@ -63,8 +63,18 @@ class GradientMismatch(Check):
         "`backward` with `torch.autograd.gradcheck`, and replace `.data` edits by ordinary "
         "(differentiable) operations or an explicit `.detach()`.",
         silence=(
-            "A stop-gradient autograd can see (`.detach()`, `torch.no_grad()`, an "
-            "`autograd.Function` whose class name says straight-through or that sets "
-            "`straight_through = True`) explains the difference and is not reported.",
+            "A stop-gradient autograd can see (`.detach()`, `torch.no_grad()`) is held at its "
+            "recorded value, so it is compared, not reported.",
+            "torch's documented embedding gradients are not compared: the `padding_idx` row, "
+            "rows a `scale_grad_by_freq` lookup repeats, rows `max_norm` holds at its bound "
+            "(`details.masked_rows`).",
+            "A custom `autograd.Function` whose `backward` is measured to be a constant "
+            "multiple `c` != 1 of `grad_output` (a DANN gradient reversal, a gradient scale) "
+            "is a declared gradient surgery: the layers upstream of it are `explained`, not "
+            "judged (`details.gradient_surgery`).",
+            "A straight-through estimator (`sign`, `round`, a quantiser) is recognised by "
+            "its forward, never its class name: the finite difference equals autograd's "
+            "derivative with its path cut. `straight_through = True` on the class and "
+            "torch's fake quantisation declare one too.",
         ),
     )

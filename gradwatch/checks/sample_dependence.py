@@ -68,5 +68,9 @@ class SampleDependence(Check):
         silence=(
             "Train-mode `BatchNorm` couples samples by design: reported as `info` when the "
             "dependence vanishes with the batch norms in eval mode.",
+            "A graph network over a whole graph (the batch holds an `(N, N)` adjacency, "
+            "dense or sparse, or an `edge_index`) couples its nodes by design: a dependence "
+            "that stays within as many hops of the edges as the model has layers is not "
+            "judged, said as `not_observed` (`probe_graph_batch`).",
         ),
     )

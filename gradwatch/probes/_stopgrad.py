@@ -9,9 +9,10 @@ finite-difference evaluations: the numbers then differentiate the same function,
 difference left is a wrong derivative.
 
 A ``.data`` edit is not a visible stop-gradient: it is what the probe exists to find.
-Declared straight-through ``autograd.Function`` classes (a name with "straight"/"STE", or
-``straight_through = True``) and fake-quantisation nodes cannot be replayed; the layers
-upstream of them are explained by :func:`straight_through_params`.
+Straight-through ``autograd.Function`` classes declared by ``straight_through = True`` and
+fake-quantisation nodes cannot be replayed; the layers upstream of them are explained by
+:func:`straight_through_params`. Other custom Functions are measured, never judged by their
+class name (:mod:`gradwatch.probes._surgery`).
 """
 
 from __future__ import annotations
@@ -24,10 +25,11 @@ from torch import Tensor
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_map
 
+from gradwatch.probes._masks import EMBEDDINGS, EmbeddingMasks
+
 __all__ = ["ReplayMismatch", "StopGradients", "custom_functions", "straight_through_params"]
 
 _DETACH = {"detach", "detach_"}
-_STE_NAME = re.compile(r"straight|(^|[^a-z])ste([^a-z]|$)", re.IGNORECASE)
 # torch's fake-quantisation nodes: ``FakeQuantize*Backward0`` (the per-tensor/per-channel,
 # cachemask and learnable ops) and ``FusedMovingAvgObsFqHelperBackward0``, the fused observer
 # and fake-quant op of the default QAT qconfigs (``get_default_qat_qconfig``).
@@ -75,6 +77,7 @@ class StopGradients(TorchFunctionMode):
         self.first_use: list[int] = []
         self.autocast = False  # an op of the recorded forward ran under autocast
         self._used: set[int] = set()
+        self.masks = EmbeddingMasks(self._params)  # torch's documented embedding masks
 
     def start(self, *, replay: bool) -> StopGradients:
         self.replay = replay
@@ -100,6 +103,8 @@ class StopGradients(TorchFunctionMode):
             return func(*args, **kwargs)
         if not self.replay:
             self._note_params(args)
+            if name in EMBEDDINGS:
+                self.masks.note(func, args, kwargs)
             if not self.autocast and _autocast_on():
                 self.autocast = True
         stop = name in _DETACH or (
@@ -154,9 +159,11 @@ def _upstream_params(node: Any) -> set[int]:
 
 
 def _is_straight_through(node: Any) -> bool:
+    """Declared by the class (``straight_through = True``) or torch's fake quantisation; a
+    Function that is not declared is measured (:mod:`gradwatch.probes._surgery`)."""
     cls = getattr(node, "_forward_cls", None)
     if cls is not None:
-        return bool(getattr(cls, "straight_through", False)) or bool(_STE_NAME.search(cls.__name__))
+        return bool(getattr(cls, "straight_through", False))
     return bool(_FAKE_QUANT_NODE.search(type(node).__name__))
 
 

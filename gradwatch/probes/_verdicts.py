@@ -47,7 +47,12 @@ def gradient_verdict(res: GradientResult, record: ProbeResult, severity: str) ->
         layers_total=res.total_layers,
         custom_functions=res.custom_functions,
         straight_through=res.straight_through,
+        gradient_surgery=res.surgery,
+        masked_rows=res.masked,
     )
+    explained = [r.name for r in res.layers if r.status == "explained"]
+    if explained:
+        record.note = _explained_note(res, explained)
     joint = res.joint
     if joint is not None:
         record.details["joint"] = {
@@ -57,7 +62,7 @@ def gradient_verdict(res: GradientResult, record: ProbeResult, severity: str) ->
             "status": joint.status,
         }
     if res.sampled:
-        record.note = (
+        record.note = (record.note + "; " if record.note else "") + (
             f"compared {len(res.layers)} of {res.total_layers} layers alone, spread over the "
             "forward, to stay in the time budget"
             + ("; every layer at once along one random direction" if joint else "")
@@ -115,6 +120,16 @@ def gradient_verdict(res: GradientResult, record: ProbeResult, severity: str) ->
             "custom_functions": res.custom_functions,
             "dtype": res.dtype,
         },
+    )
+
+
+def _explained_note(res: GradientResult, layers: list[str]) -> str:
+    why = [f"{name}'s backward is {c:.4g} x grad_output" for name, c in res.surgery.items()]
+    if res.straight_through:
+        why.append("straight-through: " + ", ".join(res.straight_through))
+    return (
+        f"layer(s) {', '.join(layers[:6])} explained, not judged: a declared gradient "
+        f"({'; '.join(why) or 'fake quantisation'})"
     )
 
 
@@ -215,6 +230,13 @@ def overfit_verdict(res: OverfitResult, record: ProbeResult, severity: str) -> O
         optimizer=res.optimizer,
         curve_at_10x_lr=res.boosted,
     )
+    if res.converged:  # a loss with no floor at 0: at its own floor, said how it was judged
+        record.details.update(judged_by="convergence", no_zero_floor=res.no_zero_floor)
+        record.note = (
+            f"the loss has no floor at 0 ({res.no_zero_floor}), so halving it is no target: "
+            f"judged by convergence, it fell from {res.start:.4g} to {res.floor:.4g} and "
+            "stopped, with every layer the optimizer holds moving"
+        )
     if res.learned:
         record.verdict = "passed"
         return None

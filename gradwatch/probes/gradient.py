@@ -38,6 +38,7 @@ from gradwatch.probes._stopgrad import (
     custom_functions,
     straight_through_params,
 )
+from gradwatch.probes._surgery import declare
 from gradwatch.results import ProbeLayer
 from gradwatch.vectors.sensitivity import layer_groups
 
@@ -57,6 +58,8 @@ class GradientResult:
     memory_bytes: int = 0
     custom_functions: list[str] = field(default_factory=list)
     straight_through: list[str] = field(default_factory=list)
+    surgery: dict[str, float] = field(default_factory=dict)  # Function -> c, its backward c*g
+    masked: dict[str, Any] = field(default_factory=dict)  # embedding rows left out, and why
     joint: Optional[ProbeLayer] = None  # every layer along one direction, when sampled
 
     def mismatched(self) -> list[ProbeLayer]:
@@ -73,6 +76,13 @@ class _Layer:
         self.base = [p.detach().clone() for p in params]
         size = math.sqrt(sum(float(b.double().pow(2).sum()) for b in self.base))
         self.scale = max(1.0, size)
+
+    def exclude(self, masks: Any) -> None:
+        """Leave out the rows whose documented gradient is not the derivative (padding)."""
+        v = masks.apply(self.params, self.v)
+        norm = math.sqrt(sum(float(d.double().pow(2).sum()) for d in v))
+        if norm > 0.0:
+            self.v = [d / norm for d in v]
 
     def shift(self, h: float) -> None:
         with torch.no_grad():
@@ -185,7 +195,7 @@ def _base(ev: _Evaluator, groups: list[Any]) -> tuple[Tensor, list[Optional[Tens
         raise CannotJudge("nonfinite_loss", "the loss is not finite on the copy")
     params = [p for g in groups for p in g[2]]
     try:
-        grads = torch.autograd.grad(loss, params, allow_unused=True)
+        grads = torch.autograd.grad(loss, params, allow_unused=True, retain_graph=True)
     except RuntimeError as exc:
         raise CannotJudge("not_differentiable", f"autograd failed: {exc}") from exc
     return loss, list(grads)
@@ -237,8 +247,11 @@ def _agreement(
         result.dtype = str(loss.dtype).removeprefix("torch.")
     result.custom_functions = custom_functions(loss)
     ste_ids, result.straight_through = straight_through_params(loss)
+    declared, cut = declare(loss, list(_params_of(groups)))
+    result.surgery = declared.surgery
+    ste_ids |= declared.explained_ids
+    result.masked = mode.masks.described({id(p): n for g in groups for n, p in zip(g[1], g[2])})
     value = float(loss.detach())
-    del loss
     again = ev.replayed()
     if abs(again - value) > 1e-9 * max(1.0, abs(value)):
         raise CannotJudge(
@@ -257,6 +270,7 @@ def _agreement(
             "(every layer)", [n for g in groups for n in g[1]], list(_params_of(groups)), SEED - 1
         )
         _even_out(whole, groups, grads)
+        whole.exclude(mode.masks)
         result.joint = _compare(ev, whole, list(grads), h_rel, tol, explained=False)
     chosen = [order[i] for i in _spread(len(order), max(fits, 1))]
     result.sampled = len(chosen) < len(order)
@@ -268,9 +282,34 @@ def _agreement(
             break
         name, names, params = groups[k]
         layer = _Layer(name, names, params, seed=SEED + k)
+        layer.exclude(mode.masks)
         explained = any(id(p) in ste_ids for p in params)
-        result.layers.append(_compare(ev, layer, grad_of[k], h_rel, tol, explained=explained))
+        row = _compare(ev, layer, grad_of[k], h_rel, tol, explained=explained)
+        behind = [
+            f
+            for f in declared.candidates
+            if any(f in declared.upstream_of.get(id(p), ()) for p in params)
+        ]
+        if row.status != "agree" and not explained:
+            ste = [f for f in behind if _cut_agrees(row, layer, cut(f), groups, k, tol)]
+            if ste:  # the Function's forward is locally constant: a straight-through estimator
+                row.status = "explained"
+                result.straight_through = sorted({*result.straight_through, *ste})
+        result.layers.append(row)
     return result
+
+
+def _cut_agrees(
+    row: ProbeLayer, layer: _Layer, cut: Any, groups: list[Any], k: int, tol: float
+) -> bool:
+    """Whether the finite difference equals autograd's derivative with the unexplained custom
+    Functions' paths cut: their forward is locally constant (straight-through)."""
+    if cut is None:
+        return False
+    start = sum(len(g[2]) for g in groups[:k])
+    auto = layer.directional(cut[start : start + len(groups[k][2])])
+    cut_row = ProbeLayer(name=row.name, params=row.params, autograd=auto, numeric=row.numeric)
+    return _judge(cut_row, 0.0, tol) == "agree"
 
 
 def _even_out(whole: _Layer, groups: list[Any], grads: list[Optional[Tensor]]) -> None:

@@ -18,6 +18,16 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
+from gradwatch.probes._floor import (
+    FELL,
+    asymptote,
+    converged,
+    frozen_share,
+    goes_below_zero,
+    not_moved,
+    still_falling,
+    unreached,
+)
 from gradwatch.probes._sandbox import (
     Budget,
     CannotJudge,
@@ -28,12 +38,10 @@ from gradwatch.probes._sandbox import (
     param_bytes,
     slice_batch,
 )
-from gradwatch.vectors.sensitivity import layer_groups
 
 __all__ = ["OverfitResult", "overfit_one_batch"]
 
 SEED = 31337
-MOVED = 1e-7  # |w - w0| / |w0| at or below this: the layer did not move
 FEW = 2  # samples of the capacity retry (Karpathy's recipe: overfit "as little as two")
 RETRY_SHARE = 0.2  # of budget_s, at least, for that retry
 FROZEN_MAJORITY = 0.5  # of the parameters frozen: an adapter on a base it cannot judge
@@ -54,6 +62,8 @@ class OverfitResult:
     memory_bytes: int = 0
     boosted: list[float] = field(default_factory=list)  # the run at 10 x the rate, if any
     floor_estimate: Optional[float] = None  # where a decelerating curve is heading
+    no_zero_floor: str = ""  # the evidence that the loss's floor is not 0 (judged by convergence)
+    converged: bool = False  # it fell and stopped at its own floor, every trained layer moved
 
     @property
     def start(self) -> float:
@@ -66,7 +76,7 @@ class OverfitResult:
 
     @property
     def learned(self) -> bool:
-        return not self.diverged and self.floor <= self.target
+        return not self.diverged and (self.floor <= self.target or self.converged)
 
 
 def _real(optimizer: Any) -> Optional[torch.optim.Optimizer]:
@@ -124,53 +134,6 @@ def copy_optimizer(
         ) from exc
     lrs = sorted({float(g.get("lr", 0.0)) for g in groups})
     return made, f"{cls.__name__}(lr={', '.join(f'{lr:g}' for lr in lrs)})"
-
-
-def _not_moved(model: nn.Module, clone: nn.Module) -> list[str]:
-    before = dict(model.named_parameters())
-    out = []
-    for name, names, params in layer_groups(clone):
-        moved = False
-        for pname, p in zip(names, params):
-            old = before.get(pname)
-            if old is None or old.shape != p.shape:
-                moved = True
-                break
-            with torch.no_grad():
-                diff = float((p.detach().double() - old.detach().double().to(p.device)).norm())
-                size = float(old.detach().double().norm())
-            if diff > MOVED * max(size, 1e-12):
-                moved = True
-                break
-        if not moved:
-            out.append(name)
-    return out
-
-
-def _unreached(clone: nn.Module) -> list[str]:
-    """The layers none of whose parameters has a gradient after the copy's last backward:
-    outside the loss's graph (a ghost, reported as such), not a cause of its floor."""
-    return [name for name, _, params in layer_groups(clone) if all(p.grad is None for p in params)]
-
-
-def _still_falling(curve: list[float]) -> bool:
-    """Whether the last quarter of the curve still fell by more than 1 % of the start: not a
-    floor yet, only a slow descent (a small learning rate)."""
-    tail = curve[-max(len(curve) // 4, 2) :]
-    return tail[0] - min(tail) > 0.01 * abs(curve[0])
-
-
-def _asymptote(curve: list[float]) -> Optional[float]:
-    """Where a decelerating curve is heading (Aitken's delta-squared over its last half), or
-    ``None`` when it is not decelerating (a steady or speeding-up descent has no floor yet)."""
-    n = len(curve)
-    if n < 8:
-        return None
-    a, b, c = curve[n // 2], curve[(3 * n) // 4], curve[-1]
-    d1, d2 = a - b, b - c
-    if not (d1 > 0 and 0 <= d2 < 0.7 * d1):
-        return None
-    return c - d2 * d2 / (d1 - d2)
 
 
 def _train(
@@ -234,9 +197,9 @@ def _fit(
     result.curve = _train(clone, small, loss_fn, opt, result, steps=steps, budget=budget)
     result.steps = len(result.curve)
     if result.learned or result.diverged:
-        result.not_moved = [] if result.learned else _not_moved(model, clone)
+        result.not_moved = [] if result.learned else not_moved(model, clone, opt)
         return result
-    if _still_falling(result.curve) and budget.left() > 0:
+    if still_falling(result.curve) and budget.left() > 0:
         del clone, opt
         clone = fresh_copy(model)
         opt, _ = copy_optimizer(optimizer, model, clone)
@@ -251,12 +214,12 @@ def _fit(
             if result.boosted and min(result.boosted) <= result.target:
                 return result
     curve = result.boosted or result.curve
-    result.not_moved = _not_moved(model, clone)
-    result.unreached = [n for n in _unreached(clone) if n in result.not_moved]
-    heading = _asymptote(curve) if result.boosted else None
+    result.not_moved = not_moved(model, clone, opt)
+    result.unreached = [n for n in unreached(clone) if n in result.not_moved]
+    heading = asymptote(curve) if result.boosted else None
     if heading is not None and heading > result.target:
         result.floor_estimate = heading
-    elif _still_falling(curve):
+    elif still_falling(curve):
         why = "the time budget ran out" if budget.left() <= 0 else "steps ran out"
         raise CannotJudge(
             "still_falling",
@@ -306,6 +269,34 @@ def _too_small(
     return few.learned
 
 
+def _own_floor(
+    model: nn.Module,
+    small: Any,
+    loss_fn: LossFn,
+    optimizer: Any,
+    result: OverfitResult,
+    *,
+    steps: int,
+    budget: Budget,
+) -> bool:
+    """Whether a loss with no floor at 0 fell and stopped with every held layer moving: it
+    is at the objective's own floor (:mod:`._floor`); sets ``result.converged``."""
+    curve = result.boosted or result.curve
+    if not converged(curve, sorted(set(result.not_moved) - set(result.unreached))):
+        return False
+
+    def one_sample() -> list[float]:
+        clone = fresh_copy(model)
+        opt, _ = copy_optimizer(optimizer, model, clone)
+        free = OverfitResult(target=-math.inf)  # trained to the end: only its sign matters
+        retry = Budget(max(budget.left(), RETRY_SHARE * budget.seconds))
+        return _train(clone, slice_batch(small, 1), loss_fn, opt, free, steps=steps, budget=retry)
+
+    result.no_zero_floor = goes_below_zero(result.start, min(curve), one_sample)
+    result.converged = bool(result.no_zero_floor)
+    return result.converged
+
+
 def overfit_one_batch(
     model: nn.Module,
     batch: Any,
@@ -334,6 +325,10 @@ def overfit_one_batch(
     result = _fit(model, small, loss_fn, optimizer, steps=steps, ratio=ratio, budget=budget)
     if result.learned or result.diverged:
         return result
+    if _own_floor(model, small, loss_fn, optimizer, result, steps=steps, budget=budget):
+        return result
+    if result.floor >= result.start - FELL * abs(result.start):
+        return result  # it never fell: no capacity or frozen base excuses that (a sign, a 0 rate)
     if _too_small(
         model, small, loss_fn, optimizer, result, steps=steps, ratio=ratio, budget=budget
     ):
@@ -344,7 +339,7 @@ def overfit_one_batch(
             "model is too small to memorise this many; lower max_samples to judge it",
             partial=result,
         )
-    frozen = _frozen_share(model)
+    frozen = frozen_share(model, _real(optimizer))
     if frozen >= FROZEN_MAJORITY and not set(result.not_moved) - set(result.unreached):
         raise CannotJudge(
             "frozen_base",
@@ -355,12 +350,3 @@ def overfit_one_batch(
             partial=result,
         )
     return result
-
-
-def _frozen_share(model: nn.Module) -> float:
-    """The share of the model's parameter elements that do not require grad."""
-    total = frozen = 0
-    for p in model.parameters():
-        total += p.numel()
-        frozen += 0 if p.requires_grad else p.numel()
-    return frozen / total if total else 0.0

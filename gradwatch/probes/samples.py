@@ -22,6 +22,12 @@ import torch
 from torch import Tensor, nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
+from gradwatch.probes._graph import (
+    declared_graph,
+    hops_needed,
+    layers_with_parameters,
+    nodes_of_edge_batch,
+)
 from gradwatch.probes._sandbox import (
     Budget,
     CannotJudge,
@@ -68,7 +74,8 @@ class SampleResult:
 
 def _leafify(batch: Any, n: int, path: str, leaves: list[tuple[str, Tensor]]) -> Any:
     if isinstance(batch, Tensor):
-        if batch.is_floating_point() and batch.dim() > 0 and batch.shape[0] == n:
+        strided = batch.layout == torch.strided  # a sparse adjacency is the graph, not data
+        if strided and batch.is_floating_point() and batch.dim() > 0 and batch.shape[0] == n:
             leaf = batch.detach().clone().requires_grad_(True)
             leaves.append((path, leaf))
             return leaf
@@ -283,6 +290,27 @@ def _within(
     return [leak for leak in found if leak is not None]
 
 
+def _along_graph(copy: nn.Module, batch: Any, n: int, sample: int, reached: list[int]) -> None:
+    """A batch that declares a graph over its samples, and a dependence that follows its
+    edges (within the model's layers' hops): the coupling is the design's, not judged."""
+    graph = declared_graph(batch, n)
+    if graph is None:
+        return
+    path, adj = graph
+    layers = layers_with_parameters(copy)
+    k = hops_needed(adj, sample, reached, layers)
+    if k is not None:
+        edges = int(adj.sum()) - n
+        raise CannotJudge(
+            "graph_batch",
+            f"the batch declares a graph over its {n} samples ({path}: {edges} directed "
+            f"edges besides self-loops) and sample {sample}'s output reaches only the "
+            f"{len(reached)} sample(s) within {k} hop(s) of it ({layers} layers with "
+            "parameters): a graph network couples its nodes by design, so independence "
+            "across the batch is not judged",
+        )
+
+
 def samples_reached(
     model: nn.Module,
     batch: Any,
@@ -299,7 +327,7 @@ def samples_reached(
     Raises:
         CannotJudge: one sample only, no per-sample output, or no input to differentiate.
     """
-    n = batch_size(batch)
+    n = batch_size(batch) or nodes_of_edge_batch(batch)
     if n is None or n < 2:
         raise CannotJudge("one_sample", "the batch has no leading dimension of two or more samples")
     copy = fresh_copy(model)
@@ -308,6 +336,7 @@ def samples_reached(
     others, share, names = _search(out, leaves, n, min_share, budget, result)
     del out, leaves
     if others and share > min_share:
+        still = others
         norms = [m for m in copy.modules() if isinstance(m, _BatchNorm) and m.training]
         if norms:  # over budget or not: without it, batch norm's coupling would read as a bug
             for m in norms:
@@ -316,6 +345,8 @@ def samples_reached(
             still, still_share, _ = _reach(*again, n, _one(n, result.sample))
             if not still or still_share <= min_share:
                 result.cause = "batch_norm"
+        if result.cause is None:
+            _along_graph(copy, batch, n, result.sample, still)
         result.others, result.share, result.inputs = others, share, names
     result.leaks = _within(copy, batch, loss_fn, n, result, causal=causal, min_share=min_share)
     return result
