@@ -33,6 +33,7 @@ class ClipWithoutEffect(Check):
     """Per window: each clipping call that saw no gradient, by the line that made it."""
 
     id = "clip_without_effect"
+    maturity = "stable"
     Config = ClipWithoutEffectConfig
     needs = frozenset({"clip_calls"})
     doc = CheckDoc(

@@ -55,6 +55,7 @@ class EvalModeTraining(Check):
     """On each optimizer step with a backward: the modes of its latest training forward."""
 
     id = "eval_mode_training"
+    maturity = "stable"
     Config = EvalModeTrainingConfig
     needs = frozenset({"module_modes"})
     doc = CheckDoc(

@@ -47,6 +47,7 @@ class GraphRetainedAcrossSteps(Check):
     """
 
     id = "graph_retained_across_steps"
+    maturity = "stable"
     Config = GraphRetainedConfig
     config: GraphRetainedConfig
     needs = frozenset({"loss_graph"})

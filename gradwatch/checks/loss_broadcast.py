@@ -69,6 +69,7 @@ class LossBroadcast(Check):
     """
 
     id = "loss_broadcast"
+    maturity = "stable"
     Config = LossBroadcastConfig
     config: LossBroadcastConfig
     needs = frozenset({"loss_graph"})

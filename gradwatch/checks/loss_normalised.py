@@ -63,6 +63,7 @@ class LossInputAlreadyNormalised(Check):
     """
 
     id = "loss_input_already_normalised"
+    maturity = "stable"
     Config = LossInputNormalisedConfig
     config: LossInputNormalisedConfig
     needs = frozenset({"loss_graph"})

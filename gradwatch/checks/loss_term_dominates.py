@@ -50,6 +50,7 @@ class LossTermDominates(Check):
     classification term, a reconstruction summed over pixels next to a KL averaged)."""
 
     id = "loss_term_dominates"
+    maturity = "stable"
     Config = LossTermDominatesConfig
     config: LossTermDominatesConfig
     needs = frozenset({"loss_terms"})

@@ -63,6 +63,7 @@ class NonfiniteParam(Check):
     """Per layer, on observed steps: a parameter norm that is NaN/Inf after the update."""
 
     id = "nonfinite_param"
+    maturity = "stable"
     Config = NonfiniteParamConfig
     needs = frozenset({"loss_value"})
     doc = CheckDoc(

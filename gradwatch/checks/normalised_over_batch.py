@@ -42,6 +42,7 @@ class NormalisedOverBatch(Check):
     at batch size 1 (inference) differ from training. Named by the module that ran it."""
 
     id = "normalised_over_batch"
+    maturity = "stable"
     Config = NormalisedOverBatchConfig
     config: NormalisedOverBatchConfig
     needs = frozenset({"loss_graph"})

@@ -49,6 +49,7 @@ class OptimizerHparamsDegenerate(AsBuiltCheck):
     """Betas once per layout read; eps against the measured second moments once."""
 
     id = "optimizer_hparams_degenerate"
+    maturity = "stable"
     Config = OptimizerHparamsConfig
     needs = frozenset({"model_as_built", "adam_moments"})
     doc = CheckDoc(

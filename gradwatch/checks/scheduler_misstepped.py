@@ -30,6 +30,7 @@ class SchedulerMisstepped(Check):
     """
 
     id = "scheduler_misstepped"
+    maturity = "stable"
     Config = SchedulerMissteppedConfig
     needs = frozenset({"scheduler_counts"})
     doc = CheckDoc(

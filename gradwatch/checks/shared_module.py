@@ -35,6 +35,7 @@ class SharedModule(AsBuiltCheck):
     """Once per layout read: each module object registered at several sibling places."""
 
     id = "shared_module"
+    maturity = "stable"
     Config = SharedModuleConfig
     needs = frozenset({"model_as_built"})
     doc = CheckDoc(
