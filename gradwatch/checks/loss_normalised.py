@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from gradwatch._severity import Severity
 from gradwatch.capture.loss.graph_walk import GraphDesc
 from gradwatch.checks._loss_graph import ScanConfig, describe_producer, graph_record, named
+from gradwatch.checks._params import upstream
 from gradwatch.checks.base import Check, severity_field
 from gradwatch.checks.docs import CheckDoc
 from gradwatch.checks.views import StepView
@@ -124,6 +125,7 @@ class LossInputAlreadyNormalised(Check):
             f"the loss normalises again ({own}), so it cannot reach zero and its gradients "
             "fade as predictions sharpen.",
             hint=_FIX[kind].format(sq=squash),
+            params=upstream(view.index, g, j, (mark or source).module if mark or source else None),
             module=module,
             details={
                 "loss": loss,

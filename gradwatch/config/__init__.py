@@ -100,12 +100,6 @@ class GradWatchConfig(BaseModel):
         description="Raise GradWatchError at the optimizer step where the first error-level "
         "finding is seen, instead of warning.",
     )
-    preview: StrictBool = Field(
-        default=False,
-        description="Let the checks in preview (not yet proven on the clean corpus of correct "
-        "programs; `gradwatch explain ID` says which) report at their own severity. Off, "
-        "their findings are info, marked preview, and fail nothing.",
-    )
     every_n_steps: StrictInt = Field(
         default=10,
         ge=1,
@@ -152,6 +146,12 @@ class GradWatchConfig(BaseModel):
         default="warn",
         description="A fault inside gradwatch's own hooks: 'warn' contains it and training "
         "goes on; 'raise' re-raises (for tests).",
+    )
+    preview: StrictBool = Field(
+        default=False,
+        description="Let the checks in preview (not yet proven on the clean corpus of correct "
+        "programs; `gradwatch explain ID` says which) report at their own severity. Off, "
+        "their findings are info, marked preview, and fail nothing.",
     )
     checks: ChecksConfig = Field(default_factory=ChecksConfig)
 
