@@ -115,7 +115,8 @@ class LossInputAlreadyNormalised(Check):
             where = f"{describe_producer(g, g.nodes[j].inputs[0])}, normalised in the loss code"
         else:
             where = "a value normalised in the loss code"
-        module = named(mark or source)
+        producer = mark or source
+        module = named(producer)
         shape = g.nodes[j].shape
         log.emit(
             self.id,
@@ -125,7 +126,7 @@ class LossInputAlreadyNormalised(Check):
             f"the loss normalises again ({own}), so it cannot reach zero and its gradients "
             "fade as predictions sharpen.",
             hint=_FIX[kind].format(sq=squash),
-            params=upstream(view.index, g, j, (mark or source).module if mark or source else None),
+            params=upstream(view.index, g, j, producer.module if producer else None),
             module=module,
             details={
                 "loss": loss,

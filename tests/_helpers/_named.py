@@ -68,7 +68,8 @@ MODULE_LESS: dict[str, str] = {
     "graph_retained_across_steps": "the training loop keeps the loss's graph",
     "nonfinite_param": "a non-finite loss (a layer when a parameter is non-finite)",
     "nonfinite_grad": "a GradScaler's skipped steps (a module where the NaN is born)",
-    "ghost_param": "the old parameters of a layer replaced after the optimizer was built",
+    "ghost_param": "a group of ghosts across layers, or the old parameters of a layer "
+    "replaced after the optimizer was built (its layer when it is one)",
     "sample_dependence": "a probe of the model as a whole",
     "does_not_learn": "a probe of the model as a whole",
     "gradient_mismatch": "a direction over every layer (a module when one layer disagrees)",
