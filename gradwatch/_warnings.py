@@ -86,7 +86,8 @@ def warning_text(finding: Finding, key: str) -> str:
         label += f" ({n} parameter{'s' if n > 1 else ''})"
     where = finding.details.get("defined_at")
     return safe(
-        f"gradwatch {finding.check} [{label}]: {finding.message}"
+        f"gradwatch {finding.check}{' (preview)' if finding.preview() else ''} [{label}]: "
+        f"{finding.message}"
         + (f" Hint: {finding.hint}" if finding.hint else "")
         + (f" (defined at {where})" if where else "")
     )

@@ -96,10 +96,19 @@ class Finding(BaseModel):
                 return str(value)
         return ""
 
+    def preview(self) -> bool:
+        """Whether its check is in preview (``details.maturity``): ``info`` unless the config
+        sets ``preview: true`` (``details.preview_severity`` is the severity it has then)."""
+        return self.details.get("maturity") == "preview"
+
+    def severity_label(self) -> str:
+        """Its severity as every view shows it: ``info (preview)`` for a preview check's."""
+        return f"{self.severity} (preview)" if self.preview() else self.severity
+
     def line(self) -> str:
         """A one-line rendering: ``[severity] check module: message`` (control bytes escaped)."""
         where = f" {self.module}" if self.module else ""
-        return safe(f"[{self.severity}] {self.check}{where}: {self.message}")
+        return safe(f"[{self.severity_label()}] {self.check}{where}: {self.message}")
 
     def key(self) -> tuple[str, ...]:
         """What identifies this finding across runs: check and layer (or parameters), no steps."""

@@ -306,12 +306,16 @@ def _silencing(check_id: str, doc: Any) -> list[str]:
 
 def check_page(check_id: str) -> str:
     """The page of one check id."""
-    from gradwatch.checks.explain import default_severity, lookup
+    from gradwatch.checks.explain import default_severity, lookup, maturity_text
 
     doc = lookup(check_id)
     assert doc is not None, check_id
     cls = _check_class(check_id)
     lines = [f"# `{check_id}`", "", f"**Default severity:** `{default_severity(check_id)}`"]
+    stage = maturity_text(check_id)
+    if stage:  # "Maturity: preview. ..." as a bold label and its sentence
+        label, _, said = stage.partition(": ")
+        lines += ["", f"**{label}:** {md(said)}"]
     if cls is not None:
         lines += ["", f"**Check class:** `{cls.__module__}.{cls.__qualname__}`"]
     lines += ["", "## What fires it", "", md(doc.summary), ""]
@@ -345,7 +349,7 @@ def check_page(check_id: str) -> str:
 
 
 def checks_index() -> str:
-    from gradwatch.checks.explain import all_docs, default_severity
+    from gradwatch.checks.explain import all_docs, default_severity, maturity
 
     lines = [
         "# Checks",
@@ -354,13 +358,14 @@ def checks_index() -> str:
         "fires the check, why it matters, its causes, how to fix it, its settings and how to "
         "silence it; `gradwatch explain ID` prints the same text.",
         "",
-        "| id | default severity | fires when |",
-        "|---|---|---|",
+        "| id | default severity | maturity | fires when |",
+        "|---|---|---|---|",
     ]
     for check_id, doc in all_docs().items():
         summary = md(doc.summary).replace("|", "\\|")
         sev = default_severity(check_id)
-        lines.append(f"| [`{check_id}`]({check_id}.md) | `{sev}` | {summary} |")
+        stage = maturity(check_id) or "-"
+        lines.append(f"| [`{check_id}`]({check_id}.md) | `{sev}` | {stage} | {summary} |")
     return "\n".join(lines) + "\n"
 
 

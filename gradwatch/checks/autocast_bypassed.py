@@ -43,6 +43,7 @@ class AutocastBypassed(Check):
     """One finding for the layers that escaped autocast while their peers did not."""
 
     id = "autocast_bypassed"
+    maturity = "stable"
     Config = AutocastBypassedConfig
     needs = frozenset({"autocast_dtypes"})
     doc = CheckDoc(

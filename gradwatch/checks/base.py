@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Optional, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
-from gradwatch._severity import Severity
+from gradwatch._severity import Maturity, Severity
 from gradwatch.capture.facts import Fact
 from gradwatch.checks.views import RunView, StepView, StructureView
 from gradwatch.errors import GradWatchError
@@ -21,7 +21,15 @@ from gradwatch.sources.registry import unknown_needs
 if TYPE_CHECKING:
     from gradwatch.checks.docs import CheckDoc
 
-__all__ = ["STRICT", "Check", "CheckConfig", "FindingLog", "WatchSettings", "severity_field"]
+__all__ = [
+    "STRICT",
+    "Check",
+    "CheckConfig",
+    "FindingLog",
+    "WatchSettings",
+    "as_preview",
+    "severity_field",
+]
 
 # Thresholds must be finite (``.inf`` would silently switch a check off); ints and bools are
 # strict (``every_n_steps: true`` is a mistake, not 1; ``warn: 1`` is not a boolean). Floats
@@ -46,6 +54,21 @@ class CheckConfig(BaseModel):
 
     enabled: StrictBool = Field(default=True, description="Run this check.")
     severity: Severity = severity_field("warning")
+
+
+def as_preview(severity: str, details: dict[str, Any], *, preview: bool) -> str:
+    """A preview check's finding: ``details`` marked (``maturity: preview``, and the severity
+    it has on its own as ``preview_severity``), and the severity it is recorded at: its own
+    with ``preview: true`` in the config, else ``info`` (it fails no build and warns nobody).
+
+    Example:
+        >>> details = {}
+        >>> as_preview("error", details, preview=False), details
+        ('info', {'maturity': 'preview', 'preview_severity': 'error'})
+    """
+    details["maturity"] = "preview"
+    details["preview_severity"] = severity
+    return severity if preview else "info"
 
 
 class FindingLog(Protocol):
@@ -99,6 +122,13 @@ class Check:
     #: Its settings; the ``severity`` default of this model is the check's default severity
     #: (:meth:`default_severity`), written nowhere else.
     Config: ClassVar[type[CheckConfig]] = CheckConfig
+    #: Its lifecycle stage, as ruff's and clippy's rules (SPEC 8.1). ``"stable"``: the clean
+    #: corpus (``tests/corpus``) gives it no warning or error, and its findings carry their
+    #: severity. ``"preview"``: its findings are ``info`` unless the config sets ``preview:
+    #: true``, and say "preview" in every view (:func:`as_preview`, applied once where a
+    #: finding is recorded). Every registered check states its own in its class body (the
+    #: contract test requires it), so this default is never the decision.
+    maturity: ClassVar[Maturity] = "stable"
     #: What ``raise_for_findings`` and ``fail_fast`` raise when this check's findings fail.
     error: ClassVar[type[GradWatchError]] = GradWatchError
     #: What ``gradwatch explain ID`` prints (:mod:`gradwatch.checks.docs` has the fallbacks).

@@ -38,6 +38,7 @@ class BatchOrderDependent(Check):
     """Permuting the batch does not permute each sample's outputs alike."""
 
     id = "batch_order_dependent"
+    maturity = "stable"
     Config = BatchOrderDependentConfig
     doc = CheckDoc(
         summary="The batch and a permutation of it, through a copy of the model with the "

@@ -33,9 +33,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from gradwatch._severity import Severity
+from gradwatch.checks._params import under
 from gradwatch.checks.base import Check, CheckConfig, severity_field
 from gradwatch.checks.docs import CheckDoc
 from gradwatch.checks.views import StepView
+from gradwatch.model.index import ROOT
 
 if TYPE_CHECKING:
     from gradwatch.capture.loop.lr_writes import IgnoredWrite
@@ -58,6 +60,7 @@ class CallWithoutEffect(Check):
     does not show, by the line that asked."""
 
     id = "call_without_effect"
+    maturity = "stable"
     Config = CallWithoutEffectConfig
     needs = frozenset({"state_calls"})
     doc = CheckDoc(
@@ -112,7 +115,7 @@ class CallWithoutEffect(Check):
             hint="Rename the keys before loading (strip or add the prefix: `{k.removeprefix("
             "'module.'): v for k, v in sd.items()}`) and check the missing keys it returns.",
             params=named,
-            module=m.module or None,
+            module=m.module or ROOT,
             details={
                 "kind": "load_state_dict",
                 "called_at": m.site,
@@ -136,6 +139,7 @@ class CallWithoutEffect(Check):
             f"{undo} on {by}{_at(i.undone_at)}: the module {state} at the step.",
             hint=f"Call '{i.module}'.{asked} after {undo} on its ancestor (at each epoch's "
             "start), or override the parent's train() to keep it.",
+            params=under(view.index, [i.module]),
             module=i.module,
             details={
                 "kind": i.kind,
@@ -161,6 +165,7 @@ class CallWithoutEffect(Check):
             f"{w.k} reads its param groups, which hold {w.hparam} = {list(w.used)}.",
             hint=f"Write `for g in opt.param_groups: g['{w.hparam}'] = value` on the optimizer "
             "that steps, and build schedulers on it.",
+            params=view.index.names(view.ids) if w.k == view.optimizer else None,
             details={
                 "kind": w.kind,
                 "hparam": w.hparam,

@@ -32,6 +32,7 @@ class ClipAfterStep(Check):
     """
 
     id = "clip_after_step"
+    maturity = "stable"
     Config = ClipAfterStepConfig
     needs = frozenset({"zero_grad_watch"})
     doc = CheckDoc(

@@ -33,6 +33,7 @@ class ClipWithoutEffect(Check):
     """Per window: each clipping call that saw no gradient, by the line that made it."""
 
     id = "clip_without_effect"
+    maturity = "stable"
     Config = ClipWithoutEffectConfig
     needs = frozenset({"clip_calls"})
     doc = CheckDoc(
@@ -54,8 +55,15 @@ class ClipWithoutEffect(Check):
         clips = view.window.records.get("clips")
         if clips is None:
             return
+        # What the clip was meant for: the parameters this step's optimizer updates (without
+        # an optimizer, each backward is a step: the model's trainable parameters).
+        meant = view.index.names(view.ids)
+        of = "the model's trainable" if view.optimizer is None else f"{view.optimizer_name}'s"
         for function, line in clips.empty:
             at = f" at {line}" if line else ""
+            details = {"function": function, "params_are": f"{of} parameters"}
+            if line:
+                details["called_at"] = line
             log.emit(
                 self.id,
                 severity=self.severity,
@@ -65,8 +73,7 @@ class ClipWithoutEffect(Check):
                 "nothing was clipped.",
                 hint="Pass a list built once (`params = [p for p in model.parameters() if "
                 "p.requires_grad]`) and clip after `backward()`.",
+                params=meant,
                 key=line or function,
-                details={"function": function, "called_at": line}
-                if line
-                else {"function": function},
+                details=details,
             )

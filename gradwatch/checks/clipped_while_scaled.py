@@ -38,6 +38,7 @@ class ClippedWhileScaled(Check):
     """
 
     id = "clipped_while_scaled"
+    maturity = "stable"
     Config = ClippedWhileScaledConfig
     needs = frozenset({"unscale_watch"})
     doc = CheckDoc(

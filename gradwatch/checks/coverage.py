@@ -43,6 +43,7 @@ class NotInOptimizer(Check):
     """
 
     id = "not_in_optimizer"
+    maturity = "stable"
     Config = NotInOptimizerConfig
     counts_toward_share = True
     doc = CheckDoc(
@@ -143,6 +144,7 @@ class FrozenInOptimizer(Check):
     """A parameter with ``requires_grad=False`` inside an optimizer (harmless, often intended)."""
 
     id = "frozen_in_optimizer"
+    maturity = "stable"
     Config = FrozenInOptimizerConfig
     doc = CheckDoc(
         summary="A parameter with requires_grad=False sits in an optimizer.",

@@ -45,6 +45,7 @@ class DeadParam(Check):
     """Per layer, on observed steps."""
 
     id = "dead_param"
+    maturity = "stable"
     Config = DeadParamConfig
     doc = CheckDoc(
         summary="Every gradient of a layer is exactly zero for patience observed steps.",

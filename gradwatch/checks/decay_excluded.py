@@ -46,6 +46,7 @@ class DecayOnExcludedParams(AsBuiltCheck):
     """Once per layout read: decayed parameters of a kind the grouping excludes."""
 
     id = "decay_on_excluded_params"
+    maturity = "stable"
     Config = DecayExcludedConfig
     needs = frozenset({"model_as_built"})
     doc = CheckDoc(

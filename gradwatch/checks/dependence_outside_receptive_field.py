@@ -33,6 +33,7 @@ class DependenceOutsideReceptiveField(Check):
     """An output position has a gradient on input positions its layers cannot reach."""
 
     id = "dependence_outside_receptive_field"
+    maturity = "stable"
     Config = DependenceOutsideReceptiveFieldConfig
     doc = CheckDoc(
         summary="An output position of the model has a gradient on input positions outside "

@@ -45,6 +45,7 @@ class DoesNotLearn(Check):
     """A copy of the model, trained on one fixed batch, does not bring the loss down."""
 
     id = "does_not_learn"
+    maturity = "stable"
     Config = DoesNotLearnConfig
     doc = CheckDoc(
         summary="A few dozen steps of the user's optimizer (its class and hyperparameters, "

@@ -30,6 +30,7 @@ class DoubleBackward(Check):
     """
 
     id = "double_backward"
+    maturity = "stable"
     Config = DoubleBackwardConfig
     needs = frozenset({"backward_probe"})
     doc = CheckDoc(

@@ -39,6 +39,7 @@ class DoubleUpdate(Check):
     """
 
     id = "double_update"
+    maturity = "stable"
     Config = DoubleUpdateConfig
     doc = CheckDoc(
         summary="One gradient was consumed by more than one optimizer step with no backward in "

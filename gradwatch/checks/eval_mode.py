@@ -55,6 +55,7 @@ class EvalModeTraining(Check):
     """On each optimizer step with a backward: the modes of its latest training forward."""
 
     id = "eval_mode_training"
+    maturity = "stable"
     Config = EvalModeTrainingConfig
     needs = frozenset({"module_modes"})
     doc = CheckDoc(
@@ -144,7 +145,9 @@ class EvalModeTraining(Check):
             hint="Call model.train() before the training forward (at the start of each epoch "
             "and after validation or sampling); in helpers restore the mode: "
             "`was = model.training; model.eval(); ...; model.train(was)`.",
-            params=params_under(view.index, tuple(affected)) if affected else [],
+            # the layers whose behaviour changed, else (parameterless ones: dropout) every
+            # parameter the step updated on that forward
+            params=params_under(view.index, tuple(affected)) or view.index.names(view.ids),
             module=ROOT,
             key=ROOT,
             details={"modules": list(modules), "root": True, **details},

@@ -42,6 +42,7 @@ class EvalForwardStochastic(Check):
     selection follow the noise. Named by the module whose forward called it."""
 
     id = "eval_forward_stochastic"
+    maturity = "stable"
     Config = EvalForwardStochasticConfig
     config: EvalForwardStochasticConfig
     needs = frozenset({"eval_forward"})

@@ -19,7 +19,7 @@ from typing import Optional
 from gradwatch.checks.docs import DOCS, CheckDoc
 from gradwatch.checks.registry import ALL_CHECKS, SELF_CHECKS, by_id
 
-__all__ = ["all_docs", "default_severity", "explain_text", "lookup"]
+__all__ = ["all_docs", "default_severity", "explain_text", "lookup", "maturity", "maturity_text"]
 
 
 def lookup(check_id: str) -> Optional[CheckDoc]:
@@ -37,6 +37,32 @@ def default_severity(check_id: str) -> Optional[str]:
     except KeyError:
         doc = DOCS.get(check_id)
         return None if doc is None else doc.severity
+
+
+def maturity(check_id: str) -> Optional[str]:
+    """``"stable"`` or ``"preview"`` (the check's ``maturity``); ``None`` for an id without a
+    check class (the CLI's)."""
+    try:
+        return by_id(check_id).maturity
+    except KeyError:
+        return None
+
+
+def maturity_text(check_id: str) -> Optional[str]:
+    """One sentence on ``check_id``'s maturity, as ``explain`` and the docs page say it."""
+    stage = maturity(check_id)
+    if stage == "preview":
+        return (
+            "Maturity: preview. Not yet proven on the clean corpus of correct programs: its "
+            "findings are info (marked preview) unless the config sets `preview: true`, "
+            "which gives them their own severity."
+        )
+    if stage == "stable":
+        return (
+            "Maturity: stable. The clean corpus of correct programs gives it no warning or "
+            "error; its findings carry their severity."
+        )
+    return None
 
 
 def all_docs() -> dict[str, CheckDoc]:
@@ -71,6 +97,9 @@ def explain_text(check_id: str, *, width: int = 100) -> Optional[str]:
     width = max(width, 40)
     lines = [f"{check_id} (default severity: {default_severity(check_id)})", ""]
     lines += _para(doc.summary, width, indent="")
+    stage = maturity_text(check_id)
+    if stage:
+        lines += ["", *_para(stage, width, indent="")]
     lines += ["", "Why it matters:", *_para(doc.why, width)]
     lines += ["", "Common causes:"]
     for cause in doc.causes:

@@ -64,6 +64,7 @@ class ExplodingGrad(Check):
     """Per layer, on observed steps."""
 
     id = "exploding_grad"
+    maturity = "stable"
     Config = ExplodingGradConfig
     doc = CheckDoc(
         summary="A layer's gradient norm exceeds max_norm, or jumps above spike_factor x its "

@@ -46,6 +46,7 @@ class ForwardNotReproducible(Check):
     """A forward's outputs depend on what an earlier forward left in the model."""
 
     id = "forward_not_reproducible"
+    maturity = "stable"
     Config = ForwardNotReproducibleConfig
     doc = CheckDoc(
         summary="The same batch, through the same weights with the same RNG state, gave "

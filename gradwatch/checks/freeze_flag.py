@@ -35,6 +35,7 @@ class FreezeNotApplied(Check):
     """Per flagged module, on observed steps: its layers' values changed across the step."""
 
     id = "freeze_not_applied"
+    maturity = "stable"
     Config = FreezeNotAppliedConfig
     needs = frozenset({"module_flags"})
     doc = CheckDoc(

@@ -52,6 +52,7 @@ class FrozenStatsUpdated(Check):
     """One finding for all the frozen norm layers a step's training forward ran in train mode."""
 
     id = "frozen_stats_updated"
+    maturity = "stable"
     Config = FrozenStatsUpdatedConfig
     needs = frozenset({"module_modes"})
     doc = CheckDoc(

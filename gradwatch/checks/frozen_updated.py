@@ -30,6 +30,7 @@ class FrozenParamUpdated(Check):
     """Per layer: frozen parameters of one optimizer whose values moved in its step."""
 
     id = "frozen_param_updated"
+    maturity = "stable"
     Config = FrozenParamUpdatedConfig
     needs = frozenset({"model_as_built"})  # each param group's momentum and weight decay
     doc = CheckDoc(

@@ -47,6 +47,7 @@ class GhostParam(Check):
     """
 
     id = "ghost_param"
+    maturity = "stable"
     Config = GhostParamConfig
     keeps_forward_hooks = True
     counts_toward_share = True

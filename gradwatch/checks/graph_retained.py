@@ -16,6 +16,7 @@ from pydantic import Field, StrictInt
 
 from gradwatch._severity import Severity
 from gradwatch.checks._loss_graph import ScanConfig, graph_record
+from gradwatch.checks._params import upstream
 from gradwatch.checks.base import Check, severity_field
 from gradwatch.checks.docs import CheckDoc
 from gradwatch.checks.views import StepView
@@ -47,6 +48,7 @@ class GraphRetainedAcrossSteps(Check):
     """
 
     id = "graph_retained_across_steps"
+    maturity = "stable"
     Config = GraphRetainedConfig
     config: GraphRetainedConfig
     needs = frozenset({"loss_graph"})
@@ -96,5 +98,6 @@ class GraphRetainedAcrossSteps(Check):
             + (f"; the loss is backpropagated at {where}" if where else "")
             + ".",
             details={"retained": alive, "steps": sorted(rec.retained), "backward_at": where},
+            params=upstream(view.index, rec.graphs[0], 0) if rec.graphs else [],  # the loss's
             key="retained",
         )

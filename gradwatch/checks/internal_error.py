@@ -27,6 +27,7 @@ class InternalError(Check):
     """A fault in gradwatch's own hooks, contained: a finding per failing place."""
 
     id = "internal_error"
+    maturity = "stable"
     Config = InternalErrorConfig
     facts = frozenset({FAULT})
     doc = CheckDoc(

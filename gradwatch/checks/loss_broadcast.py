@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Optional
 from gradwatch._severity import Severity
 from gradwatch.capture.loss.graph_walk import GraphDesc
 from gradwatch.checks._loss_graph import ScanConfig, describe_producer, graph_record, named
+from gradwatch.checks._params import upstream
 from gradwatch.checks.base import Check, severity_field
 from gradwatch.checks.docs import CheckDoc
 from gradwatch.checks.views import StepView
@@ -69,6 +70,7 @@ class LossBroadcast(Check):
     """
 
     id = "loss_broadcast"
+    maturity = "stable"
     Config = LossBroadcastConfig
     config: LossBroadcastConfig
     needs = frozenset({"loss_graph"})
@@ -134,7 +136,8 @@ class LossBroadcast(Check):
     ) -> None:
         a = g.nodes[pred].shape or ()
         op = _KERNELS.get(g.nodes[i].kind) or g.nodes[i].kind.replace("Backward0", "").lower()
-        module = named(g.producer(pred))
+        mark = g.producer(pred)
+        module = named(mark)
         log.emit(
             self.id,
             severity=self.severity,
@@ -144,6 +147,7 @@ class LossBroadcast(Check):
             "every target, so predictions are pulled towards the batch mean.",
             hint=f"Make the shapes equal before the loss (pred.squeeze(-1) or target.view_as("
             f"pred)); the broadcast went from {tuple(a)} to {tuple(out)}.",
+            params=upstream(view.index, g, pred, mark.module if mark else None),
             module=module,
             details={
                 "op": op,

@@ -51,6 +51,7 @@ class LossDisconnected(Check):
     """
 
     id = "loss_disconnected"
+    maturity = "stable"
     Config = LossDisconnectedConfig
     needs = frozenset({"forward_runs"})
     doc = CheckDoc(

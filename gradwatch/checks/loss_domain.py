@@ -92,6 +92,7 @@ class LossInputOutOfDomain(Check):
     named by the loss, the argument and the user's line."""
 
     id = "loss_input_out_of_domain"
+    maturity = "stable"
     Config = LossInputOutOfDomainConfig
     config: LossInputOutOfDomainConfig
     needs = frozenset({"loss_inputs"})

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from gradwatch._severity import Severity
 from gradwatch.capture.loss.graph_walk import GraphDesc
 from gradwatch.checks._loss_graph import ScanConfig, describe_producer, graph_record, named
+from gradwatch.checks._params import upstream
 from gradwatch.checks.base import Check, severity_field
 from gradwatch.checks.docs import CheckDoc
 from gradwatch.checks.views import StepView
@@ -63,6 +64,7 @@ class LossInputAlreadyNormalised(Check):
     """
 
     id = "loss_input_already_normalised"
+    maturity = "stable"
     Config = LossInputNormalisedConfig
     config: LossInputNormalisedConfig
     needs = frozenset({"loss_graph"})
@@ -113,7 +115,8 @@ class LossInputAlreadyNormalised(Check):
             where = f"{describe_producer(g, g.nodes[j].inputs[0])}, normalised in the loss code"
         else:
             where = "a value normalised in the loss code"
-        module = named(mark or source)
+        producer = mark or source
+        module = named(producer)
         shape = g.nodes[j].shape
         log.emit(
             self.id,
@@ -123,6 +126,7 @@ class LossInputAlreadyNormalised(Check):
             f"the loss normalises again ({own}), so it cannot reach zero and its gradients "
             "fade as predictions sharpen.",
             hint=_FIX[kind].format(sq=squash),
+            params=upstream(view.index, g, j, producer.module if producer else None),
             module=module,
             details={
                 "loss": loss,

@@ -36,6 +36,7 @@ from pydantic import Field, StrictFloat, StrictInt
 from gradwatch._severity import Severity
 from gradwatch.capture.loss.term_shares import TermInfo
 from gradwatch.checks._loss_graph import ScanConfig, graph_record
+from gradwatch.checks._params import term_params
 from gradwatch.checks.base import Check, severity_field
 from gradwatch.checks.docs import CheckDoc
 from gradwatch.checks.views import StepView
@@ -73,6 +74,7 @@ class LossTermDominates(Check):
     classification term, a reconstruction summed over pixels next to a KL averaged)."""
 
     id = "loss_term_dominates"
+    maturity = "stable"
     Config = LossTermDominatesConfig
     config: LossTermDominatesConfig
     needs = frozenset({"loss_terms"})
@@ -160,6 +162,7 @@ class LossTermDominates(Check):
             f"{', '.join(names[k] for k in range(len(terms)) if k != top)} barely train them.",
             hint="Bring the terms to comparable scales (units of the targets, the same "
             "reduction), weight them explicitly, or learn the weights.",
+            params=term_params(view.index, rec.graphs, len(terms), top),
             module=terms[top].module,
             details={
                 "terms": names,

@@ -96,6 +96,7 @@ class NonfiniteGrad(Check):
     """
 
     id = "nonfinite_grad"
+    maturity = "stable"
     Config = NonfiniteGradConfig
     config: NonfiniteGradConfig
 

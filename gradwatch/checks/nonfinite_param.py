@@ -63,6 +63,7 @@ class NonfiniteParam(Check):
     """Per layer, on observed steps: a parameter norm that is NaN/Inf after the update."""
 
     id = "nonfinite_param"
+    maturity = "stable"
     Config = NonfiniteParamConfig
     needs = frozenset({"loss_value"})
     doc = CheckDoc(
@@ -143,6 +144,7 @@ class NonfiniteParam(Check):
             hint="Check each term of the loss with torch.isfinite(term) before summing; a term "
             "added as .detach() or .item() contributes no gradient but poisons the loss value "
             "(and the metrics, schedulers and early stopping that read it).",
+            params=view.index.names(view.ids),  # the parameters this loss trains
             key="loss",
             details={"cause": "loss", "optimizer": view.optimizer},
         )

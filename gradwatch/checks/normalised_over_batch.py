@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 from gradwatch._severity import Severity
 from gradwatch.capture.loss.graph_walk import GraphDesc
 from gradwatch.checks._loss_graph import ScanConfig, graph_record
+from gradwatch.checks._params import upstream
 from gradwatch.checks.base import Check, severity_field
 from gradwatch.checks.docs import CheckDoc
 from gradwatch.checks.not_observed import emit_not_observed
@@ -42,6 +43,7 @@ class NormalisedOverBatch(Check):
     at batch size 1 (inference) differ from training. Named by the module that ran it."""
 
     id = "normalised_over_batch"
+    maturity = "stable"
     Config = NormalisedOverBatchConfig
     config: NormalisedOverBatchConfig
     needs = frozenset({"loss_graph"})
@@ -110,8 +112,8 @@ class NormalisedOverBatch(Check):
 
     def _emit(self, view: StepView, log: FindingLog, g: GraphDesc, i: int) -> None:
         node = g.nodes[i]
-        module = g.enclosing(i)
-        module = module or g.model  # the model itself: named by its class
+        inside = g.enclosing(i)
+        module = inside or g.model  # the model itself: named by its class
         op = _SOFTMAX[node.kind]
         shape = tuple(node.shape or ())
         log.emit(
@@ -122,6 +124,7 @@ class NormalisedOverBatch(Check):
             f"{g.batch}): each sample's output depends on the other samples of its batch.",
             hint=f"Give the {op} the dimension of the classes/actions (dim=-1 for a "
             "batch-first tensor); an implicit dim (F.softmax(x) on a 3-D input) picks dim 0.",
+            params=upstream(view.index, g, i, inside),  # the module's and those upstream
             module=module,
             details={"op": op, "dim": 0, "shape": list(shape), "batch": g.batch},
             key=f"{module}:{op}:{shape}",

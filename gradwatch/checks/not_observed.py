@@ -64,6 +64,7 @@ class NotObserved(Check):
     """The run gave gradwatch nothing to judge, or its own hooks failed on every step."""
 
     id = ID
+    maturity = "stable"
     Config = NotObservedConfig
     doc = CheckDoc(
         summary="The watcher could not see what it promises, so the report cannot be a pass.",

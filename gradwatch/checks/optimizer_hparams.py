@@ -21,6 +21,7 @@ from pydantic import Field
 
 from gradwatch._severity import Severity
 from gradwatch.checks._as_built import AsBuiltCheck
+from gradwatch.checks._params import group_params
 from gradwatch.checks.base import CheckConfig, severity_field
 from gradwatch.checks.docs import CheckDoc
 from gradwatch.checks.views import StepView
@@ -49,6 +50,7 @@ class OptimizerHparamsDegenerate(AsBuiltCheck):
     """Betas once per layout read; eps against the measured second moments once."""
 
     id = "optimizer_hparams_degenerate"
+    maturity = "stable"
     Config = OptimizerHparamsConfig
     needs = frozenset({"model_as_built", "adam_moments"})
     doc = CheckDoc(
@@ -120,6 +122,7 @@ class OptimizerHparamsDegenerate(AsBuiltCheck):
             step=view.step,
             message=f"{label} param group {g}: {message}",
             hint=hint,
+            params=group_params(view, k, g),
             key=f"{k}:{g}:{hparam}",
             details={"optimizer": label, "group": g, "hparam": hparam, **extra},
         )

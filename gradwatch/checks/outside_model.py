@@ -41,6 +41,7 @@ class ParamOutsideModel(Check):
     """
 
     id = "param_outside_model"
+    maturity = "stable"
     Config = ParamOutsideModelConfig
     facts = frozenset({FOREIGN_TENSORS})
     doc = CheckDoc(

@@ -58,7 +58,7 @@ from gradwatch.checks.vanishing import VanishingGrad
 from gradwatch.checks.zero_grad import MissingZeroGrad
 from gradwatch.errors import GradWatchError
 
-__all__ = ["ALL_CHECKS", "SELF_CHECKS", "by_id", "error_class"]
+__all__ = ["ALL_CHECKS", "SELF_CHECKS", "by_id", "error_class", "preview_ids"]
 
 ALL_CHECKS: list[type[Check]] = [
     GhostParam,
@@ -119,6 +119,11 @@ def by_id(check_id: str) -> type[Check]:
         if cls.id == check_id:
             return cls
     raise KeyError(check_id)
+
+
+def preview_ids() -> frozenset[str]:
+    """The ids of the checks in preview (each check's ``maturity``, stated in its class)."""
+    return frozenset(cls.id for cls in [*ALL_CHECKS, *SELF_CHECKS] if cls.maturity == "preview")
 
 
 def error_class(check_ids: Iterable[str]) -> type[GradWatchError]:

@@ -34,6 +34,7 @@ class ReplicaDivergence(Check):
     collective among the ranks that must hold the same values."""
 
     id = "replica_divergence"
+    maturity = "stable"
     Config = ReplicaDivergenceConfig
     needs = frozenset({"replica_checksums"})
     facts = frozenset({REPLICAS_DIFFER})

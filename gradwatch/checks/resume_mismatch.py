@@ -31,6 +31,7 @@ class ResumeMismatch(Check):
     """Once per resume, at its first optimizer step: the facts of what was not restored."""
 
     id = "resume_mismatch"
+    maturity = "stable"
     Config = ResumeMismatchConfig
     needs = frozenset({"resume_state"})
     facts = frozenset({RESUMED})

@@ -42,6 +42,7 @@ class SampleDependence(Check):
     """The model's output for one sample depends on other samples of the batch."""
 
     id = "sample_dependence"
+    maturity = "stable"
     Config = SampleDependenceConfig
     doc = CheckDoc(
         summary="One sample's output of the model has a gradient on another sample's input: "

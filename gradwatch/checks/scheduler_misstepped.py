@@ -30,6 +30,7 @@ class SchedulerMisstepped(Check):
     """
 
     id = "scheduler_misstepped"
+    maturity = "stable"
     Config = SchedulerMissteppedConfig
     needs = frozenset({"scheduler_counts"})
     doc = CheckDoc(
@@ -71,6 +72,7 @@ class SchedulerMisstepped(Check):
                 hint="Call scheduler.step() once after each optimizer.step() (not per "
                 "micro-batch under gradient accumulation, not before the step), or once per "
                 "epoch for an epoch schedule.",
+                params=view.index.names(view.ids),  # the scheduled optimizer's
                 key=f"optimizer[{view.optimizer}]",
                 details={
                     "optimizer": view.optimizer,

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from gradwatch._severity import Severity
 from gradwatch.checks._as_built import AsBuiltCheck
+from gradwatch.checks._params import under
 from gradwatch.checks.base import CheckConfig, severity_field
 from gradwatch.checks.docs import CheckDoc
 from gradwatch.checks.views import StepView
@@ -35,6 +36,7 @@ class SharedModule(AsBuiltCheck):
     """Once per layout read: each module object registered at several sibling places."""
 
     id = "shared_module"
+    maturity = "stable"
     Config = SharedModuleConfig
     needs = frozenset({"model_as_built"})
     doc = CheckDoc(
@@ -71,6 +73,7 @@ class SharedModule(AsBuiltCheck):
                 hint=f"Build each with its own constructor call (`[{shared.cls}(...) for _ in "
                 f"range({n})]`, not `[{shared.cls.lower()}] * {n}`); if sharing is meant, "
                 "register it once and apply it several times.",
+                params=under(view.index, paths),  # the one module's, under each place
                 module=shared.container or paths[0],
                 key=paths[0],
                 details={"paths": paths, "class": shared.cls, "numel": shared.numel},

@@ -40,6 +40,7 @@ class StaleParam(Check):
     """Per layer, on observed optimizer steps (needs the values before and after the step)."""
 
     id = "stale_param"
+    maturity = "stable"
     Config = StaleParamConfig
     counts_toward_share = True
     doc = CheckDoc(

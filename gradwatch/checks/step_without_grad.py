@@ -24,6 +24,7 @@ class StepWithoutGrad(Check):
     """Fires when a step found no gradient on any of its parameters after a backward ran."""
 
     id = "step_without_grad"
+    maturity = "stable"
     Config = StepWithoutGradConfig
     doc = CheckDoc(
         summary="optimizer.step() ran with no gradient on any of its parameters although a "

@@ -43,6 +43,7 @@ class SymmetricUnits(Check):
     """Once, after ``later_step``: units equal at both looks of a weight that moved."""
 
     id = "symmetric_units"
+    maturity = "stable"
     Config = SymmetricUnitsConfig
     needs = frozenset({"weight_rows"})
     doc = CheckDoc(

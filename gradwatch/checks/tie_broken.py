@@ -36,6 +36,7 @@ class TieBroken(AsBuiltCheck):
     """Once per layout read: aliased storages, and declared ties that are two objects."""
 
     id = "tie_broken"
+    maturity = "stable"
     Config = TieBrokenConfig
     needs = frozenset({"model_as_built"})
     doc = CheckDoc(

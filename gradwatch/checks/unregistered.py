@@ -74,6 +74,7 @@ class UnregisteredParam(Check):
     """
 
     id = "unregistered_param"
+    maturity = "stable"
     Config = UnregisteredParamConfig
     config: UnregisteredParamConfig
     needs = frozenset({"module_scan"})

@@ -80,6 +80,7 @@ class VanishingGrad(Check):
     """Per layer, on observed steps, over all of the layer's parameters."""
 
     id = "vanishing_grad"
+    maturity = "stable"
     Config = VanishingGradConfig
     doc = CheckDoc(
         summary="A layer's mean absolute gradient stays below min_mean_abs (not zero) and its "

@@ -23,6 +23,7 @@ class MissingZeroGrad(Check):
     """Fires when ``optimizer.step()`` used a gradient that still held old contributions."""
 
     id = "missing_zero_grad"
+    maturity = "stable"
     Config = MissingZeroGradConfig
     doc = CheckDoc(
         summary="optimizer.step() consumed a gradient that still held contributions from before "

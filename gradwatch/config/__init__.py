@@ -147,6 +147,12 @@ class GradWatchConfig(BaseModel):
         description="A fault inside gradwatch's own hooks: 'warn' contains it and training "
         "goes on; 'raise' re-raises (for tests).",
     )
+    preview: StrictBool = Field(
+        default=False,
+        description="Let the checks in preview (not yet proven on the clean corpus of correct "
+        "programs; `gradwatch explain ID` says which) report at their own severity. Off, "
+        "their findings are info, marked preview, and fail nothing.",
+    )
     checks: ChecksConfig = Field(default_factory=ChecksConfig)
 
     @field_validator("report_path")

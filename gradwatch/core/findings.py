@@ -14,7 +14,8 @@ from gradwatch._text import safe
 from gradwatch._warnings import warn_at_user, warning_text
 from gradwatch.capture.facts import Fact
 from gradwatch.checks import Check, RunView, StepView, StructureView
-from gradwatch.checks.registry import by_id, error_class
+from gradwatch.checks.base import as_preview
+from gradwatch.checks.registry import by_id, error_class, preview_ids
 from gradwatch.config import GradWatchConfig
 from gradwatch.model.locations import Locations
 from gradwatch.results import Finding
@@ -35,6 +36,9 @@ class FindingLog:
         self.revision = 0  # bumped when a finding appears or changes severity
         self.quiet_checks: set[str] = set()  # e.g. set on non-zero ranks for rank-0-only findings
         self.locations: Optional[Locations] = None  # source lines of flagged layers
+        # Checks in preview: their findings are info unless ``preview: true`` (SPEC 8.1),
+        # applied here, where every finding of the run is recorded, and nowhere else.
+        self._preview = preview_ids()
 
     def ignored(self, name: str) -> bool:
         if not self.config.ignore:
@@ -63,6 +67,9 @@ class FindingLog:
         names = [n for n in params if not self.ignored(n)] if params else []
         if params and not names:
             return None
+        if check in self._preview:
+            details = dict(details or {})
+            severity = as_preview(severity, details, preview=self.config.preview)
         ident = (check, key or module or (names[0] if names else ""))
         finding = self._findings.get(ident)
         if finding is None:
@@ -153,6 +160,9 @@ class FindingLog:
         finding = self._findings.get((check, key))
         if finding is None:
             return None
+        if check in self._preview:
+            details = dict(details)
+            severity = as_preview(severity, details, preview=self.config.preview)
         fields = finding.__dict__
         severity = _kept(finding, severity)
         if severity != finding.severity:

@@ -25,6 +25,7 @@ Example:
 
 from __future__ import annotations
 
+import fnmatch
 import time
 import warnings
 from typing import Any, Callable, Optional, Union
@@ -34,14 +35,17 @@ from torch import nn
 
 from gradwatch._severity import at_least
 from gradwatch._version import __version__
+from gradwatch.checks.base import as_preview
 from gradwatch.checks.batch_order_dependent import BatchOrderDependent
 from gradwatch.checks.dependence_outside_receptive_field import DependenceOutsideReceptiveField
 from gradwatch.checks.does_not_learn import DoesNotLearn
 from gradwatch.checks.forward_not_reproducible import ForwardNotReproducible
 from gradwatch.checks.gradient_mismatch import GradientMismatch
 from gradwatch.checks.not_observed import NotObserved
+from gradwatch.checks.registry import preview_ids
 from gradwatch.checks.sample_dependence import SampleDependence
 from gradwatch.config import GradWatchConfig
+from gradwatch.model.engines import clean_name
 from gradwatch.probes._property_verdicts import field_verdict, order_verdict, repro_verdict
 from gradwatch.probes._sandbox import Budget, CannotJudge, LossFn, rng_kept
 from gradwatch.probes._verdicts import (
@@ -174,6 +178,28 @@ def _guarded(
                 record.details["warnings"] = seen[:5]
 
 
+def _recorded(finding: Finding, model: nn.Module, config: GradWatchConfig) -> bool:
+    """A probe's finding as the run's are recorded (``FindingLog.emit``): it names its
+    parameters (the model's trainable ones when the probe judged the model as a whole:
+    ``details.params_are``), is dropped when ``ignore`` matches every one, and a preview
+    check's is ``info`` unless ``preview: true``. Whether it is kept."""
+    if not finding.params and finding.check != NotObserved.id:
+        named = model.named_parameters()
+        finding.params = [clean_name(n) for n, p in named if p.requires_grad]
+        finding.details["params_are"] = "the model's trainable parameters"
+    patterns = config.ignore
+    if patterns and finding.params:
+        finding.params = [
+            n for n in finding.params if not any(fnmatch.fnmatchcase(n, p) for p in patterns)
+        ]
+        if not finding.params:
+            return False
+    if finding.check in preview_ids():
+        severity = as_preview(finding.severity, finding.details, preview=config.preview)
+        finding.severity = severity  # type: ignore[assignment]
+    return True
+
+
 def run_probes(
     model: nn.Module,
     batch: Any,
@@ -203,7 +229,7 @@ def run_probes(
                     record.memory_bytes = int(getattr(exc.partial, "memory_bytes", 0))
                 finding = not_judged(check_id, exc, record)
             record.seconds = time.perf_counter() - start
-            if finding is not None:
+            if finding is not None and _recorded(finding, model, config):
                 findings.append(finding)
             records.append(record)
     return records, findings

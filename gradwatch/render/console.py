@@ -120,7 +120,7 @@ def _table(rows: list[tuple[Finding, str, str]], width: int, plain: bool) -> tup
     from rich.table import Table
     from rich.text import Text
 
-    sev_w = max(len("severity"), *(len(f.severity) for f, _, _ in rows))
+    sev_w = max(len("severity"), *(len(f.severity_label()) for f, _, _ in rows))
     check_w = max(len("check"), *(len(safe(f.check)) for f, _, _ in rows))
     cause_w = max(len("cause"), *(longest_word(c) for _, c, _ in rows))
     name_w = max(len("parameters"), *(longest_word(_params(f)) for f, _, _ in rows))
@@ -152,7 +152,7 @@ def _table(rows: list[tuple[Finding, str, str]], width: int, plain: bool) -> tup
         table.add_column("hint", width=hint_w, overflow="fold")
         for f, cause, hint in rows:
             table.add_row(
-                Text(f.severity, style=_STYLE[f.severity]),
+                Text(f.severity_label(), style=_STYLE[f.severity]),
                 Text(safe(f.check)),
                 Text(_params(f)),
                 Text(cause),
@@ -171,7 +171,7 @@ def _table(rows: list[tuple[Finding, str, str]], width: int, plain: bool) -> tup
             detail.append("\ncause: ", style="dim")
             detail.append(cause)
         detail.append("\n" + hint)
-        finding = Text().append(f.severity, style=_STYLE[f.severity])
+        finding = Text().append(f.severity_label(), style=_STYLE[f.severity])
         finding.append("\n" + safe(f.check))
         table.add_row(finding, detail)
     return table, id_w + detail_w + rules(2)

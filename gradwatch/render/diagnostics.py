@@ -124,7 +124,17 @@ def _fields(f: Finding) -> list[tuple[str, str, str]]:
         )
     if f.hint:
         rows.append(("hint", clip(safe(f.hint)), ""))
+    if f.preview():
+        rows.append(("maturity", _preview_note(f), ""))
     return rows
+
+
+def _preview_note(f: Finding) -> str:
+    """What a preview check's finding row says: it is not judged at its own severity yet."""
+    own = safe(str(f.details.get("preview_severity") or f.severity))
+    if own == f.severity:
+        return f"preview (at its own severity, {own}, as `preview: true` asks)"
+    return f"preview: {f.severity} here; {own} with `preview: true` in the config"
 
 
 def _block(f: Finding, width: int) -> list[Text]:
@@ -132,7 +142,8 @@ def _block(f: Finding, width: int) -> list[Text]:
 
     head = Text()
     head.append(f.severity, style=_SEVERITY_STYLE[f.severity])
-    head.append(f"[{safe(f.check)}]: {clip(safe(f.message))}", style="bold")
+    preview = " (preview)" if f.preview() else ""
+    head.append(f"[{safe(f.check)}]{preview}: {clip(safe(f.message))}", style="bold")
     lines = hanging(head, width, indent=2)
     pad = _LABEL + 2
     for label, value, source in _fields(f):

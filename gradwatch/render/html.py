@@ -187,9 +187,10 @@ def _findings(report: ReportData) -> str:
         if f.details.get("cut"):  # one .detach() cut these parameters off: where
             said += f"<br><small>cut: <code>{_e(name(f.details['cut']))}</code></small>"
         hint = f'<div class="hint">{_e(clip(f.hint))}</div>' if f.hint else ""
+        preview = ' <small class="preview">preview</small>' if f.preview() else ""
         rows.append(
-            f'<tr><td class="id"><span class="sev-{_e(f.severity)}">{_e(f.severity)}</span><br>'
-            f"<code>{_e(f.check)}</code><br><small>{steps}</small></td>"
+            f'<tr><td class="id"><span class="sev-{_e(f.severity)}">{_e(f.severity)}</span>'
+            f"{preview}<br><code>{_e(f.check)}</code><br><small>{steps}</small></td>"
             f"<td>{_params_cell(f)}</td>"
             f"<td>{_e(clip(f.message))}{said}{_locations_html(f)}{hint}{_how(f.check)}</td></tr>"
         )

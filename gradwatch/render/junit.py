@@ -34,7 +34,7 @@ def _clean(text: str) -> str:
 
 def finding_text(f: Finding) -> str:
     """A finding as a few indented lines: message, parameters, cause, source lines, steps, hint."""
-    lines = [f"[{f.severity}] {clip(f.message)}"]
+    lines = [f"[{f.severity_label()}] {clip(f.message)}"]
     if f.params:
         lines.append("  parameters: " + ", ".join(f.params))
     elif f.module:

@@ -34,7 +34,7 @@ _LEVEL = {"error": "error", "warning": "warning", "info": "note"}
 
 
 def _rule(check: str) -> dict[str, Any]:
-    from gradwatch.checks.explain import default_severity, explain_text, lookup
+    from gradwatch.checks.explain import default_severity, explain_text, lookup, maturity
 
     doc = lookup(check)
     rule: dict[str, Any] = {
@@ -49,7 +49,10 @@ def _rule(check: str) -> dict[str, Any]:
         rule["defaultConfiguration"] = {"level": level}
     else:
         rule["shortDescription"] = {"text": safe(check)}
-    rule["properties"] = {"tags": ["gradwatch", "training"]}
+    stage = maturity(check)
+    rule["properties"] = {"tags": ["gradwatch", "training", *([stage] if stage else [])]}
+    if stage:
+        rule["properties"]["maturity"] = stage
     return rule
 
 
@@ -74,6 +77,8 @@ def _physical(location: str, text: str) -> Optional[dict[str, Any]]:
 
 def _result(f: Finding, rule_index: int, baseline: bool) -> dict[str, Any]:
     text = clip(safe(f.message)) + (f" Hint: {clip(safe(f.hint))}" if f.hint else "")
+    if f.preview():
+        text = "(preview) " + text
     result: dict[str, Any] = {
         "ruleId": f.check,
         "ruleIndex": rule_index,
@@ -111,6 +116,8 @@ def _result(f: Finding, rule_index: int, baseline: bool) -> dict[str, Any]:
         "lastStep": f.last_step,
         "count": f.count,
     }
+    if f.preview():
+        result["properties"]["maturity"] = "preview"
     return result
 
 

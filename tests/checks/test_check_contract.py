@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 import gradwatch
-from gradwatch._severity import Severity
+from gradwatch._severity import Maturity, Severity
 from gradwatch.capture import facts as fact_kinds
 from gradwatch.checks import ALL_CHECKS, Check
 from gradwatch.checks.base import CheckConfig
@@ -255,6 +255,15 @@ def test_default_severity_is_written_once_and_is_specs(
     # Its module's Config states it; its doc does not repeat it (explain reads the Config).
     assert "severity" in inspect.get_annotations(cls.Config)
     assert cls.doc is not None and cls.doc.severity is None
+
+
+@EVERY_CHECK
+def test_states_its_maturity_in_its_own_class(cls: type[Check]) -> None:
+    """SPEC 8.1: ``stable`` or ``preview``, a decision written in the check's class body
+    (never inherited from ``Check``), and said by ``gradwatch explain``."""
+    assert "maturity" in vars(cls), f'{cls.id}: add `maturity = "stable"` (or preview)'
+    assert cls.maturity in get_args(Maturity), cls.maturity
+    assert f"Maturity: {cls.maturity}." in (explain_text(cls.id) or "")
 
 
 # -- docs ------------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ from types import ModuleType
 
 import pytest
 
-from gradwatch.checks.explain import all_docs, default_severity
+from gradwatch.checks.explain import all_docs, default_severity, maturity
 from gradwatch.checks.registry import ALL_CHECKS
 from gradwatch.cli.main import build_parser
 from gradwatch.config import GradWatchConfig
@@ -78,6 +78,8 @@ def test_every_documented_id_has_a_page_linked_from_the_checks_index(site: Path)
         assert f'href="{check_id}/"' in index, check_id
         page = _text(site / f"checks/{check_id}/index.html")
         assert f"Default severity: {default_severity(check_id)}" in page, check_id
+        stage = maturity(check_id)
+        assert stage is None or f"Maturity: {stage}." in page, check_id
         for cause in doc.causes:
             assert _plain(cause) in page, (check_id, cause)
         assert _plain(doc.fix) in page, check_id

@@ -10,6 +10,7 @@ to the graph is kept, so describing it never keeps it alive.
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -79,6 +80,8 @@ class NodeInfo:
     mark: Optional[Mark] = None
     leaf: bool = False  # an AccumulateGrad (a leaf tensor's gradient sink)
     consts: int = 0  # inputs that need no gradient (a target, a constant)
+    # A leaf's tensor, weakly (a finding names the parameters upstream of a node by it).
+    variable: Optional[weakref.ref[torch.Tensor]] = None
 
 
 @dataclass
@@ -239,6 +242,13 @@ def _setting(node: Any, name: str) -> Any:
     return None
 
 
+def _weak(node: Any) -> Optional[weakref.ref[torch.Tensor]]:
+    try:
+        return weakref.ref(node.variable)
+    except Exception:  # a leaf already freed, or a tensor type without weak references
+        return None
+
+
 def _shape(node: Any) -> Optional[tuple[int, ...]]:
     try:
         meta = node._input_metadata
@@ -292,6 +302,8 @@ def describe(
                 objs.append(nxt)
             inputs.append(j)
         info = NodeInfo(kind, _shape(fn), tuple(inputs), leaf=leaf, consts=consts)
+        if leaf:
+            info.variable = _weak(fn)
         info.mark = marks.get(id(fn))
         if kind in settings_of and (kind not in _SCALAR_ONLY or info.shape == ()):
             for name in _SETTINGS:
