@@ -71,6 +71,12 @@ MODULE_LESS: dict[str, str] = {
     "ghost_param": "a group of ghosts across layers, or the old parameters of a layer "
     "replaced after the optimizer was built (its layer when it is one)",
     "sample_dependence": "a probe of the model as a whole",
+    "batch_order_dependent": "a probe of the model as a whole (the loss's value; a module "
+    "when one moved first)",
+    "forward_not_reproducible": "a probe of the model as a whole (a module when its state "
+    "is named)",
+    "dependence_outside_receptive_field": "a probe of the model as a whole (the op that "
+    "regrouped the axes)",
     "does_not_learn": "a probe of the model as a whole",
     "gradient_mismatch": "a direction over every layer (a module when one layer disagrees)",
     "loss_broadcast": "a prediction computed in the loss code, outside the model's modules",
