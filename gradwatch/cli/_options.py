@@ -34,6 +34,7 @@ __all__ = [
     "enabled",
     "ignore_ids",
     "positive",
+    "publish",
     "seconds",
     "select_ids",
     "write_output",
@@ -283,3 +284,34 @@ def add_output_options(parser: argparse.ArgumentParser) -> None:
         default="diagnostic",
         help="console output: a block per finding (default) or a compact table",
     )
+
+
+def publish(
+    report: Any,
+    args: argparse.Namespace,
+    out: Any,
+    *,
+    to_stdout: bool,
+    extra: list[str],
+    elapsed: float,
+) -> None:
+    """Print ``report`` and write the ``--json``/``--junit``/``--sarif`` of ``check`` and ``run``."""
+    import sys
+
+    report.print(file=out, style=args.style)
+    if to_stdout:
+        print(report.model_dump_json(indent=2), flush=True, file=sys.stdout)
+    elif args.json is not None:
+        write_output(f"JSON report {args.json}", report.write, args.json)
+    if args.junit is not None:
+        from gradwatch.render.junit import write_junit
+
+        write_output(
+            f"JUnit XML {args.junit}",
+            write_junit,
+            report,
+            args.junit,
+            extra_checks=extra,
+            time=elapsed,
+        )
+    write_sarif(report, args.sarif, extra)

@@ -36,8 +36,8 @@ from gradwatch.cli._options import (
     enabled,
     positive,
     seconds,
+    publish,
     write_output,
-    write_sarif,
 )
 from gradwatch.cli.saved import add_parser as add_report
 from gradwatch.cli.saved import load_baseline, with_baseline
@@ -53,7 +53,6 @@ EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell shows for a reader that we
 def _cmd_check(args: argparse.Namespace) -> int:
     from gradwatch.cli._isolate import IsolationError, run_here, run_isolated
     from gradwatch.cli.probe import LOSS_NOT_DECREASING, add_finding, loss_not_decreasing
-    from gradwatch.render.junit import write_junit
     from gradwatch.report import Report
 
     to_stdout = args.json == "-"
@@ -107,21 +106,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
         )
     raw = report  # the baseline to write: every finding, none marked baselined
     report = with_baseline(report, baseline)
-    report.print(file=out, style=args.style)
-    if to_stdout:
-        print(report.model_dump_json(indent=2), flush=True)
-    elif args.json is not None:
-        write_output(f"JSON report {args.json}", report.write, args.json)
-    if args.junit is not None:
-        write_output(
-            f"JUnit XML {args.junit}",
-            write_junit,
-            report,
-            args.junit,
-            extra_checks=extra,
-            time=result["elapsed"],
-        )
-    write_sarif(report, args.sarif, extra)
+    publish(report, args, out, to_stdout=to_stdout, extra=extra, elapsed=result["elapsed"])
     if args.update_baseline is not None:
         _update_baseline(raw, args.update_baseline, out)
         return 0  # creating a baseline is never a failing run
@@ -156,7 +141,7 @@ def _cmd_schema(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> Parser:
-    """The argument parser (subcommands ``check``, ``report``, ``schema``, ``explain``)."""
+    """The argument parser (subcommands ``check``, ``run``, ``report``, ``schema``, ``explain``)."""
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
         "-v", "--verbose", action="store_true", help="tracebacks on errors, finding warnings"
@@ -169,6 +154,9 @@ def build_parser() -> Parser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     _add_check(sub, common)
+    from gradwatch.cli.run import add_parser as add_run
+
+    add_run(sub, common)
     add_report(sub, common)
     _add_schema(sub, common)
 
