@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import gc
 import os
+import warnings
 import weakref
 from typing import Any, Callable, Optional
 
@@ -47,7 +48,17 @@ def owners(candidates: list[nn.Module], wanted: set[int]) -> list[nn.Module]:
 
 
 def _gc_modules() -> list[nn.Module]:
-    return [o for o in gc.get_objects() if isinstance(o, nn.Module)]
+    """Every live module (``isinstance`` on some lazy objects warns: those are not modules)."""
+    found = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for obj in gc.get_objects():
+            try:
+                if isinstance(obj, nn.Module):
+                    found.append(obj)
+            except Exception:  # a proxy whose __class__ raises
+                continue
+    return found
 
 
 class Discovery:
