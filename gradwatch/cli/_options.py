@@ -295,7 +295,8 @@ def publish(
     extra: list[str],
     elapsed: float,
 ) -> None:
-    """Print ``report`` and write the ``--json``/``--junit``/``--sarif`` of ``check`` and ``run``."""
+    """Print ``report`` and write the ``--json``/``--junit``/``--sarif`` (``--html`` where the
+    command has it) of ``check`` and ``run``."""
     import sys
 
     report.print(file=out, style=args.style)
@@ -303,6 +304,8 @@ def publish(
         print(report.model_dump_json(indent=2), flush=True, file=sys.stdout)
     elif args.json is not None:
         write_output(f"JSON report {args.json}", report.write, args.json)
+    if getattr(args, "html", None) is not None:
+        write_output(f"HTML report {args.html}", report.to_html, args.html)
     if args.junit is not None:
         from gradwatch.render.junit import write_junit
 

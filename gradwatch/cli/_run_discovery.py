@@ -20,6 +20,7 @@ do nothing there (``os.getpid()`` is compared with the launcher's).
 
 from __future__ import annotations
 
+import functools
 import gc
 import os
 import warnings
@@ -105,11 +106,12 @@ class Discovery:
         ]
         original, discovery = self._init, self
 
+        @functools.wraps(original)
         def init(opt: Any, *args: Any, **kwargs: Any) -> None:
             original(opt, *args, **kwargs)
             discovery._built(opt)
 
-        torch.optim.Optimizer.__init__ = init  # type: ignore[method-assign]
+        torch.optim.Optimizer.__init__ = init  # type: ignore[method-assign,assignment]
 
     def remove(self) -> None:
         """Remove every hook and the patch (idempotent)."""

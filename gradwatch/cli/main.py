@@ -35,8 +35,8 @@ from gradwatch.cli._options import (
     check_outputs,
     enabled,
     positive,
-    seconds,
     publish,
+    seconds,
     write_output,
 )
 from gradwatch.cli.saved import add_parser as add_report

@@ -54,6 +54,7 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
         metavar="OUT",
         help="write the JSON report here ('-': stdout; the summary then goes to stderr)",
     )
+    run.add_argument("--html", metavar="OUT", help="write a self-contained HTML report here")
     run.add_argument("--junit", metavar="OUT", help="write JUnit XML here (one case per check)")
     run.add_argument(
         "--fail-on",
@@ -118,6 +119,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     check_outputs(
         [
             ("--json", "JSON report", None if to_stdout else args.json),
+            ("--html", "HTML report", args.html),
             ("--junit", "JUnit XML", args.junit),
             ("--sarif", "SARIF", args.sarif),
             ("--update-baseline", "baseline", args.update_baseline),

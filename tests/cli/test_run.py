@@ -42,7 +42,9 @@ def _child(*argv: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
 
 def test_plain_ghost_fails_and_writes_outputs(capsys, tmp_path: Path) -> None:
     out_json, junit, sarif = tmp_path / "r.json", tmp_path / "r.xml", tmp_path / "r.sarif"
+    html = tmp_path / "r.html"
     argv = ["--json", str(out_json), "--junit", str(junit), "--sarif", str(sarif)]
+    argv += ["--html", str(html)]
     code, out, _ = _run(capsys, *argv, str(SCRIPTS / "plain.py"), "--ghost", "--steps", "5")
     assert code == 1
     assert "__name__=__main__" in out and "ghost_param" in out
@@ -51,6 +53,7 @@ def test_plain_ghost_fails_and_writes_outputs(capsys, tmp_path: Path) -> None:
     assert ghost and ghost[0]["params"] == ["ghost.weight", "ghost.bias"]
     assert report["steps"] == 4  # the first iteration is not watched
     assert "ghost_param" in junit.read_text() and "ghost_param" in sarif.read_text()
+    assert "ghost_param" in html.read_text()
     assert not torch.optim.Optimizer.__init__.__qualname__.startswith("Discovery")
 
 
@@ -75,7 +78,9 @@ def test_script_exit_code_wins(capsys) -> None:
 
 
 def test_uncaught_exception_exits_1_with_its_traceback(capsys) -> None:
-    code, out, err = _run(capsys, "--fail-on", "never", str(SCRIPTS / "plain.py"), "--raise-at", "3")
+    code, out, err = _run(
+        capsys, "--fail-on", "never", str(SCRIPTS / "plain.py"), "--raise-at", "3"
+    )
     assert code == 1
     assert "RuntimeError: boom at step 3" in err and 'plain.py", line' in err
     assert "run.py" not in err  # gradwatch's own frames are not shown
