@@ -37,6 +37,7 @@ __all__ = [
     "publish",
     "seconds",
     "select_ids",
+    "update_baseline",
     "write_output",
     "write_sarif",
 ]
@@ -318,3 +319,18 @@ def publish(
             time=elapsed,
         )
     write_sarif(report, args.sarif, extra)
+
+
+def update_baseline(report: Any, path: str, out: Any) -> None:
+    """Write ``report`` (every finding, none marked baselined) as the baseline at ``path``."""
+    from gradwatch.checks.not_observed import NotObserved
+
+    write_output(f"baseline {path}", report.write, path)
+    n = len(report.findings)
+    line = (
+        f"baseline: wrote {n} finding{'' if n == 1 else 's'} to {safe(path)}; runs with "
+        f"--baseline {safe(path)} fail on new findings only"
+    )
+    if report.by_check(NotObserved.id):
+        line += f" (a {NotObserved.id} finding is never accepted: the run was not judged)"
+    print(line, file=out)

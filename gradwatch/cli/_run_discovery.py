@@ -104,12 +104,12 @@ class Discovery:
             register_module_forward_hook(self._post, always_call=True),
             register_optimizer_step_post_hook(self._stepped_hook),
         ]
-        original, discovery = self._init, self
+        original, built = self._init, self._built
 
         @functools.wraps(original)
         def init(opt: Any, *args: Any, **kwargs: Any) -> None:
             original(opt, *args, **kwargs)
-            discovery._built(opt)
+            built(opt)
 
         torch.optim.Optimizer.__init__ = init  # type: ignore[method-assign,assignment]
 

@@ -26,7 +26,6 @@ import traceback
 from collections.abc import Sequence
 from typing import Any, Optional
 
-from gradwatch._text import safe
 from gradwatch._version import __version__
 from gradwatch.cli._options import (
     Parser,
@@ -37,6 +36,7 @@ from gradwatch.cli._options import (
     positive,
     publish,
     seconds,
+    update_baseline,
     write_output,
 )
 from gradwatch.cli.saved import add_parser as add_report
@@ -108,24 +108,9 @@ def _cmd_check(args: argparse.Namespace) -> int:
     report = with_baseline(report, baseline)
     publish(report, args, out, to_stdout=to_stdout, extra=extra, elapsed=result["elapsed"])
     if args.update_baseline is not None:
-        _update_baseline(raw, args.update_baseline, out)
+        update_baseline(raw, args.update_baseline, out)
         return 0  # creating a baseline is never a failing run
     return 1 if report.failed else 0
-
-
-def _update_baseline(report: Any, path: str, out: Any) -> None:
-    """Write ``report`` (every finding, none marked baselined) as the baseline at ``path``."""
-    from gradwatch.checks.not_observed import NotObserved
-
-    write_output(f"baseline {path}", report.write, path)
-    n = len(report.findings)
-    line = (
-        f"baseline: wrote {n} finding{'' if n == 1 else 's'} to {safe(path)}; runs with "
-        f"--baseline {safe(path)} fail on new findings only"
-    )
-    if report.by_check(NotObserved.id):
-        line += f" (a {NotObserved.id} finding is never accepted: the run was not judged)"
-    print(line, file=out)
 
 
 def _cmd_schema(args: argparse.Namespace) -> int:

@@ -22,7 +22,13 @@ import traceback
 from typing import Any, Optional
 
 from gradwatch._text import safe
-from gradwatch.cli._options import add_output_options, add_selection, check_outputs, publish
+from gradwatch.cli._options import (
+    add_output_options,
+    add_selection,
+    check_outputs,
+    publish,
+    update_baseline,
+)
 from gradwatch.cli.targets import CliError, first_line
 
 __all__ = ["add_parser"]
@@ -143,9 +149,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     report = with_baseline(report, baseline)
     publish(report, args, out, to_stdout=to_stdout, extra=[], elapsed=time.monotonic() - began)
     if args.update_baseline is not None:
-        from gradwatch.cli.main import _update_baseline
-
-        _update_baseline(raw, args.update_baseline, out)
+        update_baseline(raw, args.update_baseline, out)
     if exit_code:
         return exit_code
     return 0 if args.update_baseline is not None else int(report.failed)
