@@ -154,3 +154,14 @@ def test_python_dash_m_from_another_folder(tmp_path: Path) -> None:
     assert proc.returncode == 1, proc.stderr  # no optimizer: body.py defines, never trains
     assert f"cwd {tmp_path}" in proc.stdout
     assert f"argv [{str(script)!r}, 'a', '--b']" in proc.stdout
+
+
+def test_ctrl_c_reports_and_exits_130(capsys, tmp_path: Path) -> None:
+    script = tmp_path / "interrupted.py"
+    body = (SCRIPTS / "plain.py").read_text()
+    script.write_text(
+        body.replace('raise RuntimeError(f"boom at step {step}")', "raise KeyboardInterrupt")
+    )
+    code, out, err = _run(capsys, str(script), "--ghost", "--raise-at", "4")
+    assert code == 130
+    assert "interrupted" in err and "ghost_param" in out
