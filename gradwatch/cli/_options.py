@@ -34,8 +34,10 @@ __all__ = [
     "enabled",
     "ignore_ids",
     "positive",
+    "publish",
     "seconds",
     "select_ids",
+    "update_baseline",
     "write_output",
     "write_sarif",
 ]
@@ -283,3 +285,52 @@ def add_output_options(parser: argparse.ArgumentParser) -> None:
         default="diagnostic",
         help="console output: a block per finding (default) or a compact table",
     )
+
+
+def publish(
+    report: Any,
+    args: argparse.Namespace,
+    out: Any,
+    *,
+    to_stdout: bool,
+    extra: list[str],
+    elapsed: float,
+) -> None:
+    """Print ``report`` and write the ``--json``/``--junit``/``--sarif`` (``--html`` where the
+    command has it) of ``check`` and ``run``."""
+    import sys
+
+    report.print(file=out, style=args.style)
+    if to_stdout:
+        print(report.model_dump_json(indent=2), flush=True, file=sys.stdout)
+    elif args.json is not None:
+        write_output(f"JSON report {args.json}", report.write, args.json)
+    if getattr(args, "html", None) is not None:
+        write_output(f"HTML report {args.html}", report.to_html, args.html)
+    if args.junit is not None:
+        from gradwatch.render.junit import write_junit
+
+        write_output(
+            f"JUnit XML {args.junit}",
+            write_junit,
+            report,
+            args.junit,
+            extra_checks=extra,
+            time=elapsed,
+        )
+    write_sarif(report, args.sarif, extra)
+
+
+def update_baseline(report: Any, path: str, out: Any) -> None:
+    """Write ``report`` (every finding, none marked baselined) as the baseline at ``path``."""
+    from gradwatch.checks.not_observed import NotObserved
+
+    write_output(f"baseline {path}", report.write, path)
+    n = len(report.findings)
+    line = (
+        f"baseline: wrote {n} finding{'' if n == 1 else 's'} to {safe(path)}; runs with "
+        f"--baseline {safe(path)} fail on new findings only"
+    )
+    if report.by_check(NotObserved.id):
+        line += f" (a {NotObserved.id} finding is never accepted: the run was not judged)"
+    print(line, file=out)

@@ -26,7 +26,6 @@ import traceback
 from collections.abc import Sequence
 from typing import Any, Optional
 
-from gradwatch._text import safe
 from gradwatch._version import __version__
 from gradwatch.cli._options import (
     Parser,
@@ -35,9 +34,10 @@ from gradwatch.cli._options import (
     check_outputs,
     enabled,
     positive,
+    publish,
     seconds,
+    update_baseline,
     write_output,
-    write_sarif,
 )
 from gradwatch.cli.saved import add_parser as add_report
 from gradwatch.cli.saved import load_baseline, with_baseline
@@ -53,7 +53,6 @@ EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell shows for a reader that we
 def _cmd_check(args: argparse.Namespace) -> int:
     from gradwatch.cli._isolate import IsolationError, run_here, run_isolated
     from gradwatch.cli.probe import LOSS_NOT_DECREASING, add_finding, loss_not_decreasing
-    from gradwatch.render.junit import write_junit
     from gradwatch.report import Report
 
     to_stdout = args.json == "-"
@@ -107,40 +106,11 @@ def _cmd_check(args: argparse.Namespace) -> int:
         )
     raw = report  # the baseline to write: every finding, none marked baselined
     report = with_baseline(report, baseline)
-    report.print(file=out, style=args.style)
-    if to_stdout:
-        print(report.model_dump_json(indent=2), flush=True)
-    elif args.json is not None:
-        write_output(f"JSON report {args.json}", report.write, args.json)
-    if args.junit is not None:
-        write_output(
-            f"JUnit XML {args.junit}",
-            write_junit,
-            report,
-            args.junit,
-            extra_checks=extra,
-            time=result["elapsed"],
-        )
-    write_sarif(report, args.sarif, extra)
+    publish(report, args, out, to_stdout=to_stdout, extra=extra, elapsed=result["elapsed"])
     if args.update_baseline is not None:
-        _update_baseline(raw, args.update_baseline, out)
+        update_baseline(raw, args.update_baseline, out)
         return 0  # creating a baseline is never a failing run
     return 1 if report.failed else 0
-
-
-def _update_baseline(report: Any, path: str, out: Any) -> None:
-    """Write ``report`` (every finding, none marked baselined) as the baseline at ``path``."""
-    from gradwatch.checks.not_observed import NotObserved
-
-    write_output(f"baseline {path}", report.write, path)
-    n = len(report.findings)
-    line = (
-        f"baseline: wrote {n} finding{'' if n == 1 else 's'} to {safe(path)}; runs with "
-        f"--baseline {safe(path)} fail on new findings only"
-    )
-    if report.by_check(NotObserved.id):
-        line += f" (a {NotObserved.id} finding is never accepted: the run was not judged)"
-    print(line, file=out)
 
 
 def _cmd_schema(args: argparse.Namespace) -> int:
@@ -156,7 +126,7 @@ def _cmd_schema(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> Parser:
-    """The argument parser (subcommands ``check``, ``report``, ``schema``, ``explain``)."""
+    """The argument parser (subcommands ``check``, ``run``, ``report``, ``schema``, ``explain``)."""
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
         "-v", "--verbose", action="store_true", help="tracebacks on errors, finding warnings"
@@ -169,6 +139,9 @@ def build_parser() -> Parser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     _add_check(sub, common)
+    from gradwatch.cli.run import add_parser as add_run
+
+    add_run(sub, common)
     add_report(sub, common)
     _add_schema(sub, common)
 
