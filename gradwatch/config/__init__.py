@@ -147,7 +147,24 @@ class GradWatchConfig(BaseModel):
         description="A fault inside gradwatch's own hooks: 'warn' contains it and training "
         "goes on; 'raise' re-raises (for tests).",
     )
+    probes: Literal["auto", "on", "off"] = Field(
+        default="auto",
+        description="The loss-free probes (sample_dependence, gradient_mismatch along a random "
+        "projection of the outputs) run once inside watch(), on a copy, on the first batch "
+        "the model trains on, after its first step, within the time of 10 training steps. "
+        "'auto': when the model has at most 200M parameters and its copies fit in half the "
+        "free memory of its device; 'on': any size, within the free memory; 'off': never. "
+        "A YAML on/off (a boolean) means on/off.",
+    )
     checks: ChecksConfig = Field(default_factory=ChecksConfig)
+
+    @field_validator("probes", mode="before")
+    @classmethod
+    def _probes_bool(cls, value: Any) -> Any:
+        # YAML 1.1 reads a bare on/off as a boolean.
+        if isinstance(value, bool):
+            return "on" if value else "off"
+        return value
 
     @field_validator("report_path")
     @classmethod

@@ -35,6 +35,7 @@ from gradwatch.checks import ALL_CHECKS, Check
 from gradwatch.checks.registry import SELF_CHECKS
 from gradwatch.config import GradWatchConfig
 from gradwatch.core.adapter_api import AdapterAPI
+from gradwatch.core.autoprobe import AutoProbes
 from gradwatch.core.build_report import build_report, finish
 from gradwatch.core.entry import (
     ModelArg,
@@ -155,6 +156,7 @@ class Watcher(AdapterAPI, OptimizerEntry):
             dist,
         )
         self._pipe.sharded = models.engine
+        self._auto = AutoProbes(self._pipe, self._faults, models.wrappers)
         self._flat = [weakref.ref(p) for p in models.flat] if self._pipe.sharded else []
         self._refresher = ReportRefresher(
             self.config.report_path, self.config.report_every_n_steps, self._write_current
@@ -219,6 +221,7 @@ class Watcher(AdapterAPI, OptimizerEntry):
             self._faults.guard("attach", self._pipe.sync, 0)
             self._restore_saved_state()  # load_state_dict() before attach
             _attach_sharded(self, model)
+            self._faults.guard("attach", self._auto.install)
             for wrapper in (r() for r in self._wrappers):
                 if wrapper is not None:
                     self._hooks.hook_compiled_wrapper(wrapper)

@@ -22,6 +22,7 @@ Example:
 from __future__ import annotations
 
 import time
+from collections.abc import Collection
 from typing import Any, Optional, Union
 
 import torch
@@ -47,10 +48,14 @@ from gradwatch.probes.samples import samples_reached
 from gradwatch.report import Finding, Report
 from gradwatch.results import ProbeResult
 
-__all__ = ["PROBES", "probe", "run_probes"]
+__all__ = ["LOSS_FREE_PROBES", "PROBES", "probe", "run_probes"]
 
 #: The checks that are probes, in the order they run (the cheapest first).
 PROBES = (SampleDependence.id, GradientMismatch.id, DoesNotLearn.id)
+
+#: The probes that need no loss of the user's: ``watch()`` runs them on the first batch with
+#: a fixed random projection of the model's outputs as the loss (:mod:`.auto`).
+LOSS_FREE_PROBES = (SampleDependence.id, GradientMismatch.id)
 
 
 def _one(
@@ -95,18 +100,28 @@ def run_probes(
     optimizer: Any = None,
     *,
     config: GradWatchConfig,
+    only: Optional[Collection[str]] = None,
+    time_limit: Optional[float] = None,
 ) -> tuple[list[ProbeResult], list[Finding]]:
     """Run every enabled probe on copies of ``model``: their records and their findings.
+
+    Args:
+        only: the probes to run (their order stays :data:`PROBES`'s); ``None``: all.
+        time_limit: seconds for all of them together: each gets at most an even share of
+            what is left (and never more than its own ``budget_s``).
 
     The global RNG state is restored on the way out, whatever happened.
     """
     records: list[ProbeResult] = []
     findings: list[Finding] = []
+    chosen = [c for c in PROBES if (only is None or c in only) and config.check(c).enabled]
+    start_all = time.perf_counter()
     with rng_kept(), torch.enable_grad():
-        for check_id in PROBES:
+        for k, check_id in enumerate(chosen):
             cfg = config.check(check_id)
-            if not cfg.enabled:
-                continue
+            if time_limit is not None:
+                share = (time_limit - (time.perf_counter() - start_all)) / (len(chosen) - k)
+                cfg = cfg.model_copy(update={"budget_s": max(min(cfg.budget_s, share), 1e-3)})
             record = ProbeResult(id=check_id, verdict=NotObserved.id)
             start = time.perf_counter()
             try:
