@@ -58,12 +58,20 @@ class AutoProbes:
         named = model.names if isinstance(model, NamedModels) else [None]
         parts = [model.model(n) for n in model.names] if isinstance(model, NamedModels) else [model]
         on_error = self.faults.callback()
+        pipe.hooks.removers.append(self._drop)  # at exit, with every hook: the batch and model
         for name, part in zip(named, parts):
             hooked = next((w for w in self.wrappers if getattr(w, "_orig_mod", None) is part), None)
             first = FirstCall.install(part, on_error, name, hooked)
             self.firsts.append(first)
             for handle in first.handles:
                 pipe.hooks.add(handle)
+
+    def _drop(self) -> None:
+        for first in self.firsts:
+            first.remove()
+            first.release()
+        self.firsts = []
+        self.done = True
 
     def stepped(self) -> None:
         """After each judged step: the first one after a capture runs the probes, once."""
@@ -87,9 +95,7 @@ class AutoProbes:
                 for finding in findings:
                     self._emit(finding, first.name)
         finally:
-            for first in self.firsts:
-                first.remove()
-                first.release()
+            self._drop()
 
     def _emit(self, finding: Finding, name: Optional[str]) -> None:
         """A probe's finding into the run's log (one per check, reason and model)."""
@@ -97,7 +103,8 @@ class AutoProbes:
         if not pipe.config.check(finding.check).enabled:
             return
         details: dict[str, Any] = dict(finding.details)
-        what = details.get("reason") or finding.module or "probe"
+        what = ":".join(str(x) for x in (details.get("probe"), details.get("reason")) if x)
+        what = what or finding.module or "probe"
         if name is not None:
             details["model"] = name
         pipe.findings.emit(

@@ -139,8 +139,9 @@ class FirstCall:
         return [k for k, (t, v) in enumerate(self.versions) if t._version != v]
 
     def release(self) -> None:
-        """Drop the references to the batch (after the probes, or at exit)."""
+        """Drop the references to the batch and the model (after the probes, or at exit)."""
         self.args, self.kwargs, self.versions = (), {}, []
+        self._called = None
 
 
 def as_batch(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Callable[..., Any]]:
