@@ -208,6 +208,11 @@ def projection_loss(call: Callable[..., Any]) -> Callable[[nn.Module, Any], Tens
         _floating(call(model, batch), found)
         if not found:
             raise TypeError("the model returned no floating tensor")
+        # At the outputs' widest precision only: a loss upcast from bf16 to float32 beside
+        # float64 logits (a float64 copy of a Hugging Face model) would add float32 rounding
+        # to a float64 comparison.
+        widest = max(torch.finfo(t.dtype).bits for t in found)
+        found = [t for t in found if torch.finfo(t.dtype).bits == widest]
         return sum((_project(t, k) for k, t in enumerate(found)), torch.zeros(()).to(found[0]))
 
     return loss_fn
