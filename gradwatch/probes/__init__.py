@@ -121,7 +121,8 @@ def run_probes(
             cfg = config.check(check_id)
             if time_limit is not None:
                 share = (time_limit - (time.perf_counter() - start_all)) / (len(chosen) - k)
-                cfg = cfg.model_copy(update={"budget_s": max(min(cfg.budget_s, share), 1e-3)})
+                own = float(getattr(cfg, "budget_s", share))
+                cfg = cfg.model_copy(update={"budget_s": max(min(own, share), 1e-3)})
             record = ProbeResult(id=check_id, verdict=NotObserved.id)
             start = time.perf_counter()
             try:

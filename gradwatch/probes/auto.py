@@ -259,8 +259,7 @@ def refusal(model: nn.Module, mode: str) -> Optional[tuple[str, str]]:
     numel = sum(p.numel() for p in model.parameters())
     if mode == "auto" and numel > MAX_PARAMS:
         return "model_too_large", (
-            f"the model has {numel:,} parameters, over the {MAX_PARAMS:,} that probes: auto "
-            "copies"
+            f"the model has {numel:,} parameters, over the {MAX_PARAMS:,} that probes: auto copies"
         )
     if any(isinstance(m, SyncBatchNorm) for m in model.modules()):
         return "collective_in_forward", "SyncBatchNorm calls a collective in its forward"
