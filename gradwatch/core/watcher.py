@@ -35,7 +35,6 @@ from gradwatch.checks import ALL_CHECKS, Check
 from gradwatch.checks.registry import SELF_CHECKS
 from gradwatch.config import GradWatchConfig
 from gradwatch.core.adapter_api import AdapterAPI
-from gradwatch.core.autoprobe import AutoProbes
 from gradwatch.core.build_report import build_report, finish
 from gradwatch.core.entry import (
     ModelArg,
@@ -59,6 +58,7 @@ from gradwatch.distributed.sync import DistSync
 from gradwatch.errors import GradWatchError
 from gradwatch.model.locations import Locations
 from gradwatch.persist import ReportRefresher, write_outputs
+from gradwatch.probes.watched import AutoProbes
 from gradwatch.report import Report
 from gradwatch.report_io import check_report_path, write_watched_report
 

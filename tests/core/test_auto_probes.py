@@ -20,8 +20,8 @@ from _threads import one_thread
 from torch import Tensor, nn
 
 import gradwatch
-import gradwatch.core.autoprobe as core_auto
 import gradwatch.probes.auto as auto
+import gradwatch.probes.watched as core_auto
 from gradwatch.probes import LOSS_FREE_PROBES
 
 __all__ = ["one_thread"]

@@ -13,7 +13,7 @@ after the step that consumed that batch (:mod:`gradwatch.probes.auto` does the p
   so no collective); a model with SyncBatchNorm (a collective in its forward) or sharded
   parameters (FSDP: a shard is not a model) is not probed, and the report says why.
 - **Faults.** A probe that raises is a ``not_observed`` ``info`` of its own; a fault in this
-  wiring goes through :class:`~gradwatch.core.faults.Faults` (``internal_error``), never into
+  wiring goes through the watcher's ``Faults`` (``internal_error``), never into
   the user's step.
 """
 
@@ -24,8 +24,6 @@ from typing import Any, Optional
 
 from torch import nn
 
-from gradwatch.core.faults import Faults
-from gradwatch.core.steps import StepPipeline
 from gradwatch.model.named import NamedModels
 from gradwatch.probes.auto import FirstCall, refusal, run_auto, skipped
 from gradwatch.results import Finding
@@ -36,7 +34,9 @@ __all__ = ["AutoProbes"]
 class AutoProbes:
     """One watcher's loss-free probes: the first batch's capture, then one run."""
 
-    def __init__(self, pipe: StepPipeline, faults: Faults, wrappers: list[nn.Module]) -> None:
+    def __init__(self, pipe: Any, faults: Any, wrappers: list[nn.Module]) -> None:
+        """``pipe``: the watcher's step pipeline; ``faults``: its fault funnel (this layer
+        sits below the run's, so both are duck-typed)."""
         self.pipe, self.faults, self.wrappers = pipe, faults, wrappers
         self.firsts: list[FirstCall] = []
         self.done = False
