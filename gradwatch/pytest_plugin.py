@@ -153,8 +153,12 @@ def gradwatch(request: pytest.FixtureRequest) -> Generator[Callable[..., Watcher
         loss_fn: Any = None,
     ) -> Watcher:
         cfg = effective_config(request.config, config)
+        skip = request.config.getoption("gradwatch_no_probes", False)
+        if skip or (batch is not None and loss_fn is not None):
+            # no probes asked for, or the loss-based ones below cover watch()'s loss-free ones
+            cfg = cfg.model_copy(update={"probes": "off"})
         if batch is not None and loss_fn is not None:
-            if not request.config.getoption("gradwatch_no_probes", False):
+            if not skip:
                 first = optimizer[0] if isinstance(optimizer, (list, tuple)) else optimizer
                 probed.append(probe(model, batch, loss_fn, first, config=cfg))
         watcher = watch(model, optimizer, config=cfg, scaler=scaler)

@@ -221,7 +221,8 @@ def probe_result(request: dict[str, Any]) -> dict[str, Any]:
     start = time.perf_counter()
     # The probes first, on copies of the model as the factory built it (RNG state restored).
     probed = probe.probes(cfg) if request.get("probes", True) else None
-    report = probe.run(request["steps"], config=cfg)
+    # watch()'s loss-free probes: the loss-based ones above cover them (or none are wanted)
+    report = probe.run(request["steps"], config=cfg.model_copy(update={"probes": "off"}))
     if probed is not None:
         _merge_probes(report, probed)
     if request["curvature"]:

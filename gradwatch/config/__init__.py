@@ -153,7 +153,25 @@ class GradWatchConfig(BaseModel):
         "programs; `gradwatch explain ID` says which) report at their own severity. Off, "
         "their findings are info, marked preview, and fail nothing.",
     )
+    probes: Literal["auto", "on", "off"] = Field(
+        default="auto",
+        description="The loss-free probes (sample_dependence, gradient_mismatch along a random "
+        "projection of the outputs, forward_not_reproducible, batch_order_dependent, "
+        "dependence_outside_receptive_field) run once inside watch(), on a copy, on the first batch "
+        "the model trains on, after its first step, within the time of 10 training steps. "
+        "'auto': when the model has at most 200M parameters and its copies fit in half the "
+        "free memory of its device; 'on': any size, within the free memory; 'off': never. "
+        "A YAML on/off (a boolean) means on/off.",
+    )
     checks: ChecksConfig = Field(default_factory=ChecksConfig)
+
+    @field_validator("probes", mode="before")
+    @classmethod
+    def _probes_bool(cls, value: Any) -> Any:
+        # YAML 1.1 reads a bare on/off as a boolean.
+        if isinstance(value, bool):
+            return "on" if value else "off"
+        return value
 
     @field_validator("report_path")
     @classmethod

@@ -57,6 +57,7 @@ def build_report(pipe: StepPipeline) -> Report:
         findings=findings,
         layers=layers,
         coverage=Coverage(**structure.coverage),
+        probes=[p.model_copy(deep=True) for p in pipe.probes],
     )
 
 

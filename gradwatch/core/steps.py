@@ -35,6 +35,7 @@ from gradwatch.distributed.gather import merge_shards
 from gradwatch.distributed.layout import adopt_engine, forward_arrival
 from gradwatch.distributed.sync import DistSync
 from gradwatch.model.optimizers import compensates, group_index, group_lr, group_members
+from gradwatch.results import ProbeResult
 from gradwatch.sources import SourceSet, StepState
 
 __all__ = ["FIRST_OBSERVED", "StepPipeline", "open_window"]
@@ -100,6 +101,8 @@ class StepPipeline:
         self.reading = StepReading(self.tracker, hooks)
         self.flat = FlatLayout()  # FSDP1 flattened: the originals read from each flat shard
         self.tracker.layer_of = layer_namer(structure.index)  # the forward's data flow
+        self.after_decide: list[Callable[[], None]] = []  # the loss-free probes' trigger
+        self.probes: list[ProbeResult] = []  # their records, for the report
 
     # -- layout ----------------------------------------------------------------------------
 
@@ -255,6 +258,8 @@ class StepPipeline:
         self.sources.after_step(self.steps)
         self.faults.step = self.steps
         _adjust_hooks(self)
+        for then in self.after_decide:
+            then()
         self.findings.raise_fail_fast()
 
     # -- the scaler ------------------------------------------------------------------------

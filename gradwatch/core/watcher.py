@@ -58,6 +58,7 @@ from gradwatch.distributed.sync import DistSync
 from gradwatch.errors import GradWatchError
 from gradwatch.model.locations import Locations
 from gradwatch.persist import ReportRefresher, holding_interrupts, write_outputs
+from gradwatch.probes.watched import AutoProbes
 from gradwatch.report import Report
 from gradwatch.report_io import check_report_path, write_watched_report
 
@@ -156,6 +157,7 @@ class Watcher(AdapterAPI, OptimizerEntry):
             dist,
         )
         self._pipe.sharded = models.engine
+        self._auto = AutoProbes(self._pipe, self._faults, models.wrappers)
         self._flat = [weakref.ref(p) for p in models.flat] if self._pipe.sharded else []
         self._refresher = ReportRefresher.claimed(
             self.config.report_path, self.config.report_every_n_steps, self._write_current
@@ -220,6 +222,7 @@ class Watcher(AdapterAPI, OptimizerEntry):
             self._faults.guard("attach", self._pipe.sync, 0)
             self._restore_saved_state()  # load_state_dict() before attach
             _attach_sharded(self, model)
+            self._faults.guard("attach", self._auto.install)
             for wrapper in (r() for r in self._wrappers):
                 if wrapper is not None:
                     self._hooks.hook_compiled_wrapper(wrapper)

@@ -7,7 +7,7 @@ state and data are never touched. ``gradient_mismatch`` checks the derivative nu
 ``sample_dependence`` charts which samples an output depends on, ``does_not_learn``
 overfits one batch; three properties of every correct model need no loss
 (``forward_not_reproducible``, ``batch_order_dependent``,
-``dependence_outside_receptive_field``: :data:`LOSS_FREE`). Each has a time budget (its config's ``budget_s``); a probe that cannot
+``dependence_outside_receptive_field``: :data:`LOSS_FREE_PROBES`). Each has a time budget (its config's ``budget_s``); a probe that cannot
 judge says so as an ``info`` ``not_observed`` finding and ``verdict: not_observed`` in the
 report's ``probes`` section, never as a pass.
 
@@ -28,6 +28,7 @@ from __future__ import annotations
 import fnmatch
 import time
 import warnings
+from collections.abc import Collection
 from typing import Any, Callable, Optional, Union
 
 import torch
@@ -63,7 +64,7 @@ from gradwatch.probes.samples import samples_reached
 from gradwatch.report import Finding, Report
 from gradwatch.results import ProbeResult
 
-__all__ = ["PROBES", "RUNNERS", "probe", "run_probes"]
+__all__ = ["LOSS_FREE_PROBES", "PROBES", "RUNNERS", "probe", "run_probes"]
 
 #: ``runner(model, batch, loss_fn, optimizer, cfg, budget, record)``: run one probe and
 #: judge it into ``record``; its finding, if any. Adding a probe adds one entry here.
@@ -120,12 +121,14 @@ RUNNERS: dict[str, Runner] = {
     DependenceOutsideReceptiveField.id: _field,
 }
 PROBES = tuple(RUNNERS)
-#: The probes that judge the model's outputs, not the loss: they run with any ``loss_fn``
-#: that calls the model (``watch()`` can run them on the first batch it sees).
-LOSS_FREE = (
+#: The probes that need no loss of the user's: they judge the model's outputs (or, for
+#: ``gradient_mismatch``, any loss of them), so ``watch()`` runs them on the first batch it
+#: sees with a fixed random projection of the model's outputs as the loss (:mod:`.auto`).
+LOSS_FREE_PROBES = (
+    SampleDependence.id,
+    GradientMismatch.id,
     ForwardNotReproducible.id,
     BatchOrderDependent.id,
-    SampleDependence.id,
     DependenceOutsideReceptiveField.id,
 )
 
@@ -207,18 +210,29 @@ def run_probes(
     optimizer: Any = None,
     *,
     config: GradWatchConfig,
+    only: Optional[Collection[str]] = None,
+    time_limit: Optional[float] = None,
 ) -> tuple[list[ProbeResult], list[Finding]]:
     """Run every enabled probe on copies of ``model``: their records and their findings.
+
+    Args:
+        only: the probes to run (their order stays :data:`PROBES`'s); ``None``: all.
+        time_limit: seconds for all of them together: each gets at most an even share of
+            what is left (and never more than its own ``budget_s``).
 
     The global RNG state is restored on the way out, whatever happened.
     """
     records: list[ProbeResult] = []
     findings: list[Finding] = []
+    chosen = [c for c in PROBES if (only is None or c in only) and config.check(c).enabled]
+    start_all = time.perf_counter()
     with rng_kept(), torch.enable_grad():
-        for check_id in PROBES:
+        for k, check_id in enumerate(chosen):
             cfg = config.check(check_id)
-            if not cfg.enabled:
-                continue
+            if time_limit is not None:
+                share = (time_limit - (time.perf_counter() - start_all)) / (len(chosen) - k)
+                own = float(getattr(cfg, "budget_s", share))
+                cfg = cfg.model_copy(update={"budget_s": max(min(own, share), 1e-3)})
             record = ProbeResult(id=check_id, verdict=NotObserved.id)
             start = time.perf_counter()
             try:
