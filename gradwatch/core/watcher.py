@@ -60,7 +60,7 @@ from gradwatch.model.locations import Locations
 from gradwatch.persist import ReportRefresher, holding_interrupts, write_outputs
 from gradwatch.probes.watched import AutoProbes
 from gradwatch.report import Report
-from gradwatch.report_io import check_report_path, write_watched_report
+from gradwatch.report_io import write_watched_report
 
 __all__ = ["Watcher", "watch"]
 
@@ -215,7 +215,7 @@ class Watcher(AdapterAPI, OptimizerEntry):
         model = self._model
         assert model is not None
         check_model(model, self._names, self._pipe.structure.optimizers)
-        _claim(self, model)
+        claim(model, self)  # one watcher per model (its report file: claimed when made)
         self._attached = True
         try:
             # A parameter that refuses hooks is contained here as it is at a later sync.
@@ -323,17 +323,6 @@ class Watcher(AdapterAPI, OptimizerEntry):
 
     def _build_report(self) -> Report:
         return build_report(self._pipe)
-
-
-def _claim(w: Watcher, model: nn.Module) -> None:
-    """One watcher per model, one live watcher per report file (checked now, not at exit)."""
-    check_report_path(w.config.report_path)
-    claim(model, w)
-    try:
-        w._refresher.claim()
-    except BaseException:
-        release(model, w)
-        raise
 
 
 def _backward_end(w: Watcher) -> None:
