@@ -60,11 +60,17 @@ def _config(extra: dict[str, Any]) -> gradwatch.GradWatchConfig:
     return gradwatch.GradWatchConfig.coerce({"fail_on": "never", **extra})
 
 
-def run_program(program: Program, *, seed: int = 0) -> list[Report]:
-    """Train ``program`` under ``watch()``, then probe it: the reports, watch's first."""
+def run_program(
+    program: Program, *, seed: int = 0, config: Optional[dict[str, Any]] = None
+) -> list[Report]:
+    """Train ``program`` under ``watch()``, then probe it: the reports, watch's first.
+
+    ``config``: settings a runner adds over the design's own (``Built.config``), e.g. a
+    slice of the corpus that leaves a costly probe to another pass.
+    """
     torch.manual_seed(seed)
     built = program.build()
-    cfg = _config(built.config)
+    cfg = _config({**built.config, **(config or {})})
     reports: list[Report] = []
     with ExitStack() as stack:
         watcher = stack.enter_context(
