@@ -61,12 +61,18 @@ def _config(extra: dict[str, Any]) -> gradwatch.GradWatchConfig:
 
 
 def run_program(
-    program: Program, *, seed: int = 0, config: Optional[dict[str, Any]] = None
+    program: Program,
+    *,
+    seed: int = 0,
+    config: Optional[dict[str, Any]] = None,
+    probe: bool = True,
 ) -> list[Report]:
     """Train ``program`` under ``watch()``, then probe it: the reports, watch's first.
 
     ``config``: settings a runner adds over the design's own (``Built.config``), e.g. a
-    slice of the corpus that leaves a costly probe to another pass.
+    slice of the corpus that leaves a costly probe to another pass. ``probe``: also run
+    ``gradwatch.probe`` with the program's loss (the loss-free probes run inside ``watch()``
+    either way).
     """
     torch.manual_seed(seed)
     built = program.build()
@@ -80,7 +86,7 @@ def run_program(
         for i, batch in enumerate(built.batches):
             built.step(built.models, built.optimizers, batch, i)
     reports.extend(w.report() for w in [watcher, *others])
-    if built.loss_fn is not None:
+    if probe and built.loss_fn is not None:
         model = built.probe_model if built.probe_model is not None else built.models
         reports.append(
             gradwatch.probe(

@@ -11,16 +11,29 @@ and the loss-free probes. The last test counts what was built and what was skipp
 
 from __future__ import annotations
 
+import os
 import warnings
+from pathlib import Path
 
 import pytest
 import transformers
 
-from tests.corpus._harness import assert_clean, run_program
+from tests.corpus._harness import assert_clean, loud, run_program
 from tests.corpus._hf_configs import CannotBuild, architectures, classifier_architectures
 from tests.corpus._hf_programs import build, program
 
 transformers.logging.set_verbosity_error()
+
+
+def _known(path: Path) -> dict[str, set[str]]:
+    out: dict[str, set[str]] = {}
+    if path.exists():
+        for line in path.read_text(encoding="utf-8").splitlines():
+            if line and not line.startswith("#"):
+                name, check = line.split("\t")[:2]
+                out.setdefault(name, set()).add(check)
+    return out
+
 
 ARCHITECTURES = architectures()
 CLASSIFIERS = classifier_architectures()
@@ -31,20 +44,36 @@ MIN_BUILT = 150  # architectures whose main head the corpus runs (about 190 in t
 LOSS_FREE = {"checks": {"does_not_learn": {"enabled": False}}}
 
 
-def _run(model_type: str, task: str, config: dict[str, object]) -> None:
+#: Every architecture trains under ``watch()`` (the loss-free probes run there); one in
+#: ``PROBE_EVERY`` also gets ``gradwatch.probe`` with its loss (about 1 s each), all of them
+#: with ``GRADWATCH_CORPUS_FULL=1``: the whole pass took 18 minutes on CI's 2 cores.
+PROBE_EVERY = 1 if os.environ.get("GRADWATCH_CORPUS_FULL") else 4
+#: The false alarms this corpus still finds (issue 50, open): program -> check ids, read
+#: from ``hf_known_false_alarms.tsv``. A finding outside it fails the test: a new false
+#: alarm, or a known one on another check. One that is gone is printed, to be struck off.
+KNOWN = _known(Path(__file__).with_name("hf_known_false_alarms.tsv"))
+
+
+def _run(model_type: str, task: str, config: dict[str, object], probe: bool = True) -> None:
     prog = program(model_type, task)
     try:
-        reports = run_program(prog, config=config)
+        reports = run_program(prog, config=config, probe=probe)
     except CannotBuild as exc:
         OUTCOMES[(model_type, task)] = str(exc)
         pytest.skip(f"{model_type} ({task}) cannot build tiny: {exc}")
     OUTCOMES[(model_type, task)] = True
-    assert_clean(prog, reports)
+    known = KNOWN.get(prog.name, set())
+    if not known:
+        assert_clean(prog, reports)
+        return
+    new = [f for f in loud(reports) if f.check not in known]
+    assert not new, [f"{f.severity} {f.check}: {f.message}" for f in new]
 
 
 @pytest.mark.parametrize(("model_type", "task"), ARCHITECTURES, ids=[m for m, _ in ARCHITECTURES])
 def test_architecture_trains_clean(model_type: str, task: str) -> None:
-    _run(model_type, task, {})
+    k = ARCHITECTURES.index((model_type, task))
+    _run(model_type, task, {}, probe=k % PROBE_EVERY == 0)
 
 
 @pytest.mark.slow
