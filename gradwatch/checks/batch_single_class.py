@@ -19,8 +19,9 @@ from typing import TYPE_CHECKING
 
 from pydantic import Field, StrictInt
 
+from gradwatch._severity import Severity
 from gradwatch.checks._data_fed import DataFedConfig, fed_record, first_layer
-from gradwatch.checks.base import Check, CheckConfig, WatchSettings
+from gradwatch.checks.base import Check, CheckConfig, WatchSettings, severity_field
 from gradwatch.checks.docs import CheckDoc
 from gradwatch.checks.views import StepView
 from gradwatch.sources.data_fed import DataFedRecord
@@ -33,6 +34,8 @@ _CLASS_LOSSES = frozenset({"cross_entropy", "nll_loss"})
 
 class BatchSingleClassConfig(DataFedConfig):
     """``batch_single_class``: how many single-class batches in a row it takes."""
+
+    severity: Severity = severity_field("warning")
 
     runs: StrictInt = Field(
         default=3, ge=2, le=1000, description="Consecutive single-class batches that fire."

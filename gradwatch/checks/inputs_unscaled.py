@@ -24,9 +24,10 @@ from typing import TYPE_CHECKING, Optional
 
 from pydantic import Field, StrictFloat
 
+from gradwatch._severity import Severity
 from gradwatch.capture.forward.data_fed import Fed
 from gradwatch.checks._data_fed import DataFedConfig, fed_record, first_layer
-from gradwatch.checks.base import Check, CheckConfig, WatchSettings
+from gradwatch.checks.base import Check, CheckConfig, WatchSettings, severity_field
 from gradwatch.checks.docs import CheckDoc
 from gradwatch.checks.views import StepView
 from gradwatch.sources.data_fed import DataFedRecord
@@ -41,6 +42,8 @@ _SEEN = 2  # read forwards that must show it
 
 class InputsUnscaledConfig(DataFedConfig):
     """``inputs_unscaled``: the ratio of feature scales that fires."""
+
+    severity: Severity = severity_field("warning")
 
     ratio: StrictFloat = Field(
         default=1e3,

@@ -33,7 +33,9 @@ def dataset(n: int = 128, inp: int = 8, classes: int = 4, sort: bool = False) ->
 
 
 def loader(ds: TensorDataset, shuffle: bool = True, bs: int = 16) -> DataLoader[Any]:
-    return DataLoader(ds, batch_size=bs, shuffle=shuffle, generator=torch.Generator().manual_seed(2))
+    return DataLoader(
+        ds, batch_size=bs, shuffle=shuffle, generator=torch.Generator().manual_seed(2)
+    )
 
 
 def train(

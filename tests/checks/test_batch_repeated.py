@@ -69,7 +69,7 @@ def test_one_batch_every_step_from_the_start_is_said_as_info() -> None:
 def test_epochs_of_unshuffled_and_shuffled_loaders_are_silent() -> None:
     for shuffle in (False, True):
         ld = loader(dataset(64), shuffle=shuffle)
-        assert not found(train(net(), lambda e: ld, epochs=4), ID)
+        assert not found(train(net(), lambda e, ld=ld: ld, epochs=4), ID)
 
 
 def test_augmented_views_of_one_batch_and_two_views_per_step_are_silent() -> None:
