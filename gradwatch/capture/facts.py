@@ -42,7 +42,7 @@ EVAL_STOCHASTIC = "eval_stochastic"
 ``function``, ``p``, ``called_at``)."""
 FED_EVAL = "fed_eval"
 """An eval-mode forward's batch, against the samples trained on (``details``: ``samples``,
-``trained``, ``module``)."""
+``trained``, ``last_batch``: all its samples are the last train batch's, ``module``)."""
 REPLICAS_DIFFER = "replicas_differ"
 """Parameters that data-parallel replicas must hold identical differ across ranks
 (``details``: ``ranks``, ``first_step``)."""

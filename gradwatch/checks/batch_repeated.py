@@ -16,7 +16,8 @@ loop, a ``DataLoader`` built inside it): the prints cannot tell which.
 
 Correct and silent: epochs of an unshuffled loader (the period equals the epoch), shuffled
 epochs, augmented views of the same images, two views or two forwards within one step
-(contrastive pairs, GAN real and fake batches), eval forwards.
+(contrastive pairs, GAN real and fake batches), inputs that require grad (a generator's
+output fed to a discriminator, again after its step), eval forwards.
 """
 
 from __future__ import annotations
@@ -74,7 +75,7 @@ class BatchRepeated(Check):
         rec = fed_record(view)
         if rec is None or self._done:
             return
-        keys = {hash(tuple(f.prints)): len(f.prints) for f in rec.fed}
+        keys = {hash(tuple(f.prints)): len(f.prints) for f in rec.fed if not f.made}
         for key, n in keys.items():
             last = self._last.get(key)
             if last is None:

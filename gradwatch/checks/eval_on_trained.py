@@ -63,8 +63,8 @@ class EvalOnTrainedSamples(Check):
 
     def on_fact(self, fact: Fact, log: FindingLog) -> None:
         n, seen = int(fact.details["samples"]), int(fact.details["trained"])
-        if n < 2:
-            return
+        if n < 2 or fact.details.get("last_batch"):
+            return  # a metric of the batch just trained on, in eval mode: not a validation
         if seen < _SHARE * n:
             self._held_out = True
         elif self._trained is None:

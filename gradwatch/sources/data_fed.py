@@ -48,6 +48,7 @@ class DataFedSource(EvidenceSource):
         self._pending: list[Fed] = []
         self._scan = int(wanted.get("data_as_fed", 0))
         self._done = False
+        self._last: set[int] = set()  # the last train batch's prints
 
     def install(self) -> None:
         ctx = self.ctx
@@ -60,6 +61,7 @@ class DataFedSource(EvidenceSource):
     def _fed(self, fed: Fed) -> None:
         if fed.training:
             self._pending.append(fed)
+            self._last = set(fed.prints)
             if len(self.trained) < _TRAINED_MAX:
                 self.trained.update(fed.prints)
             return
@@ -77,6 +79,7 @@ class DataFedSource(EvidenceSource):
                 details={
                     "samples": len(fed.prints),
                     "trained": seen,
+                    "last_batch": set(fed.prints) <= self._last,
                     "module": first[0] if first else None,
                 },
             )

@@ -41,6 +41,7 @@ class Fed:
     scales: Optional[list[float]] = None  # per-feature std of a float (n, f) input
     absmax: Optional[float] = None
     dims: int = 0
+    made: bool = False  # the input requires grad: computed by a model (a GAN's fake), not data
     range: Optional[list[float]] = None  # min, max, share of integral values (float inputs)
     labels: list[tuple[int, int]] = field(default_factory=list)  # (min, max) of int 1-D args
 
@@ -105,6 +106,7 @@ class DataFedWatch:
             return
         fed = Fed(training, prints.tolist(), x.untyped_storage().data_ptr(), str(x.dtype))
         fed.dims = x.dim()
+        fed.made = x.requires_grad
         read = self._ranges > 0 and training
         self._ranges -= read
         rng = value_range(x) if read else None
