@@ -24,7 +24,7 @@ class DataFedConfig(CheckConfig):
         le=1_000_000,
         description="Optimizer steps whose batches are all read (per-sample prints and "
         "feature scales of the model's inputs); later steps are read at a thinning rate "
-        "(step s when s is a multiple of s // scan_steps). 0: never read.",
+        "(every 2nd step up to 2 * scan_steps, every 4th up to 4 *, ...). 0: never read.",
     )
 
 

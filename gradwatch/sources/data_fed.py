@@ -1,8 +1,8 @@
 """``data_as_fed``: the watched model's batches as fed, on a sample of steps
 (:mod:`gradwatch.capture.forward.data_fed`).
 
-Every step of the first ``scan_steps`` is read, then step ``s`` when ``s`` is a multiple of
-``s // scan_steps`` (about ``scan_steps`` reads per doubling of the run). A train-mode
+Every step of the first ``scan_steps`` is read, then every 2nd step up to twice that, every
+4th up to 4 times, and so on (about ``scan_steps / 2`` reads per doubling of the run). A train-mode
 forward's prints join a bounded set of trained samples; the step's train forwards are its
 record (``view.window.records["data_as_fed"]``, a :class:`DataFedRecord`). An eval-mode
 forward (the first ``eval_forwards`` of them, whenever they run) becomes a ``fed_eval``
@@ -34,7 +34,11 @@ class DataFedRecord:
 
 def sampled(step: int, scan: int) -> bool:
     """Whether step ``step`` (0-based) is read."""
-    return step < scan or (scan > 0 and step % max(1, step // scan) == 0)
+    if step < scan:
+        return True
+    if scan <= 0:
+        return False
+    return step % (2 << ((step // scan).bit_length() - 1)) == 0
 
 
 class DataFedSource(EvidenceSource):
