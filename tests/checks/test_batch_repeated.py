@@ -13,7 +13,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import torch
+from _check_loops import CFG
 from _fed_loops import Batch, dataset, found, loader, net, train
+
+import gradwatch
 
 ID = "batch_repeated"
 
@@ -81,3 +84,25 @@ def test_augmented_views_of_one_batch_and_two_views_per_step_are_silent() -> Non
             yield x + 0.1 * torch.randn(x.shape, generator=g), y  # augmentation as fed
 
     assert not found(train(net(), batches), ID)
+
+
+def test_a_generators_output_fed_again_after_the_discriminators_step_is_silent() -> None:
+    torch.manual_seed(0)
+    g_net, d_net = torch.nn.Linear(4, 8), torch.nn.Sequential(torch.nn.Linear(8, 1))
+    opt_d = torch.optim.SGD(d_net.parameters(), lr=0.01)
+    opt_g = torch.optim.SGD(g_net.parameters(), lr=0.01)
+    bce = torch.nn.BCEWithLogitsLoss()
+    x, _ = next(iter(loader(dataset())))
+
+    with gradwatch.watch(d_net, opt_d, config=CFG) as w:
+        for _ in range(6):
+            real = x + 0.1 * torch.randn(x.shape)
+            fake = g_net(torch.randn(16, 4))
+            opt_d.zero_grad()
+            d_loss = bce(d_net(real), torch.ones(16, 1))
+            (d_loss + bce(d_net(fake.detach()), torch.zeros(16, 1))).backward()
+            opt_d.step()
+            opt_g.zero_grad()
+            bce(d_net(fake), torch.ones(16, 1)).backward()  # the same fake, after D's step
+            opt_g.step()
+    assert not found(w.report(), ID)

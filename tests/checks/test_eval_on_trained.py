@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from _fed_loops import dataset, found, loader, net, train
 from torch.utils.data import DataLoader, Subset
 
@@ -50,3 +51,18 @@ def test_train_accuracy_in_eval_mode_beside_a_held_out_validation_is_silent() ->
     tr, va = Subset(full, range(128)), Subset(full, range(128, 192))
     both = [*DataLoader(tr, batch_size=32), *DataLoader(va, batch_size=32)]
     assert not found(_run(tr, both), ID)
+
+
+def test_the_batch_just_trained_on_run_again_in_eval_mode_is_silent() -> None:
+    ld = loader(dataset())
+    model = net()
+
+    def batches(epoch: int) -> Any:
+        for x, y in ld:
+            yield x, y
+            model.eval()  # a train-batch metric in eval mode, then back to training
+            with torch.no_grad():
+                model(x)
+            model.train()
+
+    assert not found(train(model, batches, epochs=2), ID)

@@ -65,7 +65,7 @@ class DataFedWatch:
         self,
         model: nn.Module,
         on_fed: Callable[[Fed], None],
-        on_error: Callable[[BaseException], None],
+        on_error: Callable[[str, BaseException], None],
         eval_forwards: int,
     ) -> None:
         self.on_fed = on_fed
@@ -85,7 +85,7 @@ class DataFedWatch:
             try:
                 me._see(module, args, kwargs)
             except Exception as e:  # gradwatch's fault must not stop training
-                me._on_error(e)
+                me._on_error("data_as_fed forward pre-hook", e)
 
         self._hook = model.register_forward_pre_hook(pre, with_kwargs=True)
 
