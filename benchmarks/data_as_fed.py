@@ -56,6 +56,10 @@ def main(repeats: int = 5, layouts: bool = False) -> None:
     torch.manual_seed(0)
     models: list[tuple[str, Callable[[], Any]]] = [("deep_mlp_48_blocks", deep_mlp)]
     if layouts:
+        here = sys.path.pop(0)  # benchmarks/kernels.py shadows the `kernels` package
+        import transformers.activations  # noqa: F401 (its hub-kernel import, once, first)
+
+        sys.path.insert(0, here)
         from loose_leaves import gpt2_12, resnet18
 
         models += [("resnet18", _hf(resnet18)), ("gpt2_12_layers", _hf(gpt2_12))]
