@@ -3,14 +3,14 @@
 The targets: class indices given to ``cross_entropy``/``nll_loss`` (``loss_inputs``, on the
 loss scan's steps: their smallest and largest index) and integer 1-D tensors passed to the
 model with its input (``data_as_fed``). A batch holds one class when its smallest and
-largest index agree. Fires (once) after ``runs`` consecutive read steps of >= 2 samples
-whose batches each hold one class, while the run has seen >= 2 classes: the data is fed in
-class order (an unshuffled, class-sorted dataset), and each step pulls the model toward one
-class.
+largest index agree. Fires (once) when, over the read steps with batches of >= 4 samples,
+at least ``runs`` and at least 3/4 of the batches each held one class, and those single
+classes were >= 2 different ones: the data is fed in class order (an unshuffled,
+class-sorted dataset), and each step pulls the model toward one class.
 
-Correct and silent: shuffled batches, a batch of one sample, a run with one class so far,
-an occasional single-class batch of a small or imbalanced batch (fewer than ``runs`` in a
-row), regression targets (float).
+Correct and silent: shuffled batches, small batches, a run with one class so far,
+imbalanced data whose batches often hold the majority class only (one single class),
+regression targets (float).
 """
 
 from __future__ import annotations
@@ -29,6 +29,8 @@ from gradwatch.sources.data_fed import DataFedRecord
 if TYPE_CHECKING:
     from gradwatch.checks.base import FindingLog
 
+_ROWS = 4  # batches smaller than this hold one class by chance too often
+_SHARE = 0.75  # of the read batches, single-class
 _CLASS_LOSSES = frozenset({"cross_entropy", "nll_loss"})
 
 
@@ -38,7 +40,10 @@ class BatchSingleClassConfig(DataFedConfig):
     severity: Severity = severity_field("warning")
 
     runs: StrictInt = Field(
-        default=3, ge=2, le=1000, description="Consecutive single-class batches that fire."
+        default=3,
+        ge=2,
+        le=1000,
+        description="Single-class batches (of >= 2 classes) it takes to fire.",
     )
 
 
@@ -84,8 +89,9 @@ class BatchSingleClass(Check):
 
     def __init__(self, config: CheckConfig, watch_config: WatchSettings) -> None:
         super().__init__(config, watch_config)
-        self._classes: set[int] = set()
-        self._row = 0
+        self._single_classes: set[int] = set()
+        self._read = 0
+        self._single = 0
         self._done = False
 
     def evidence(self) -> dict[str, int]:
@@ -97,13 +103,18 @@ class BatchSingleClass(Check):
             return
         ranges = _ranges(view)
         rows = min((len(f.prints) for f in rec.fed), default=0)
-        if not ranges or rows < 2:
-            self._row = 0
+        if not ranges or rows < _ROWS:
             return
         lo, hi = min(r[0] for r in ranges), max(r[1] for r in ranges)
-        self._classes.update((lo, hi))
-        self._row = self._row + 1 if lo == hi else 0
-        if self._row >= self.config.runs and len(self._classes) >= 2:
+        self._read += 1
+        if lo == hi:
+            self._single += 1
+            self._single_classes.add(lo)
+        if (
+            self._single >= self.config.runs
+            and len(self._single_classes) >= 2
+            and self._single >= _SHARE * self._read
+        ):
             self._emit(view, log, rec, lo)
 
     def _emit(self, view: StepView, log: FindingLog, rec: DataFedRecord, cls: int) -> None:
@@ -113,12 +124,16 @@ class BatchSingleClass(Check):
             self.id,
             severity=self.severity,
             step=view.step,
-            message=f"{self._row} batches in a row each held a single class (the last: class "
-            f"{cls}) while the run has seen {len(self._classes)} classes or more: the "
-            "data is fed in class order.",
+            message=f"{self._single} of {self._read} batches read each held a single class, "
+            f"{len(self._single_classes)} different classes among them (the last: class {cls}): "
+            "the data is fed in class order.",
             hint="Shuffle the training data: `DataLoader(dataset, shuffle=True)`.",
             params=params,
             module=module,
-            details={"run": self._row, "classes_seen": sorted(self._classes)[:16]},
+            details={
+                "single": self._single,
+                "read": self._read,
+                "classes_seen": sorted(self._single_classes)[:16],
+            },
             key="single_class",
         )

@@ -81,3 +81,11 @@ def test_one_class_so_far_is_silent() -> None:
     ds = dataset(48, classes=1)
     ld = loader(ds, shuffle=False)
     assert not found(train(net(), lambda e: ld), ID)
+
+
+def test_imbalanced_shuffled_batches_of_the_majority_class_are_silent() -> None:
+    g = torch.Generator().manual_seed(4)
+    y = (torch.rand(512, generator=g) < 0.02).long()  # 2 % positives: most batches all 0
+    ds = torch.utils.data.TensorDataset(torch.randn(512, 8, generator=g), y)
+    ld = loader(ds, shuffle=True)
+    assert not found(train(net(classes=2), lambda e: ld), ID)
