@@ -5,8 +5,9 @@ From ``data_as_fed``: each read step's train-mode batches, as ordered per-sample
 shuffled loader never repeats one, while an unshuffled epoch repeats every batch with the
 epoch's period. Fires (once) when a batch of >= 2 samples comes back
 
-- sooner than the number of distinct batches already seen (an epoch is at least as long
-  as the batches it holds: ``batches[0]`` after ``batches[1..]``, a constant index), or
+- sooner (in steps) than the number of steps that fed a new batch so far (an epoch is at
+  least as long as the steps it holds: ``batches[0]`` after ``batches[1..]``, a constant
+  index; micro-batches of one step count once), or
 - and new batches keep arriving afterwards (a repeat that was not an epoch boundary: a
   ``next(iter(loader))`` batch interleaved with a loader that still has data).
 
@@ -66,6 +67,7 @@ class BatchRepeated(Check):
         self._count: dict[int, int] = {}
         self._repeat: tuple[int, int, int] | None = None  # (key, first step, step)
         self._new_after = 0
+        self._new_steps: set[int] = set()  # steps that fed a batch never seen before
         self._done = False
 
     def evidence(self) -> dict[str, int]:
@@ -83,11 +85,14 @@ class BatchRepeated(Check):
                     self._last[key] = view.step
                     self._count[key] = 1
                 self._new_after += self._repeat is not None
+                if len(self._new_steps) < _KEYS:
+                    self._new_steps.add(view.step)
                 continue
             self._count[key] += 1
-            gap, distinct = view.step - last, len(self._last)
+            # in steps: several batches per step (accumulation, skipped steps) are one step
+            gap, distinct = view.step - last, len(self._new_steps)
             self._last[key] = view.step
-            if distinct == 1:
+            if len(self._last) == 1:
                 if self._count[key] >= _ONE_BATCH:
                     self._one_batch(view, log, rec)
                 continue
@@ -101,7 +106,7 @@ class BatchRepeated(Check):
                     log,
                     rec,
                     last,
-                    f"{gap} step(s) after it was fed, while {distinct} distinct batches were seen",
+                    f"{gap} step(s) after it was fed, while {distinct} steps fed new batches",
                 )
                 return
         if self._repeat is not None and self._new_after >= 2:
