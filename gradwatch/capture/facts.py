@@ -17,6 +17,7 @@ from typing import Any, Callable, Optional
 __all__ = [
     "EVAL_STOCHASTIC",
     "FAULT",
+    "FED_EVAL",
     "FOREIGN_TENSORS",
     "REPLICAS_DIFFER",
     "RESUMED",
@@ -39,6 +40,9 @@ SKIPPED_STEPS = "skipped_steps"
 EVAL_STOCHASTIC = "eval_stochastic"
 """A dropout ran as in training inside an eval-mode forward (``details``: ``module``,
 ``function``, ``p``, ``called_at``)."""
+FED_EVAL = "fed_eval"
+"""An eval-mode forward's batch, against the samples trained on (``details``: ``samples``,
+``trained``, ``last_batch``: all its samples are the last train batch's, ``module``)."""
 REPLICAS_DIFFER = "replicas_differ"
 """Parameters that data-parallel replicas must hold identical differ across ranks
 (``details``: ``ranks``, ``first_step``)."""

@@ -11,6 +11,8 @@ from collections.abc import Iterable
 from gradwatch.checks.autocast_bypassed import AutocastBypassed
 from gradwatch.checks.base import Check
 from gradwatch.checks.batch_order_dependent import BatchOrderDependent
+from gradwatch.checks.batch_repeated import BatchRepeated
+from gradwatch.checks.batch_single_class import BatchSingleClass
 from gradwatch.checks.call_without_effect import CallWithoutEffect
 from gradwatch.checks.clip_after_step import ClipAfterStep
 from gradwatch.checks.clip_without_effect import ClipWithoutEffect
@@ -23,6 +25,7 @@ from gradwatch.checks.does_not_learn import DoesNotLearn
 from gradwatch.checks.double_backward import DoubleBackward
 from gradwatch.checks.double_update import DoubleUpdate
 from gradwatch.checks.eval_mode import EvalModeTraining
+from gradwatch.checks.eval_on_trained import EvalOnTrainedSamples
 from gradwatch.checks.eval_stochastic import EvalForwardStochastic
 from gradwatch.checks.exploding import ExplodingGrad
 from gradwatch.checks.forward_not_reproducible import ForwardNotReproducible
@@ -32,6 +35,7 @@ from gradwatch.checks.frozen_updated import FrozenParamUpdated
 from gradwatch.checks.ghost import GhostParam
 from gradwatch.checks.gradient_mismatch import GradientMismatch
 from gradwatch.checks.graph_retained import GraphRetainedAcrossSteps
+from gradwatch.checks.inputs_unscaled import InputsUnscaled
 from gradwatch.checks.internal_error import InternalError
 from gradwatch.checks.loss_broadcast import LossBroadcast
 from gradwatch.checks.loss_disconnected import LossDisconnected
@@ -107,6 +111,10 @@ ALL_CHECKS: list[type[Check]] = [
     DependenceOutsideReceptiveField,
     LossInputOutOfDomain,
     CallWithoutEffect,
+    BatchRepeated,
+    EvalOnTrainedSamples,
+    BatchSingleClass,
+    InputsUnscaled,
 ]
 
 # gradwatch's own: always on, in no config (a fault or a synthesized name must be said).

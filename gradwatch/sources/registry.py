@@ -19,6 +19,7 @@ from gradwatch.sources.base import EvidenceSource
 from gradwatch.sources.built import BuiltSource
 from gradwatch.sources.calls import BackwardCallsSource
 from gradwatch.sources.clips import ClipSource
+from gradwatch.sources.data_fed import DataFedSource
 from gradwatch.sources.discarded import DiscardedSource
 from gradwatch.sources.eval_forward import EvalForwardSource
 from gradwatch.sources.forward import ForwardSource
@@ -47,6 +48,7 @@ ALL_SOURCES: list[type[EvidenceSource]] = [
     LossGraphSource,
     LossDomainSource,
     EvalForwardSource,
+    DataFedSource,
     BackwardProbeSource,
     UnscaleSource,
     ZeroGradSource,

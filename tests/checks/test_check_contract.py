@@ -77,10 +77,15 @@ def spec_checks(text: str) -> dict[str, tuple[str, str]]:
             in_table = True
         elif in_table and not set(cells[0]) <= set("-: "):
             check_id = cells[0].strip("`")
+            ids = [check_id]
             if not re.fullmatch(SNAKE, check_id):
-                continue  # a row that names a source and its checks (section 8.2's data_as_fed)
-            assert check_id not in out, f"SPEC lists {check_id} twice"
-            out[check_id] = (section, cells[-1])
+                # a row that names a source and its checks (section 8.2's ``data_as_fed``
+                # (source) with `a`, `b`): the checks are the names after "with"
+                _, _, checks = cells[0].partition(" with ")
+                ids = re.findall(r"`([a-z][a-z0-9_]*)`", checks)
+            for one in ids:
+                assert one not in out, f"SPEC lists {one} twice"
+                out[one] = (section, cells[-1])
     return out
 
 
