@@ -22,6 +22,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
+from gradwatch.probes._axes import TimeMajor
 from gradwatch.probes._graph import (
     declared_graph,
     hops_needed,
@@ -115,6 +116,7 @@ class _Capture:
         self.n, self.leaves = n, leaves
         self.outputs: list[Any] = []  # the root's, else its children's (a GAN's G and D)
         self.children: list[Any] = []
+        self.time_major = TimeMajor(model, n)
         self.handles = [model.register_forward_hook(self._root)]
         for child in model.children():
             self.handles.append(child.register_forward_hook(self._child))
@@ -141,12 +143,14 @@ class _Capture:
     def remove(self) -> None:
         for h in self.handles:
             h.remove()
+        self.time_major.remove()
 
 
 def _forward(
-    model: nn.Module, batch: Any, loss_fn: LossFn, n: int
+    model: nn.Module, batch: Any, loss_fn: LossFn, n: int, seen: Optional[list[str]] = None
 ) -> tuple[Tensor, list[tuple[str, Tensor]]]:
-    """One evaluation of the copy: its per-sample output and the leaves it reads."""
+    """One evaluation of the copy: its per-sample output and the leaves it reads (and into
+    ``seen``, why the leading dim is time, where the model says so: :mod:`._axes`)."""
     leaves: list[tuple[str, Tensor]] = []
     leafy = _leafify(batch, n, "batch", leaves)
     capture = _Capture(model, n, leaves)
@@ -155,6 +159,7 @@ def _forward(
             evaluate(model, leafy, loss_fn, SEED)
     finally:
         capture.remove()
+    time_major = capture.time_major
     found = (_first_output(x, n) for x in capture.outputs or capture.children)
     out = next((o for o in found if o is not None), None)
     if out is None:
@@ -165,6 +170,10 @@ def _forward(
         )
     if not leaves:
         raise CannotJudge("no_inputs", "the batch has no floating input and the model no embedding")
+    if seen is not None:
+        why = time_major.reason(out)
+        if why:
+            seen.append(why)
     return out, leaves
 
 
@@ -332,7 +341,8 @@ def samples_reached(
         raise CannotJudge("one_sample", "the batch has no leading dimension of two or more samples")
     copy = fresh_copy(model)
     result = SampleResult(sample=n // 2, batch=n, memory_bytes=param_bytes(copy))
-    out, leaves = _forward(copy, batch, loss_fn, n)
+    seen: list[str] = []
+    out, leaves = _forward(copy, batch, loss_fn, n, seen)
     others, share, names = _search(out, leaves, n, min_share, budget, result)
     del out, leaves
     if others and share > min_share:
@@ -346,6 +356,8 @@ def samples_reached(
             if not still or still_share <= min_share:
                 result.cause = "batch_norm"
         if result.cause is None:
+            if seen:
+                raise CannotJudge("time_major", seen[0])
             _along_graph(copy, batch, n, result.sample, still)
         result.others, result.share, result.inputs = others, share, names
     result.leaks = _within(copy, batch, loss_fn, n, result, causal=causal, min_share=min_share)

@@ -1,0 +1,61 @@
+"""Which axis of the batch holds the samples: a model can declare it is time-major.
+
+``nn.RNN``/``nn.LSTM``/``nn.GRU`` and ``nn.MultiheadAttention`` (so every ``nn.Transformer*``
+layer) default to ``batch_first=False``: their input is ``(time, batch, ...)``. When such a
+module reads the batch's leading dim as its time axis and the model's output keeps the
+module's batch axis as its dim 1 (pytorch/examples word_language_model, the nn.Transformer LM
+tutorial), the batch is time-major end to end: the leading dim holds time steps, which depend
+on each other by design. A ``batch_first=False`` LSTM fed ``(batch, seq, d)`` by mistake and
+read as ``out[:, -1]`` drops that axis, and stays judged.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from torch import Tensor, nn
+
+__all__ = ["TimeMajor"]
+
+_DECLARING = (nn.RNNBase, nn.MultiheadAttention)
+
+
+class TimeMajor:
+    """Pre-hooks on the ``batch_first=False`` modules of ``model``: the ones fed a 3-d input
+    whose leading dim is the batch's ``n``, with the length of their batch axis."""
+
+    def __init__(self, model: nn.Module, n: int) -> None:
+        self.n = n
+        self.seen: list[tuple[str, int]] = []
+        self.handles = [
+            mod.register_forward_pre_hook(self._hook(name))
+            for name, mod in model.named_modules()
+            if isinstance(mod, _DECLARING) and getattr(mod, "batch_first", True) is False
+        ]
+
+    def _hook(self, name: str) -> Any:
+        def hook(module: nn.Module, args: Any) -> None:
+            x = args[0] if args else None
+            if isinstance(x, Tensor) and x.dim() == 3 and x.shape[0] == self.n:
+                self.seen.append((name, int(x.shape[1])))
+
+        return hook
+
+    def remove(self) -> None:
+        for h in self.handles:
+            h.remove()
+
+    def reason(self, out: Any) -> Optional[str]:
+        """Why the leading dim is not the samples' (``out``: the model's per-sample output,
+        whose dim 1 must be the module's batch axis), or None."""
+        if not isinstance(out, Tensor) or out.dim() < 2:
+            return None
+        for name, b in self.seen:
+            if b >= 2 and int(out.shape[1]) == b:
+                return (
+                    f"'{name}' (batch_first=False) reads the batch's leading dim ({self.n}) "
+                    f"as time and its batch axis ({b}) is the output's dim 1: the model is "
+                    "time-major, so the leading dim holds time steps, not samples, and "
+                    "independence across it is not judged"
+                )
+        return None
