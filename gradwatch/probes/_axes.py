@@ -7,15 +7,21 @@ module's batch axis as its dim 1 (pytorch/examples word_language_model, the nn.T
 tutorial), the batch is time-major end to end: the leading dim holds time steps, which depend
 on each other by design. A ``batch_first=False`` LSTM fed ``(batch, seq, d)`` by mistake and
 read as ``out[:, -1]`` drops that axis, and stays judged.
+
+A learned position table read whole (``self.pos(torch.arange(T))``, nanoGPT's ``wpe``) gives a
+``(T, d)`` output shared by every sample: its rows are positions, even when T equals the batch
+size.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Optional
 
+import torch
 from torch import Tensor, nn
 
-__all__ = ["TimeMajor"]
+__all__ = ["TimeMajor", "position_table", "storages_of"]
 
 _DECLARING = (nn.RNNBase, nn.MultiheadAttention)
 
@@ -59,3 +65,25 @@ class TimeMajor:
                     "independence across it is not judged"
                 )
         return None
+
+
+def storages_of(batch: Any) -> set[int]:
+    """The storages of the batch's (strided) tensors: ids that are views of them are its."""
+    if isinstance(batch, Tensor):
+        strided = batch.layout == torch.strided
+        return {batch.untyped_storage().data_ptr()} if strided else set()
+    if isinstance(batch, Mapping):
+        batch = list(batch.values())
+    if isinstance(batch, (list, tuple)):
+        return {p for v in batch for p in storages_of(v)}
+    return set()
+
+
+def position_table(ids: Any, storages: set[int]) -> bool:
+    """Ids made in the forward as ``arange(T)``, not (views of) the batch's: a position
+    table read whole, shared by every sample."""
+    if not isinstance(ids, Tensor) or ids.dim() != 1 or ids.is_floating_point():
+        return False
+    if ids.layout != torch.strided or ids.untyped_storage().data_ptr() in storages:
+        return False
+    return bool(torch.equal(ids.cpu(), torch.arange(len(ids))))

@@ -22,7 +22,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from gradwatch.probes._axes import TimeMajor
+from gradwatch.probes._axes import TimeMajor, position_table, storages_of
 from gradwatch.probes._graph import (
     declared_graph,
     hops_needed,
@@ -112,8 +112,11 @@ def _first_output(out: Any, n: int) -> Optional[Tensor]:
 class _Capture:
     """Hooks on the copy: the root's outputs, embedding outputs made leaves."""
 
-    def __init__(self, model: nn.Module, n: int, leaves: list[tuple[str, Tensor]]) -> None:
+    def __init__(
+        self, model: nn.Module, n: int, leaves: list[tuple[str, Tensor]], batch: Any = None
+    ) -> None:
         self.n, self.leaves = n, leaves
+        self.storages = storages_of(batch)
         self.outputs: list[Any] = []  # the root's, else its children's (a GAN's G and D)
         self.children: list[Any] = []
         self.time_major = TimeMajor(model, n)
@@ -132,6 +135,8 @@ class _Capture:
 
     def _embedding(self, name: str) -> Any:
         def hook(module: nn.Module, args: Any, output: Any) -> Any:
+            if args and position_table(args[0], self.storages):
+                return None
             if isinstance(output, Tensor) and output.dim() > 0 and output.shape[0] == self.n:
                 leaf = output.detach().requires_grad_(True)
                 self.leaves.append((f"output of {name or 'embedding'}", leaf))
@@ -153,7 +158,7 @@ def _forward(
     ``seen``, why the leading dim is time, where the model says so: :mod:`._axes`)."""
     leaves: list[tuple[str, Tensor]] = []
     leafy = _leafify(batch, n, "batch", leaves)
-    capture = _Capture(model, n, leaves)
+    capture = _Capture(model, n, leaves, batch)
     try:
         with torch.enable_grad():
             evaluate(model, leafy, loss_fn, SEED)
