@@ -75,5 +75,7 @@ class SampleDependence(Check):
             "A time-major model (a `batch_first=False` RNN or attention layer reads the "
             "batch's leading dim as time and its batch axis is the output's dim 1, as in "
             "pytorch/examples word_language_model) is not judged (`probe_time_major`).",
+            "A pairwise `(N, N)` output (CLIP's image-text logits) whose entry `[i, j]` "
+            "reads samples i and j only is not judged (`probe_pairwise_output`).",
         ),
     )

@@ -87,3 +87,28 @@ def position_table(ids: Any, storages: set[int]) -> bool:
     if ids.layout != torch.strided or ids.untyped_storage().data_ptr() in storages:
         return False
     return bool(torch.equal(ids.cpu(), torch.arange(len(ids))))
+
+
+def pairwise(out: Tensor, leaves: list[tuple[str, Tensor]], n: int, sample: int) -> Optional[str]:
+    """An ``(n, n)`` output whose entry ``[i, j]`` reads samples i and j only (CLIP's
+    image-text logits, HF CLIPModel's ``logits_per_image``): both its axes are samples, and
+    every row reading every sample is the design. Why, or None (a softmax over the batch
+    that happens to give n columns reaches all the samples from one entry)."""
+    if out.dim() != 2 or int(out.shape[1]) != n:
+        return None
+    other = (sample + 1) % n
+    grads = torch.autograd.grad(
+        out[sample, other], [leaf for _, leaf in leaves], retain_graph=True, allow_unused=True
+    )
+    reached: set[int] = set()
+    for g in grads:
+        if g is not None:
+            per = g.detach().reshape(n, -1).abs().amax(dim=1)
+            reached |= {int(j) for j in torch.nonzero(per > 0).flatten().tolist()}
+    if other not in reached or not reached <= {sample, other}:
+        return None
+    return (
+        f"the output is pairwise ({n} x {n}: entry [{sample}, {other}] reads samples "
+        f"{sample} and {other} only, as CLIP's image-text logits): every row reads every "
+        "sample by design, so independence across the batch is not judged"
+    )

@@ -22,7 +22,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from gradwatch.probes._axes import TimeMajor, position_table, storages_of
+from gradwatch.probes._axes import TimeMajor, pairwise, position_table, storages_of
 from gradwatch.probes._graph import (
     declared_graph,
     hops_needed,
@@ -152,7 +152,7 @@ class _Capture:
 
 
 def _forward(
-    model: nn.Module, batch: Any, loss_fn: LossFn, n: int, seen: Optional[list[str]] = None
+    model: nn.Module, batch: Any, loss_fn: LossFn, n: int, seen: Optional[dict[str, str]] = None
 ) -> tuple[Tensor, list[tuple[str, Tensor]]]:
     """One evaluation of the copy: its per-sample output and the leaves it reads (and into
     ``seen``, why the leading dim is time, where the model says so: :mod:`._axes`)."""
@@ -176,9 +176,7 @@ def _forward(
     if not leaves:
         raise CannotJudge("no_inputs", "the batch has no floating input and the model no embedding")
     if seen is not None:
-        why = time_major.reason(out)
-        if why:
-            seen.append(why)
+        seen["time_major"] = time_major.reason(out) or ""
     return out, leaves
 
 
@@ -346,23 +344,25 @@ def samples_reached(
         raise CannotJudge("one_sample", "the batch has no leading dimension of two or more samples")
     copy = fresh_copy(model)
     result = SampleResult(sample=n // 2, batch=n, memory_bytes=param_bytes(copy))
-    seen: list[str] = []
+    seen: dict[str, str] = {}  # why the batch's leading dim is not its samples, if it is not
     out, leaves = _forward(copy, batch, loss_fn, n, seen)
     others, share, names = _search(out, leaves, n, min_share, budget, result)
-    del out, leaves
     if others and share > min_share:
-        still = others
+        still, judged = others, (out, leaves)
         norms = [m for m in copy.modules() if isinstance(m, _BatchNorm) and m.training]
         if norms:  # over budget or not: without it, batch norm's coupling would read as a bug
             for m in norms:
                 m.eval()
-            again = _forward(copy, batch, loss_fn, n)
-            still, still_share, _ = _reach(*again, n, _one(n, result.sample))
+            del out, leaves, judged
+            judged = _forward(copy, batch, loss_fn, n)
+            still, still_share, _ = _reach(*judged, n, _one(n, result.sample))
             if not still or still_share <= min_share:
                 result.cause = "batch_norm"
         if result.cause is None:
-            if seen:
-                raise CannotJudge("time_major", seen[0])
+            seen["pairwise_output"] = pairwise(*judged, n, result.sample) or ""
+            for reason, why in seen.items():
+                if why:
+                    raise CannotJudge(reason, why)
             _along_graph(copy, batch, n, result.sample, still)
         result.others, result.share, result.inputs = others, share, names
     result.leaks = _within(copy, batch, loss_fn, n, result, causal=causal, min_share=min_share)
