@@ -211,7 +211,7 @@ def order_dependence(
             result.loss = (orig.loss, moved.loss)
     if result.moved:
         result.module, result.last_same = _first_moved(first, second, perm, rtol)
-        _time_major(copy, batch, loss_fn, n, state, dict(orig.outputs).get(result.output))
+        _time_major(copy, batch, loss_fn, n, state, dict(orig.outputs).get(result.output or ""))
         capped = _capacity_routing(copy)
         if capped:  # tokens past an expert's capacity are dropped by their place in the batch
             raise CannotJudge(
