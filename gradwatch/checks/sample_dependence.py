@@ -73,5 +73,10 @@ class SampleDependence(Check):
             "dense or sparse, or an `edge_index`) couples its nodes by design: a dependence "
             "that stays within as many hops of the edges as the model has layers is not "
             "judged, said as `not_observed` (`probe_graph_batch`).",
+            "A time-major model (a `batch_first=False` RNN or attention layer reads the "
+            "batch's leading dim as time and its batch axis is the output's dim 1, as in "
+            "pytorch/examples word_language_model) is not judged (`probe_time_major`).",
+            "A pairwise `(N, N)` output (CLIP's image-text logits) whose entry `[i, j]` "
+            "reads samples i and j only is not judged (`probe_pairwise_output`).",
         ),
     )

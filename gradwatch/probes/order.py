@@ -31,6 +31,7 @@ from typing import Any, Optional
 import torch
 from torch import Tensor, nn
 
+from gradwatch.probes._axes import TimeMajor
 from gradwatch.probes._replay import Draws, Forward, State, differ, run_forward
 from gradwatch.probes._sandbox import Budget, CannotJudge, LossFn, _map, batch_size, fresh_copy
 from gradwatch.probes._sandbox import param_bytes as _param_bytes
@@ -210,6 +211,7 @@ def order_dependence(
             result.loss = (orig.loss, moved.loss)
     if result.moved:
         result.module, result.last_same = _first_moved(first, second, perm, rtol)
+        _time_major(copy, batch, loss_fn, n, state, dict(orig.outputs).get(result.output or ""))
         capped = _capacity_routing(copy)
         if capped:  # tokens past an expert's capacity are dropped by their place in the batch
             raise CannotJudge(
@@ -220,6 +222,22 @@ def order_dependence(
                 partial=result,
             )
     return result
+
+
+def _time_major(
+    copy: nn.Module, batch: Any, loss_fn: LossFn, n: int, state: State, out: Any
+) -> None:
+    """A model that declares the batch's leading dim its time axis (:mod:`._axes`): what moved
+    is time steps, not samples, so the order is not judged."""
+    axes = TimeMajor(copy, n)
+    try:
+        run_forward(copy, batch, loss_fn, n, SEED, Draws(n))
+    finally:
+        axes.remove()
+        state.restore()
+    why = axes.reason(out)
+    if why:
+        raise CannotJudge("time_major", why)
 
 
 def _compare(a: Tensor, b: Tensor, perm: Tensor, rtol: float) -> tuple[float, Tensor]:

@@ -22,6 +22,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
+from gradwatch.probes._axes import TimeMajor, pairwise, position_table, storages_of
 from gradwatch.probes._graph import (
     declared_graph,
     hops_needed,
@@ -111,10 +112,14 @@ def _first_output(out: Any, n: int) -> Optional[Tensor]:
 class _Capture:
     """Hooks on the copy: the root's outputs, embedding outputs made leaves."""
 
-    def __init__(self, model: nn.Module, n: int, leaves: list[tuple[str, Tensor]]) -> None:
+    def __init__(
+        self, model: nn.Module, n: int, leaves: list[tuple[str, Tensor]], batch: Any = None
+    ) -> None:
         self.n, self.leaves = n, leaves
+        self.storages = storages_of(batch)
         self.outputs: list[Any] = []  # the root's, else its children's (a GAN's G and D)
         self.children: list[Any] = []
+        self.time_major = TimeMajor(model, n)
         self.handles = [model.register_forward_hook(self._root)]
         for child in model.children():
             self.handles.append(child.register_forward_hook(self._child))
@@ -130,6 +135,8 @@ class _Capture:
 
     def _embedding(self, name: str) -> Any:
         def hook(module: nn.Module, args: Any, output: Any) -> Any:
+            if args and position_table(args[0], self.storages):
+                return None
             if isinstance(output, Tensor) and output.dim() > 0 and output.shape[0] == self.n:
                 leaf = output.detach().requires_grad_(True)
                 self.leaves.append((f"output of {name or 'embedding'}", leaf))
@@ -141,20 +148,23 @@ class _Capture:
     def remove(self) -> None:
         for h in self.handles:
             h.remove()
+        self.time_major.remove()
 
 
 def _forward(
-    model: nn.Module, batch: Any, loss_fn: LossFn, n: int
+    model: nn.Module, batch: Any, loss_fn: LossFn, n: int, seen: Optional[dict[str, str]] = None
 ) -> tuple[Tensor, list[tuple[str, Tensor]]]:
-    """One evaluation of the copy: its per-sample output and the leaves it reads."""
+    """One evaluation of the copy: its per-sample output and the leaves it reads (and into
+    ``seen``, why the leading dim is time, where the model says so: :mod:`._axes`)."""
     leaves: list[tuple[str, Tensor]] = []
     leafy = _leafify(batch, n, "batch", leaves)
-    capture = _Capture(model, n, leaves)
+    capture = _Capture(model, n, leaves, batch)
     try:
         with torch.enable_grad():
             evaluate(model, leafy, loss_fn, SEED)
     finally:
         capture.remove()
+    time_major = capture.time_major
     found = (_first_output(x, n) for x in capture.outputs or capture.children)
     out = next((o for o in found if o is not None), None)
     if out is None:
@@ -165,6 +175,8 @@ def _forward(
         )
     if not leaves:
         raise CannotJudge("no_inputs", "the batch has no floating input and the model no embedding")
+    if seen is not None:
+        seen["time_major"] = time_major.reason(out) or ""
     return out, leaves
 
 
@@ -332,20 +344,25 @@ def samples_reached(
         raise CannotJudge("one_sample", "the batch has no leading dimension of two or more samples")
     copy = fresh_copy(model)
     result = SampleResult(sample=n // 2, batch=n, memory_bytes=param_bytes(copy))
-    out, leaves = _forward(copy, batch, loss_fn, n)
+    seen: dict[str, str] = {}  # why the batch's leading dim is not its samples, if it is not
+    out, leaves = _forward(copy, batch, loss_fn, n, seen)
     others, share, names = _search(out, leaves, n, min_share, budget, result)
-    del out, leaves
     if others and share > min_share:
-        still = others
+        still, judged = others, (out, leaves)
         norms = [m for m in copy.modules() if isinstance(m, _BatchNorm) and m.training]
         if norms:  # over budget or not: without it, batch norm's coupling would read as a bug
             for m in norms:
                 m.eval()
-            again = _forward(copy, batch, loss_fn, n)
-            still, still_share, _ = _reach(*again, n, _one(n, result.sample))
+            del out, leaves, judged
+            judged = _forward(copy, batch, loss_fn, n)
+            still, still_share, _ = _reach(*judged, n, _one(n, result.sample))
             if not still or still_share <= min_share:
                 result.cause = "batch_norm"
         if result.cause is None:
+            seen["pairwise_output"] = pairwise(*judged, n, result.sample) or ""
+            for reason, why in seen.items():
+                if why:
+                    raise CannotJudge(reason, why)
             _along_graph(copy, batch, n, result.sample, still)
         result.others, result.share, result.inputs = others, share, names
     result.leaks = _within(copy, batch, loss_fn, n, result, causal=causal, min_share=min_share)
