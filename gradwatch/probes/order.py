@@ -32,6 +32,7 @@ import torch
 from torch import Tensor, nn
 
 from gradwatch.probes._axes import TimeMajor
+from gradwatch.probes._graph import declared_graph
 from gradwatch.probes._replay import Draws, Forward, State, differ, run_forward
 from gradwatch.probes._sandbox import Budget, CannotJudge, LossFn, _map, batch_size, fresh_copy
 from gradwatch.probes._sandbox import param_bytes as _param_bytes
@@ -181,6 +182,13 @@ def order_dependence(
     n = batch_size(batch)
     if n is None or n < 2:
         raise CannotJudge("one_sample", "the batch has no leading dimension of two or more samples")
+    graph = declared_graph(batch, n)
+    if graph is not None:  # the samples are a graph's nodes: their order is in the edges
+        raise CannotJudge(
+            "graph_batch",
+            f"the batch declares a graph over its {n} samples ({graph[0]}): permuting the "
+            "nodes without their edges changes the outputs by design",
+        )
     copy = fresh_copy(model)
     perm = derangement(n)
     result = OrderResult(batch=n, permutation=perm.tolist(), memory_bytes=_param_bytes(copy))

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Optional
 
 import torch
@@ -109,4 +110,29 @@ def assert_clean(program: Program, reports: Iterable[Report]) -> None:
         raise AssertionError(
             f"{program.name} ({program.family}) is correct, yet gradwatch said:\n"
             + "\n".join(lines)
+        )
+
+
+def known_false_alarms(path: Path) -> dict[str, set[str]]:
+    """``program<TAB>check`` lines (``#`` comments): the false alarms a half of the corpus
+    still finds (issue 50, open), so a new one fails and the list only shrinks."""
+    out: dict[str, set[str]] = {}
+    if path.exists():
+        for line in path.read_text(encoding="utf-8").splitlines():
+            if line.strip() and not line.startswith("#"):
+                name, check = line.split("\t")[:2]
+                out.setdefault(name, set()).add(check)
+    return out
+
+
+def assert_clean_but_known(program: Program, reports: Iterable[Report], known: set[str]) -> None:
+    """:func:`assert_clean`, less the checks listed as this program's known false alarms."""
+    if not known:
+        assert_clean(program, reports)
+        return
+    new = [f for f in loud(reports) if f.check not in known]
+    if new:
+        lines = [f"  {f.severity} {f.check}: {f.message}" for f in new]
+        raise AssertionError(
+            f"{program.name}: false alarms beyond its known ones:\n" + "\n".join(lines)
         )
