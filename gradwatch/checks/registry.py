@@ -54,6 +54,7 @@ from gradwatch.checks.step_without_grad import StepWithoutGrad
 from gradwatch.checks.symmetric_units import SymmetricUnits
 from gradwatch.checks.tie_broken import TieBroken
 from gradwatch.checks.unregistered import UnregisteredParam
+from gradwatch.checks.update_ascends_loss import UpdateAscendsLoss
 from gradwatch.checks.vanishing import VanishingGrad
 from gradwatch.checks.zero_grad import MissingZeroGrad
 from gradwatch.errors import GradWatchError
@@ -107,6 +108,7 @@ ALL_CHECKS: list[type[Check]] = [
     DependenceOutsideReceptiveField,
     LossInputOutOfDomain,
     CallWithoutEffect,
+    UpdateAscendsLoss,
 ]
 
 # gradwatch's own: always on, in no config (a fault or a synthesized name must be said).
