@@ -104,9 +104,10 @@ def _step(
 
     def closure() -> Tensor:
         opt.zero_grad(set_to_none=True)
-        loss = evaluate(clone, batch, loss_fn, SEED)
-        if loss.requires_grad:
-            torch.autograd.backward(loss)
+        with torch.enable_grad():  # a step under no_grad that calls it without enabling it
+            loss = evaluate(clone, batch, loss_fn, SEED)
+            if loss.requires_grad:
+                torch.autograd.backward(loss)
         return loss
 
     loss = closure()
@@ -117,7 +118,7 @@ def _step(
     grads = [None if p.grad is None else p.grad.detach().clone() for p in params]
     seeded(seed)  # the step's own random draws, if any: another seed gives other ones
     if _takes_closure(opt):
-        opt.step(closure)
+        opt.step(closure)  # type: ignore[arg-type]  # torch's stub says float; a loss tensor is what every optimizer gets
     else:
         opt.step()
     return opt, described, neutral, grads, start

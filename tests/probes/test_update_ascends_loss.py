@@ -236,7 +236,7 @@ def test_without_an_optimizer_it_is_not_observed_and_the_user_state_is_untouched
     model = mlp()
     opt = torch.optim.Adam(model.parameters(), lr=1e-3, maximize=True)
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    report = _probe(model, opt)
+    assert _found(_probe(model, opt))
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     assert opt.state == {} and all(p.grad is None for p in model.parameters())
     assert verdicts(_probe(model, None))[CHECK] == "not_observed"
