@@ -170,9 +170,17 @@ def _judge(
 
 
 def update_direction(
-    model: nn.Module, batch: Any, loss_fn: LossFn, optimizer: Any, *, budget: Budget
+    model: nn.Module,
+    batch: Any,
+    loss_fn: LossFn,
+    optimizer: Any,
+    *,
+    budget: Optional[Budget] = None,
 ) -> AscentResult:
     """One step of the user's optimizer class on a copy: each param group's slope ``g·u``.
+
+    Two steps are the measurement (the second under another seed tells a random update):
+    ``budget`` does not cut them.
 
     Raises:
         CannotJudge: no optimizer given, the optimizer cannot be re-created, the loss is not
@@ -180,18 +188,27 @@ def update_direction(
     """
     if optimizer is None:
         raise CannotJudge("no_optimizer", "no optimizer given: the probe judges the user's own")
-    runs = []
-    for seed in (SEED, NOISE_SEED):
-        clone = fresh_copy(model)
-        clone_names = {id(p): n for n, p in clone.named_parameters()}
-        opt, described, neutral, grads, start = _step(model, clone, batch, loss_fn, optimizer, seed)
-        ends = [p.detach().clone() for g in opt.param_groups for p in g["params"]]
-        runs.append((opt, described, neutral, grads, start, ends, clone_names))
-        if budget.left() <= 0:
-            break
-    opt, described, neutral, grads, start, ends, clone_names = runs[0]
-    result = AscentResult(optimizer=described, neutralised=neutral, memory_bytes=param_bytes(model))
-    other = runs[1][5] if len(runs) > 1 else ends
+    clone = fresh_copy(model)
+    names = {id(p): n for n, p in clone.named_parameters()}
+    opt, described, neutral, grads, start = _step(model, clone, batch, loss_fn, optimizer, SEED)
+    ends = [p.detach().clone() for g in opt.param_groups for p in g["params"]]
+    # the same step under another seed (both are the measurement: the budget does not cut it)
+    twin = fresh_copy(model)
+    twin_opt = _step(model, twin, batch, loss_fn, optimizer, NOISE_SEED)[0]
+    other = [p.detach() for g in twin_opt.param_groups for p in g["params"]]
+    del twin_opt  # its state; the twin's weights stay as ``other``
+    twin.zero_grad(set_to_none=True)
+    state = sum(
+        t.numel() * t.element_size()
+        for st in opt.state.values()
+        for t in st.values()
+        if isinstance(t, Tensor)
+    )
+    result = AscentResult(
+        optimizer=described,
+        neutralised=neutral,
+        memory_bytes=5 * param_bytes(clone) + state,  # the copy, g, θ0, θ1, the twin
+    )
     k = 0
     for i, group in enumerate(opt.param_groups):
         n = len(group["params"])
@@ -200,7 +217,7 @@ def update_direction(
         deltas = [e.double() - s.double() for e, s in zip(ends[sl], start[sl])]
         rec = _judge(
             i,
-            [clone_names.get(id(p), "?") for p in group["params"]],
+            [names.get(id(p), "?") for p in group["params"]],
             group.get("lr"),
             grads[sl],
             deltas,
