@@ -47,6 +47,7 @@ from gradwatch.checks.outside_model import ParamOutsideModel
 from gradwatch.checks.replica_divergence import ReplicaDivergence
 from gradwatch.checks.resume_mismatch import ResumeMismatch
 from gradwatch.checks.sample_dependence import SampleDependence
+from gradwatch.checks.sample_weight_split import SampleWeightDependsOnSplit
 from gradwatch.checks.scheduler_misstepped import SchedulerMisstepped
 from gradwatch.checks.shared_module import SharedModule
 from gradwatch.checks.stale import StaleParam
@@ -109,6 +110,7 @@ ALL_CHECKS: list[type[Check]] = [
     LossInputOutOfDomain,
     CallWithoutEffect,
     UpdateAscendsLoss,
+    SampleWeightDependsOnSplit,
 ]
 
 # gradwatch's own: always on, in no config (a fault or a synthesized name must be said).
