@@ -51,6 +51,7 @@ from gradwatch.checks.outside_model import ParamOutsideModel
 from gradwatch.checks.replica_divergence import ReplicaDivergence
 from gradwatch.checks.resume_mismatch import ResumeMismatch
 from gradwatch.checks.sample_dependence import SampleDependence
+from gradwatch.checks.sample_weight_split import SampleWeightDependsOnSplit
 from gradwatch.checks.scheduler_misstepped import SchedulerMisstepped
 from gradwatch.checks.shared_module import SharedModule
 from gradwatch.checks.stale import StaleParam
@@ -58,6 +59,7 @@ from gradwatch.checks.step_without_grad import StepWithoutGrad
 from gradwatch.checks.symmetric_units import SymmetricUnits
 from gradwatch.checks.tie_broken import TieBroken
 from gradwatch.checks.unregistered import UnregisteredParam
+from gradwatch.checks.update_ascends_loss import UpdateAscendsLoss
 from gradwatch.checks.vanishing import VanishingGrad
 from gradwatch.checks.zero_grad import MissingZeroGrad
 from gradwatch.errors import GradWatchError
@@ -115,6 +117,8 @@ ALL_CHECKS: list[type[Check]] = [
     EvalOnTrainedSamples,
     BatchSingleClass,
     InputsUnscaled,
+    UpdateAscendsLoss,
+    SampleWeightDependsOnSplit,
 ]
 
 # gradwatch's own: always on, in no config (a fault or a synthesized name must be said).

@@ -5,9 +5,11 @@ Each probe is an experiment a careful practitioner runs by hand on a new setup (
 :func:`~gradwatch.probes._sandbox.rng_kept`: the user's weights, optimizer state, global RNG
 state and data are never touched. ``gradient_mismatch`` checks the derivative numerically,
 ``sample_dependence`` charts which samples an output depends on, ``does_not_learn``
-overfits one batch; three properties of every correct model need no loss
+overfits one batch, ``update_ascends_loss`` checks that one step of the user's optimizer
+descends; three properties of every correct model need no loss
 (``forward_not_reproducible``, ``batch_order_dependent``,
-``dependence_outside_receptive_field``: :data:`LOSS_FREE_PROBES`). Each has a time budget (its config's ``budget_s``); a probe that cannot
+``dependence_outside_receptive_field``: :data:`LOSS_FREE_PROBES`). Each has a time budget
+(its config's ``budget_s``); a probe that cannot
 judge says so as an ``info`` ``not_observed`` finding and ``verdict: not_observed`` in the
 report's ``probes`` section, never as a pass.
 
@@ -20,7 +22,7 @@ Example:
     >>> [(p.id, p.verdict) for p in report.probes]
     [('sample_dependence', 'passed'), ('gradient_mismatch', 'passed'), ('does_not_learn', 'passed'), \
 ('forward_not_reproducible', 'passed'), ('batch_order_dependent', 'passed'), \
-('dependence_outside_receptive_field', 'not_observed')]
+('dependence_outside_receptive_field', 'not_observed'), ('update_ascends_loss', 'not_observed')]
 """
 
 from __future__ import annotations
@@ -45,9 +47,15 @@ from gradwatch.checks.gradient_mismatch import GradientMismatch
 from gradwatch.checks.not_observed import NotObserved
 from gradwatch.checks.registry import preview_ids
 from gradwatch.checks.sample_dependence import SampleDependence
+from gradwatch.checks.update_ascends_loss import UpdateAscendsLoss
 from gradwatch.config import GradWatchConfig
 from gradwatch.model.engines import clean_name
-from gradwatch.probes._property_verdicts import field_verdict, order_verdict, repro_verdict
+from gradwatch.probes._property_verdicts import (
+    ascent_verdict,
+    field_verdict,
+    order_verdict,
+    repro_verdict,
+)
 from gradwatch.probes._sandbox import Budget, CannotJudge, LossFn, rng_kept
 from gradwatch.probes._verdicts import (
     gradient_verdict,
@@ -55,6 +63,7 @@ from gradwatch.probes._verdicts import (
     overfit_verdict,
     sample_verdict,
 )
+from gradwatch.probes.ascent import update_direction
 from gradwatch.probes.gradient import gradient_agreement
 from gradwatch.probes.order import order_dependence
 from gradwatch.probes.overfit import overfit_one_batch
@@ -111,6 +120,11 @@ def _field(m: nn.Module, b: Any, fn: LossFn, opt: Any, cfg: Any, budget: Budget,
     return field_verdict(found, rec, cfg.severity)
 
 
+def _ascent(m: nn.Module, b: Any, fn: LossFn, opt: Any, cfg: Any, budget: Budget, rec: Any) -> Any:
+    found = update_direction(m, b, fn, opt, budget=budget)
+    return ascent_verdict(found, rec, cfg.severity)
+
+
 #: The checks that are probes and their runners, in the order they run.
 RUNNERS: dict[str, Runner] = {
     SampleDependence.id: _samples,
@@ -119,6 +133,7 @@ RUNNERS: dict[str, Runner] = {
     ForwardNotReproducible.id: _repro,
     BatchOrderDependent.id: _order,
     DependenceOutsideReceptiveField.id: _field,
+    UpdateAscendsLoss.id: _ascent,
 }
 PROBES = tuple(RUNNERS)
 #: The probes that need no loss of the user's: they judge the model's outputs (or, for

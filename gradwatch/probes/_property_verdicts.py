@@ -8,12 +8,14 @@ from gradwatch.checks.batch_order_dependent import BatchOrderDependent
 from gradwatch.checks.dependence_outside_receptive_field import DependenceOutsideReceptiveField
 from gradwatch.checks.forward_not_reproducible import ForwardNotReproducible
 from gradwatch.checks.not_observed import NotObserved
+from gradwatch.checks.update_ascends_loss import UpdateAscendsLoss
+from gradwatch.probes.ascent import AscentResult
 from gradwatch.probes.order import OrderResult
 from gradwatch.probes.receptive import FieldResult
 from gradwatch.probes.reproducible import ReproResult
 from gradwatch.results import Finding, ProbeResult
 
-__all__ = ["field_verdict", "order_verdict", "repro_verdict"]
+__all__ = ["ascent_verdict", "field_verdict", "order_verdict", "repro_verdict"]
 
 
 def _finding(check: str, severity: str, message: str, hint: str, **kw: Any) -> Finding:
@@ -177,4 +179,44 @@ def field_verdict(res: FieldResult, record: ProbeResult, severity: str) -> Optio
         "Move axes with permute/transpose, and use view/reshape only to merge or split "
         "neighbouring axes (x.transpose(1, 2), not x.view(B, C, L)).",
         details=details,
+    )
+
+
+def ascent_verdict(res: AscentResult, record: ProbeResult, severity: str) -> Optional[Finding]:
+    record.memory_bytes = res.memory_bytes
+    groups = [
+        {
+            "group": g.index,
+            "params": g.params[:16],
+            "lr": g.lr,
+            "slope": g.slope,
+            "cosine": g.cosine,
+            "status": g.status,
+        }
+        for g in res.groups
+    ]
+    record.details.update(optimizer=res.optimizer, groups=groups, set_aside=res.neutralised)
+    unjudged = [g for g in res.groups if g.status not in ("descends", "ascends")]
+    if unjudged:
+        record.note = "not judged: " + ", ".join(f"group {g.index} ({g.status})" for g in unjudged)
+    bad = res.ascending
+    if not bad:
+        record.verdict = "passed"
+        return None
+    record.verdict = "finding"
+    first = bad[0]
+    names = ", ".join(first.params[:4]) + (" ..." if len(first.params) > 4 else "")
+    more = f" (and {len(bad) - 1} more group(s))" if len(bad) > 1 else ""
+    aside = f", with {', '.join(res.neutralised)} set aside" if res.neutralised else ""
+    return _finding(
+        UpdateAscendsLoss.id,
+        severity,
+        f"one step of {res.optimizer} (a new instance with the user's hyperparameters{aside}, "
+        f"on a copy) moves param group {first.index} ({names}) up the loss's gradient: "
+        f"g·u = {first.slope:.3g} > 0 (cosine {first.cosine:.2f}){more}: the update raises "
+        "the loss it is given.",
+        "Look for a sign error in a custom optimizer's step (p.data.add_(lr * grad)), "
+        "maximize=True left on, or a negative learning rate.",
+        params=[p for g in bad for p in g.params],
+        details={"optimizer": res.optimizer, "groups": groups, "set_aside": res.neutralised},
     )

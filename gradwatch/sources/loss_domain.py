@@ -26,6 +26,7 @@ class LossDomainRecord:
     """What one scan step's window showed of its loss calls."""
 
     calls: list[LossCall] = field(default_factory=list)
+    roots: list[float] = field(default_factory=list)  # each backward's root value, in order
 
 
 class LossDomainSource(EvidenceSource):
@@ -60,7 +61,7 @@ class LossDomainSource(EvidenceSource):
         calls = self.domain.take(values)
         for call in calls:
             self._name(call)
-        return LossDomainRecord(calls) if calls else None
+        return LossDomainRecord(calls, list(self.domain.roots)) if calls else None
 
     def _name(self, call: LossCall) -> None:
         """The watched parameters upstream of the loss's input, and the nearest one's module."""

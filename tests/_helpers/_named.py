@@ -81,6 +81,8 @@ MODULE_LESS: dict[str, str] = {
     "gradient_mismatch": "a direction over every layer (a module when one layer disagrees)",
     "loss_broadcast": "a prediction computed in the loss code, outside the model's modules",
     "loss_term_dominates": "a loss term whose input no module produced",
+    "update_ascends_loss": "a param group's update (the optimizer's step, on a copy)",
+    "sample_weight_depends_on_split": "an optimizer step's micro-batches",
     "call_without_effect": "an optimizer's hyperparameter write (a module when its mode, "
     "freeze or load did not take effect)",
     "not_observed": "the run",

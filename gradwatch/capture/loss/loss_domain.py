@@ -19,6 +19,7 @@ pre-hook's flag test.
 
 from __future__ import annotations
 
+import math
 import sys
 import threading
 import weakref
@@ -58,6 +59,9 @@ class LossCall:
     """The leaves upstream of the loss's input, nearest first (named by the source)."""
     params: list[str] = field(default_factory=list)  # their names, once named
     producer: Optional[str] = None  # the module of the nearest one
+    backward: int = 0  # the window's backward pass it preceded (0: the first)
+    count: float = math.nan  # the elements its reduction divides by (weights summed)
+    value: float = math.nan  # its output, when a scalar
 
 
 class _DomainMode(TorchFunctionMode):
@@ -69,11 +73,12 @@ class _DomainMode(TorchFunctionMode):
         self.live = True
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        if self.live and func in LOSS_RULES:
-            me = self.owner()
-            if me is not None:
-                me.seen(func, args, kwargs)
-        return func(*args, **(kwargs or {}))
+        me = self.owner() if self.live and func in LOSS_RULES else None
+        counted = me.seen(func, args, kwargs) if me is not None else None
+        out = func(*args, **(kwargs or {}))
+        if me is not None and counted is not None:
+            me.output(counted, out)
+        return out
 
 
 def _normalised(x: Any) -> Optional[str]:
@@ -149,6 +154,11 @@ class LossDomain(BackwardRoots):
         self._thread = 0
         self._hooks: list[Any] = []
         self.seen_calls = 0  # loss calls read so far (for benchmarks)
+        self._split: list[torch.Tensor] = []  # per kept call: its count and value
+        self._roots: list[torch.Tensor] = []  # per backward after a kept call: its root
+        self._backwards = 0
+        self._n_roots = 0
+        self.roots: list[float] = []  # the last window's, read back by :meth:`take`
         wself = weakref.ref(self)
 
         def pre(module: nn.Module, args: Any) -> None:
@@ -195,11 +205,12 @@ class LossDomain(BackwardRoots):
         elif not any(torch._C._get_function_stack_at(i) is mode for i in range(n)):
             self._mode = None  # popped by someone else's exit: gone either way
 
-    def seen(self, func: Any, args: Any, kwargs: Any) -> None:
-        """A loss call while the mode is live: its demands and their reductions."""
+    def seen(self, func: Any, args: Any, kwargs: Any) -> Optional[torch.Tensor]:
+        """A loss call while the mode is live: its demands and their reductions; the count
+        its reduction divides by, when it was kept."""
         try:
             if len(self.loss_calls) >= _MAX_CALLS or not torch.is_grad_enabled():
-                return
+                return None
             b, wants = demands(func, args, kwargs)
             kept: list[Demand] = []
             for d in wants:
@@ -209,7 +220,7 @@ class LossDomain(BackwardRoots):
                     kept.append(d)
                     self._stats.extend(vals)
             if not kept:
-                return
+                return None
             settings = {
                 k: b[k]
                 for k in ("reduction", "log_target", "log_input", "ignore_index", "label_smoothing")
@@ -225,22 +236,50 @@ class LossDomain(BackwardRoots):
                     settings,
                     _normalised(b.get("input")),
                     leaves=_upstream(b),
+                    backward=self._backwards,
                 )
             )
+            return _count(b)
         except Exception as exc:  # never the user's loss
+            self._on_error("loss domain", exc)
+            return None
+
+    def output(self, count: torch.Tensor, out: Any) -> None:
+        """The recorded call's result: its count and scalar value join the step's transfer."""
+        try:
+            ok = isinstance(out, torch.Tensor) and out.numel() == 1 and out.is_floating_point()
+            value = out.detach().reshape(()).float() if ok else torch.tensor(math.nan)
+            self._split.extend([count.float().reshape(()), value])
+        except Exception as exc:  # never the user's loss
+            self._split.extend([torch.tensor(math.nan)] * 2)
             self._on_error("loss domain", exc)
 
     # -- the step --------------------------------------------------------------------------
 
     def root(self, t: torch.Tensor) -> None:
-        """``t.backward()`` is about to run: the loss was computed."""
+        """``t.backward()`` is about to run: the loss was computed; its value is kept."""
         self.disarm()
+        if self.loss_calls and len(self._roots) < _MAX_CALLS:
+            try:
+                scalar = t.numel() == 1 and t.is_floating_point()
+                self._roots.append(
+                    t.detach().reshape(()).float() if scalar else torch.tensor(math.nan)
+                )
+                self._backwards += 1
+            except Exception as exc:  # never the user's backward
+                self._on_error("loss domain", exc)
 
     def values(self) -> list[torch.Tensor]:
         """The window's reductions as one float tensor for the step's transfer (or none)."""
         self.disarm()
         stats, self._stats = self._stats, []
         self._pending, self.loss_calls = self.loss_calls, []
+        split, self._split, roots, self._roots = self._split, [], self._roots, []
+        self._backwards = 0
+        if len(split) != 2 * len(self._pending):  # a call whose output was never seen
+            split = [torch.tensor(math.nan)] * (2 * len(self._pending))
+        self._n_roots = len(roots)
+        stats = [*stats, *split, *roots]
         if not stats:
             return []
         device = stats[0].device
@@ -255,6 +294,12 @@ class LossDomain(BackwardRoots):
                 n = len(reduce_names(d))
                 call.values.append(values[at : at + n])
                 at += n
+        for call in out:
+            if at + 2 <= len(values):
+                call.count, call.value = values[at], values[at + 1]
+            at += 2
+        self.roots = values[at : at + self._n_roots]
+        at += self._n_roots
         return out if at == len(values) else []
 
     def window_closed(self) -> None:
@@ -271,7 +316,27 @@ class LossDomain(BackwardRoots):
             h.remove()
         self._hooks.clear()
         self.loss_calls, self._stats, self._pending = [], [], []
+        self._split, self._roots = [], []
         super().remove()
+
+
+def _count(b: dict[str, Any]) -> torch.Tensor:
+    """What a ``mean`` reduction of this call divides by: the targets not ``ignore_index``
+    (their class weights summed when weighted), else the target's (or input's) elements;
+    ``batchmean``: the batch rows."""
+    x, target = b.get("input"), b.get("target")
+    if b.get("reduction") == "batchmean" and isinstance(x, torch.Tensor) and x.dim() > 0:
+        return torch.tensor(float(x.shape[0]))
+    if isinstance(target, torch.Tensor) and not target.is_floating_point():
+        t = target.detach()
+        ignore = b.get("ignore_index")
+        keep = t != ignore if isinstance(ignore, int) else torch.ones_like(t, dtype=torch.bool)
+        w = b.get("weight")
+        if isinstance(w, torch.Tensor) and w.dim() == 1:
+            return w.detach()[t.clamp(0, w.numel() - 1)].mul(keep).sum().float()
+        return keep.sum().float()
+    ref = target if isinstance(target, torch.Tensor) else x
+    return torch.tensor(float(ref.numel() if isinstance(ref, torch.Tensor) else math.nan))
 
 
 def reduce_names(d: Demand) -> tuple[str, ...]:
