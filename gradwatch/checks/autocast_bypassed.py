@@ -65,6 +65,13 @@ class AutocastBypassed(Check):
             "Keep a layer in float32 on purpose: `with torch.autocast(device, enabled=False)` "
             "around it, or `torch.amp.custom_fwd(cast_inputs=torch.float32)`.",
         ),
+        detail="inside an enabled `torch.autocast` region, a linear/conv layer produced float32 "
+        "while its peers of the same kind produced the autocast dtype: a hand-written matmul "
+        "autocast does not cover (`details.cause: op`), or a branch run in another thread, where "
+        "autocast (thread-local) is off (`thread`). Read from output dtypes during the first 3 "
+        "training steps (metadata, no sync). `autocast(enabled=False)` around a layer and "
+        "`custom_fwd(cast_inputs=torch.float32)` are fine. `details.modules`, `details.dtype`, "
+        "`details.autocast_dtype`",
     )
 
     def on_step(self, view: StepView, log: FindingLog) -> None:

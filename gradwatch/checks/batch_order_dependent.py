@@ -68,4 +68,14 @@ class BatchOrderDependent(Check):
             "replayed with its sample; a forward whose randomness cannot be aligned with "
             "the samples is judged in eval mode, and the record says so.",
         ),
+        detail="a probe (on a copy, loss-free): the batch and a derangement of it, with dropout "
+        "off and every other random draw replayed with its sample (stochastic depth, noise; a "
+        "draw that cannot follow the samples: judged in eval mode, said in the note), do not give "
+        "each sample the same outputs beyond `rtol` (1e-4, never under 1000 x the dtype's "
+        "epsilon), or (`compare_loss`) change `loss_fn`'s value: a tensor indexed by the batch "
+        "position (the PyTorch tutorial's `PositionalEncoding` fed batch-first tensors), outputs "
+        "sorted for `pack_padded_sequence` and never unsorted, an `nn.LSTM` without `batch_first` "
+        "fed `(batch, seq, d)`. `details.output`, `details.samples`, `details.change`, "
+        "`details.module` (the first module whose per-sample output moved), `details.last_same`. "
+        "Train-mode batch norm is order-free and passes",
     )

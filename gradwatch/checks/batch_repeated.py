@@ -60,6 +60,17 @@ class BatchRepeated(Check):
         ),
         fix="Create the iterator once per epoch (`for x, y in loader:`), or keep one "
         "iterator and re-create it only on StopIteration.",
+        detail="the same batch (the same samples in the same order, as fed: after augmentation) "
+        "came back before the data was exhausted: sooner than the number of distinct batches "
+        "already seen, or with new batches still arriving after it (a constant or stale index "
+        "into a list of batches, each batch fed twice, `next(iter(loader))` mixed with a loader). "
+        "Read by the `data_as_fed` source: per-sample strided prints (a few int64 per sample, no "
+        "copy of the data) of the model's first input on the first `scan_steps` (16) steps and a "
+        "thinning sample after; `details.first_step`, `details.distinct_batches`. One batch at "
+        "every step from step 0 is said as `info` (an overfit test, a one-batch dataset or an "
+        "iterator re-created each step: not told apart); epochs of an unshuffled loader, shuffled "
+        "epochs, two views or forwards per step are fine. An iterator re-created every k steps "
+        "cycles like a k-batch dataset: not judged",
     )
 
     def __init__(self, config: CheckConfig, watch_config: WatchSettings) -> None:

@@ -86,6 +86,12 @@ class BatchSingleClass(Check):
         ),
         fix="Shuffle the training data (`DataLoader(ds, shuffle=True)`), or interleave the "
         "classes.",
+        detail="over the read steps with batches of >= 4 samples, at least `runs` (3) and at "
+        "least 3/4 of the batches each held one class, and those single classes were >= 2 "
+        "different ones (targets: class indices given to `cross_entropy`/`nll_loss`, or integer "
+        "1-D tensors passed to the model): an unshuffled, class-sorted dataset; `details.single`, "
+        "`details.read`, `details.classes_seen`. Shuffled data, imbalanced data whose batches "
+        "often hold the majority class only, one class so far, float targets are fine",
     )
 
     def __init__(self, config: CheckConfig, watch_config: WatchSettings) -> None:

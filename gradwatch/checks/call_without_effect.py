@@ -82,6 +82,19 @@ class CallWithoutEffect(Check):
         "write `for g in opt.param_groups: g['lr'] = x` on the optimizer that steps, and "
         "build schedulers after the optimizer they drive; re-apply a partial freeze or "
         "eval after the blanket call (or override `train()`).",
+        detail="a state change asked for did not hold at the next step: "
+        "`load_state_dict(strict=False)` whose missing trainable weights the state dict holds "
+        "under another prefix (`module.`, `model.`, `_orig_mod.`, the same shape) or that loaded "
+        "nothing; a hyperparameter written where `step()` does not read it (`opt.lr = x` on a "
+        "torch optimizer, `opt.defaults['lr'] = x` after construction, a scheduler or a loop over "
+        "`param_groups` on another optimizer object over the same parameters that never steps); "
+        "`sub.eval()` or `sub.requires_grad_(False)` undone by an ancestor's `train()` / "
+        "`requires_grad_(True)` before the step. `nn.Module.load_state_dict`, `train` and "
+        "`requires_grad_` are wrapped while watching (restored on exit); `details.kind`, "
+        "`details.called_at`. A new head missing from a fine-tuning load, validation's "
+        "`eval()`/`train()`, gradual unfreezing after steps, a partial unfreeze by hand, a "
+        "scheduler on the stepped optimizer are fine. Loads before `watch()`, device/dtype moves "
+        "and a scheduler's value overwritten by hand on the stepped optimizer are not judged",
     )
 
     def on_step(self, view: StepView, log: FindingLog) -> None:

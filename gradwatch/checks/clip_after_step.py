@@ -51,6 +51,12 @@ class ClipAfterStep(Check):
         ),
         fix="Edit gradients between `loss.backward()` and `optimizer.step()` (with a "
         "GradScaler, after `scaler.unscale_(optimizer)`).",
+        detail="gradients were changed (clipped, scaled, noised, replaced) after the optimizer "
+        "step that consumed them and before its `zero_grad()` cleared them, with no backward in "
+        "between: `clip_grad_norm_` after `step()`, DP noise added too late, a step post hook "
+        "that clips. Seen at the optimizer's own `zero_grad` (one attribute on the optimizer "
+        "instance, removed on exit); resets by `model.zero_grad()` or `p.grad = None` are not "
+        "judged. `details.edited_params`",
     )
 
     def on_step(self, view: StepView, log: FindingLog) -> None:

@@ -49,6 +49,13 @@ class ClipWithoutEffect(Check):
         ),
         fix="Materialise the parameters once: `params = [p for p in model.parameters() if "
         "p.requires_grad]`, and clip after `backward()` (after `scaler.unscale_` under AMP).",
+        detail="a `clip_grad_norm_` or `clip_grad_value_` call saw no gradient, so it clipped "
+        "nothing: an exhausted generator or a consumed `filter` (the optimizer's constructor read "
+        "it first), or a clip before `backward()`. Every call is seen while watching, however it "
+        "was imported (torch's `_get_total_norm` is wrapped, and "
+        "`torch.nn.utils.clip_grad_value_`; restored on exit); named by the calling line "
+        "(`details.called_at`). A list, a fresh `model.parameters()` each call, and a clip that "
+        "clips every step (PPO's 0.5) are fine",
     )
 
     def on_step(self, view: StepView, log: FindingLog) -> None:

@@ -51,6 +51,9 @@ class ClippedWhileScaled(Check):
             "`scaler.step(optimizer)` without `scaler.unscale_(optimizer)` first.",
         ),
         fix="Call `scaler.unscale_(optimizer)` before clipping, as the PyTorch AMP examples do.",
+        detail="with a `scaler` given to `watch()`: gradients were changed (clipped, normalised, "
+        "noised) after backward but before the `GradScaler` unscaled them. `unscale_` then clip "
+        "is fine (not judged under DDP)",
     )
 
     def on_step(self, view: StepView, log: FindingLog) -> None:

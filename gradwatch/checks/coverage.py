@@ -58,6 +58,12 @@ class NotInOptimizer(Check):
         ),
         fix="Build the optimizer from model.parameters() after the model is complete, or "
         "requires_grad_(False) on parameters that should not train.",
+        detail="a trainable parameter in no watched optimizer that receives gradients; `info` "
+        "while it never has (an EMA/SWA copy such as `AveragedModel` kept in the model). A "
+        "subtree left out of the optimizer is one finding naming it (`module: encoder`). When the "
+        "warnings and errors of `ghost_param`, `stale_param` and `not_in_optimizer` together hold "
+        "more than half of the model's trainable elements, each is an error "
+        "(`details.model_share`): lr 0 everywhere fails",
     )
 
     def __init__(self, config, watch_config) -> None:  # type: ignore[no-untyped-def]
@@ -153,6 +159,7 @@ class FrozenInOptimizer(Check):
         causes=("A backbone frozen after the optimizer was built.",),
         fix="Fine for a backbone unfrozen later; otherwise build the optimizer from trainable "
         "parameters only.",
+        detail="a `requires_grad=False` parameter inside an optimizer (also when frozen mid-run)",
     )
 
     def on_structure(self, view: StructureView, log: FindingLog) -> None:

@@ -58,6 +58,8 @@ class DeadParam(Check):
         ),
         fix="Lower the learning rate, use LeakyReLU/GELU, re-initialise the layer; drop a "
         "redundant bias (bias=False).",
+        detail="every gradient of a layer exactly zero for `patience` observed steps (a single "
+        "redundant parameter: `info`)",
     )
     config: DeadParamConfig
     needs = frozenset({"samples"})

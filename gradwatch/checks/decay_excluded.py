@@ -63,6 +63,15 @@ class DecayOnExcludedParams(AsBuiltCheck):
         ),
         fix="Group by kind, not by name: 1-D parameters (and embeddings, if meant) in a group "
         "with `weight_decay=0.0`, e.g. `[p for p in model.parameters() if p.dim() < 2]`.",
+        detail="weight decay reaches parameters the user's own grouping meant to exclude: one "
+        "kind (norm gains, norm shifts, biases, embeddings) split between a no-decay group and a "
+        "decayed one (`details.reason: partial`), a no-decay list whose norm names match none of "
+        "the model's (`[\"bias\", \"LayerNorm.weight\"]` on `ln_1`: `unmatched`), or, with no "
+        "no-decay group, AdamW decaying every norm gain and bias of a transformer at "
+        "`weight_decay` >= `min_decay` (0.05) (`all`). Read from the param groups once per "
+        "layout. nanoGPT's and minGPT's groupings, torchvision's SGD recipe (also with "
+        "`norm_weight_decay=0`), transformers' `get_parameter_names` rule and AdamW at its "
+        "default 0.01 are fine. `details.kind`, `details.groups`, `details.no_decay_group`",
     )
 
     def on_step(self, view: StepView, log: FindingLog) -> None:

@@ -58,4 +58,15 @@ class DependenceOutsideReceptiveField(Check):
             "or instance norm, reductions over positions) or whose field covers the axis "
             "are not judged; the record says which op made it so.",
         ),
+        detail="a probe (on a copy, loss-free; batch norms in eval, dropout off): the receptive "
+        "field read from the forward's ops (convolutions and local pooling: `(k - 1) * dilation` "
+        "times the stride so far; pointwise layers: none; attention, recurrence, global pooling, "
+        "group/instance norm, reductions over positions, data-dependent indexing: every position, "
+        "not judged) against the gradient of a few output positions spread along each position "
+        "axis on the input positions: a gradient outside the field, beyond `min_share` (1e-6) of "
+        "the one inside, is a dependence no layer made: `x.view(B, C, L)` of a `(B, L, C)` tensor "
+        "before a `Conv1d`, `feat.view(B, H, W, C)` before a per-pixel head. `details.reshape` "
+        "names the reshape that regrouped the axes and its line (without one, a `warning`); "
+        "`details.window`, `details.reached_positions`. A field that covers the axis, or an "
+        "output without a position axis, is said in the record (`not_judged`)",
     )

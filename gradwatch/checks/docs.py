@@ -28,6 +28,9 @@ class CheckDoc:
         severity: the default severity of an id without a check class (:data:`DOCS`); a
             check's is its ``Config``'s ``severity`` default, so a check's doc leaves it out.
         silence: extra ways to silence it (the generic ones are added by :meth:`silencing`).
+        detail: the full account, for the check's documentation page ("In detail: ..."): what
+            exactly fires it, the designs that are fine, what is not judged, the ``details``
+            keys. Written here once; the docs site's checks pages are generated from it.
     """
 
     summary: str
@@ -36,6 +39,7 @@ class CheckDoc:
     fix: str
     severity: Optional[str] = None
     silence: tuple[str, ...] = field(default_factory=tuple)
+    detail: str = ""
 
     def silencing(self, check_id: str) -> list[str]:
         """How to silence it: the check's own ways first, then the ones every check has."""

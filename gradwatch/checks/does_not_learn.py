@@ -73,4 +73,27 @@ class DoesNotLearn(Check):
             "mostly frozen base (layers the optimizer does not hold count as frozen) is "
             "`not_observed`, unless the loss never fell.",
         ),
+        detail="a probe (on a copy): up to `steps` (200) steps of the user's optimizer class and "
+        "param groups' hyperparameters (a scheduler's `initial_lr`, not a warm-up's 0; Adam at "
+        "1e-3 without an optimizer) on `max_samples` (8) samples spread over the batch of the "
+        "batch, each evaluation seeded alike, do not bring the loss to `ratio` (0.5) of its "
+        "start: a softmax before `cross_entropy`, a constant or zero initialisation (identical "
+        "units), a sigmoid output for targets outside (0, 1). A loss still falling at the end is "
+        "tried again at 10 x the learning rate: reaching the target then passes; heading for a "
+        "floor above it (`details.floor_estimate`) is the finding; still falling is "
+        "`not_observed` (`probe_still_falling`), never a pass. A floor that every layer the loss "
+        "reaches trained towards is tried once more on 2 samples: a copy that fits those is only "
+        "too small to memorise more (a linear model on 8 random targets), `not_observed` "
+        "(`probe_capacity`), not a finding. A floor with most of the parameters frozen (an "
+        "adapter: LoRA on a base it cannot judge; a random tiny base bounds what any adapter "
+        "fits) and every trained layer moving is `not_observed` (`probe_frozen_base`); a layer "
+        "the user's optimizer does not hold counts as frozen (a classifier an adversarial "
+        "perturbation is trained against). A loss with no floor at 0 (it starts below 0, or a "
+        "copy trained on one sample takes it below 0: a universal adversarial perturbation "
+        "bounded by `eps`, a density fitted by likelihood, whose floor is the data's entropy) is "
+        "judged by convergence instead of halving: it fell by more than 0.1 % of its start, "
+        "stopped falling and every held layer moved is a pass (`details.judged_by: convergence`, "
+        "`details.no_zero_floor` the evidence). A loss that never fell is a finding whatever the "
+        "excuse. `details.start`, `details.floor`, `details.target`, `details.curve`, "
+        "`details.layers_that_did_not_move`",
     )

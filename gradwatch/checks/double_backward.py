@@ -50,6 +50,15 @@ class DoubleBackward(Check):
         ),
         fix="Call `backward()` once per loss per step; to combine losses, sum them first or "
         "back-propagate each different loss once.",
+        detail="the same loss graph (the same root) was backpropagated more than once into one "
+        "step's gradients (`retain_graph=True` and a repeated `backward()`: a helper and the loop "
+        "both calling it, a logging backward without `zero_grad()` before the training one). Told "
+        "from one small parameter per optimizer: a tensor hook queues its incoming gradient's sum "
+        "and norm per backward (two tiny device ops), compared at the step in its one transfer; "
+        "passes of one forward with bit-equal gradients are the same root. Two different losses "
+        "over one graph, SAM, gradient penalties and truncated BPTT are fine; a repeat that "
+        "non-deterministic GPU kernels change in its last bits is missed, never invented. "
+        "`details.repeated_backward_passes`",
     )
 
     def on_step(self, view: StepView, log: FindingLog) -> None:

@@ -54,6 +54,10 @@ class DoubleUpdate(Check):
         ),
         fix="Give every parameter to exactly one optimizer and call `step()` once per "
         "`backward()`; `details.optimizers` lists the optimizers involved.",
+        detail="one gradient consumed by two optimizer steps with no backward in between: a "
+        "parameter in two optimizers that both step (shared encoder), or `step()` twice per "
+        "backward. Judged from what each step consumed, so a parameter shared by optimizers used "
+        "in different phases is fine. `details.optimizers`: index and class",
     )
 
     def __init__(self, config, watch_config) -> None:  # type: ignore[no-untyped-def]

@@ -83,6 +83,20 @@ class EvalModeTraining(Check):
             "dropout probabilities to 0 instead of calling `eval()`: batch norm and other "
             "mode-dependent layers then still train as they should.",
         ),
+        detail="an optimizer step consumed a forward that ran with the model in eval mode (error) "
+        "or, while the model trained, with a trainable submodule holding dropout / batch norm / "
+        "any layer that reads `self.training` in eval (warning): a validation or sampling helper "
+        "that calls `eval()` and never `train()`, `model.eval()` before the loop, "
+        "`decoder.eval()` for a preview. Read from `module.training` at the start of each "
+        "training forward (attribute reads, no tensor); the message names the line that called "
+        "`eval()` (`details.eval_called_at`: \"`eval()` was called at `train.py:88`, after step "
+        "2, and `train()` never after\"; `nn.Module.train` is wrapped while watching, nothing is "
+        "set on the model), else the last step that trained in train mode, or that the model was "
+        "in eval when watching began. With named models (`watch({\"G\": netG, \"D\": netD}, "
+        "...)`) each model the loop calls is a root: a generator left in eval is the error, "
+        "naming its layers (`G:1`). Frozen norm layers kept in eval, one norm layer put in eval "
+        "on its own (`norm_eval`), a frozen teacher/EMA copy, and a validation forward followed "
+        "by `train()` are fine. `details.modules`",
     )
 
     def __init__(self, config, watch_config) -> None:  # type: ignore[no-untyped-def]

@@ -52,6 +52,11 @@ class EvalOnTrainedSamples(Check):
         ),
         fix="Validate on a held-out split: build the validation loader on data the "
         "training loader never yields.",
+        detail="eval-mode forwards (the first 64, whenever they run) ran on samples the model was "
+        "trained on (>= half of an eval batch's per-sample prints among the train batches' prints "
+        "read), and no eval forward of the run ran on held-out samples: `val_loader = "
+        "DataLoader(train_ds)`; `details.samples`, `details.trained`. Train accuracy measured in "
+        "eval mode beside a held-out validation is fine",
     )
 
     def evidence(self) -> dict[str, int]:

@@ -66,6 +66,18 @@ class EvalForwardStochastic(Check):
             'dropout written functionally): `ignore: ["decoder.prenet.*"]` on that '
             "module's parameters.",
         ),
+        detail="a forward run with the model in eval mode executed dropout as in training: "
+        "`F.dropout(x, p)` (whose `training` defaults to True), `F.dropout2d`, ... called with "
+        "`training=True` and `p > 0` from the forward of a module in eval mode, during the "
+        "model's first `scan_forwards` (4) eval-mode forwards, whenever they run (a validation "
+        "after the last step too; the functional dropouts are wrapped only for the length of "
+        "those forwards). Named by the module whose forward called it, with `details.called_at`. "
+        "`training=self.training`, `nn.Dropout` modules and Monte-Carlo dropout through "
+        "`nn.Dropout` modules put back in train mode are fine; dropout on by design (Tacotron 2's "
+        "prenet) is silenced by `ignore` on that module's parameters (`ignore: "
+        "[\"decoder.prenet.*\"]`). A function imported by name before watching (`from "
+        "torch.nn.functional import dropout`) is not seen; under `torch.compile` nothing is (an "
+        "`info` `not_observed`, `details.part: eval_forward`). `details.function`, `details.p`",
     )
 
     def evidence(self) -> dict[str, int]:

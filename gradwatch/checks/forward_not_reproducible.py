@@ -71,4 +71,17 @@ class ForwardNotReproducible(Check):
             "but the output does not read them. State declared (`stateful`, `allow`) or "
             "named as a cache or memory is not judged, and the report says so.",
         ),
+        detail="a probe (on a copy, loss-free): the same batch through the same weights with "
+        "every generator seeded alike (a module's own `torch.Generator` set back too) gives other "
+        "outputs on a second forward: the forward reads state an earlier call left (a recurrent "
+        "state kept on the module and never reset, a value annealed per call, a hand-written norm "
+        "updating and reading running statistics). `details.state` names every buffer and plain "
+        "attribute the first forward changed, `details.read` those shown (each put back alone) to "
+        "change the output. Batch-norm running statistics and `num_batches_tracked` are not "
+        "blamed in train mode; state re-estimated by design at every call and read (quantisation "
+        "observers' running ranges, spectral norm's `weight_u`/`_u`) is set back before the "
+        "second forward (`details.reset`) and the rest judged. State carried on purpose is "
+        "declared (`stateful: true`, `allow: [glob]`) or recognised when the outputs differ (a "
+        "name with `cache`, `mems`, `memory`, `queue`, `bank`): an `info` `not_observed` "
+        "(`probe_declared_stateful`) says it was not judged",
     )

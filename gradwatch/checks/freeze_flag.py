@@ -54,6 +54,9 @@ class FreezeNotApplied(Check):
         fix="Freeze the parameters: `module.requires_grad_(False)` (or "
         "`for p in module.parameters(): p.requires_grad = False`), before building the "
         "optimizer (or build it from trainable parameters only).",
+        detail="a module carries a plain `requires_grad = False` (or `trainable = False`, `frozen "
+        "= True`) attribute, which PyTorch ignores, while its parameters still require grad and "
+        "changed across a step. `details.attribute`, `details.layers`",
     )
 
     def on_step(self, view: StepView, log: FindingLog) -> None:

@@ -69,6 +69,9 @@ class FrozenStatsUpdated(Check):
         ),
         fix="Keep frozen norm layers in eval: override `train()` to call `super().train(mode)` "
         "then `.eval()` on them, or replace them with `torchvision.ops.FrozenBatchNorm2d`.",
+        detail="normalisation layers whose affine parameters are all frozen ran training steps in "
+        "train mode, so their running statistics moved (a frozen backbone after `model.train()`, "
+        "by the loop, Lightning or the HF Trainer). One finding for all of them; `details.modules`",
     )
 
     def on_step(self, view: StepView, log: FindingLog) -> None:

@@ -45,6 +45,9 @@ class FrozenParamUpdated(Check):
         fix="Build the optimizer from trainable parameters only: "
         "`AdamW(p for p in model.parameters() if p.requires_grad)`, or rebuild it after "
         "freezing.",
+        detail="a `requires_grad=False` parameter changed across its optimizer's step (frozen "
+        "after the optimizer was built; weight decay/momentum still move it). Read from copy-free "
+        "fingerprints on observed steps",
     )
 
     def on_step(self, view: StepView, log: FindingLog) -> None:

@@ -77,6 +77,17 @@ class GhostParam(Check):
         "layer is created; called_at: the line that called it). Call the layer, remove it, "
         "freeze it (requires_grad_(False)) if it is not meant to train, or use "
         "checkpoint(..., use_reentrant=False).",
+        detail="a trainable parameter got no gradient between two steps of its optimizer while "
+        "others did. `details.cause`: `not_called`, `no_grad` (incl. `inference_mode` and "
+        "reentrant checkpoints), `disconnected` (`.detach()`, an unused output), `unknown`. A "
+        "permanent ghost (never a gradient) is an error; an intermittent one (`steps_seen` > 0: "
+        "MoE routing, LayerDrop) is `intermittent_severity` (`info`) in one process or under DDP "
+        "with `find_unused_parameters=True`, and an error under DDP without it (the job crashes). "
+        "A finding always describes the latest state (a layer missing at step 0 only becomes "
+        "intermittent). One cause, one finding: the layers one `.detach()` cut off are one "
+        "finding, `details.cut` naming the module whose output was detached; a subtree never "
+        "called or run under `no_grad` is one finding named by it; a layer replaced after the "
+        "optimizer was built is `details.cause: not_in_model` (`details.replaced`)",
     )
     config: GhostParamConfig
 

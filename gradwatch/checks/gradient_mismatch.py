@@ -78,4 +78,28 @@ class GradientMismatch(Check):
             "derivative with its path cut. `straight_through = True` on the class and "
             "torch's fake quantisation declare one too.",
         ),
+        detail="a probe (on a float64 copy, `gradwatch.probe`, `Watcher.probe`, `gradwatch "
+        "check`): per layer, autograd's directional derivative of the loss along a random "
+        "direction disagrees with central finite differences by more than `rtol` (1e-2), "
+        "confirmed at twice the step (rounding noise moves, a wrong derivative does not): a "
+        "custom `autograd.Function` with a wrong `backward`, a `.data` edit in the forward. Every "
+        "evaluation seeds the global RNGs alike (dropout, augmentations) and restores the "
+        "buffers; visible stop-gradients (`.detach()`, ops the user's code runs under "
+        "`torch.no_grad()`: SimSiam/BYOL, VQ-VAE's `z + (q - z).detach()`, a GAN's "
+        "`D(G(z).detach())`) are held at their recorded values, and torch's documented embedding "
+        "gradients are left out of the direction (the `padding_idx` row, rows a "
+        "`scale_grad_by_freq` lookup repeats, rows `max_norm` holds at its bound: "
+        "`details.masked_rows`). Custom `autograd.Function`s are measured, never judged by their "
+        "class name: one whose `backward` is a constant multiple `c` of `grad_output` (`c` != 1: "
+        "DANN's gradient reversal, a gradient scale) is a declared gradient surgery, and the "
+        "layers upstream of it are `explained` (`details.gradient_surgery`, each class's `c`); "
+        "one whose forward is locally constant (the finite difference equals autograd's "
+        "derivative with that Function's path cut: `sign`, `round`, a quantiser, whatever its "
+        "straight-through `backward`) is a straight-through estimator, `explained` "
+        "(`details.straight_through`), as are a class with `straight_through = True` and fake "
+        "quantisation. A wrong `backward` of a Function whose forward moves stays a finding. One "
+        "finding for the layers that disagree, `module` the last of them in forward order; "
+        "`details.layers`, `details.between`, `details.custom_functions`. Over `budget_s` (5 s) "
+        "layers are sampled, spread over the forward (said in the report's `probes`). A loss that "
+        "changes between two identical evaluations is `not_observed` (`probe_not_reproducible`)",
     )

@@ -67,6 +67,13 @@ class GraphRetainedAcrossSteps(Check):
         ),
         fix="Keep numbers, not graphs: `running_loss += loss.item()` (or `loss.detach()` to "
         "stay on the device and sync later).",
+        detail="autograd graphs of earlier steps are still alive after their optimizer steps, and "
+        "more at each step (at least `min_retained`, 3): `running_loss += loss`, "
+        "`losses.append(loss)`, a history dict of loss tensors. Told by a token in each scan "
+        "step's root node's `metadata` (it lives as long as the node) and a weak reference to it; "
+        "nothing is walked. `loss.item()`, `loss.detach()`, one step kept (`prev_loss = loss`) "
+        "and gradient accumulation are fine. `details.retained`, `details.steps`, "
+        "`details.backward_at`",
     )
 
     def __init__(self, config, watch_config) -> None:  # type: ignore[no-untyped-def]

@@ -74,6 +74,13 @@ class InputsUnscaled(Check):
         ),
         fix="Standardise each feature with the training set's mean and std (or divide "
         "images by 255 and normalise), or put a normalisation layer first.",
+        detail="the model's float input is not normalised and no normalisation layer reads it "
+        "first: the per-feature standard deviations of a float `(n, f)` input differ by >= "
+        "`ratio` (1e3) with the largest >= 10 (tabular data not standardised), or a float input "
+        "of >= 3 dims holds integral values in [0, 255] above 10 (raw pixels); seen on >= 2 of "
+        "the first read forwards; `details.std_min`, `details.std_max`, `details.feature_max` or "
+        "`details.max`. Token ids, one-hot, normalised images and tables, a BatchNorm/LayerNorm "
+        "first are fine",
     )
 
     def __init__(self, config: CheckConfig, watch_config: WatchSettings) -> None:

@@ -91,6 +91,15 @@ class LossBroadcast(Check):
         ),
         fix="Make both shapes equal before the loss: `pred.squeeze(-1)` (or `target."
         "unsqueeze(-1)`), or `view_as`; assert the shapes once in the training step.",
+        detail="a loss compared its prediction with its target after broadcasting both to a shape "
+        "neither has: `(N,1)` against `(N,)` gives `(N,N)` (`mse_loss`/`smooth_l1_loss` on a "
+        "regression head or a DQN's `q.gather(1, a)`, an actor-critic's `(values - "
+        "returns).pow(2)`). Read from the loss's own ops in its graph (between the root and the "
+        "model's outputs) on the first `scan_steps` (8) steps: the prediction was stretched along "
+        "a dimension it has size 1 in to the size of one of its own. K ensemble heads `(K,N)` "
+        "against one `(N,)` target, pairwise distances between two outputs of the model, "
+        "per-sample weights are fine. `details.prediction_shape`, `details.broadcast_shape`, "
+        "`details.op`",
     )
 
     def evidence(self) -> dict[str, int]:

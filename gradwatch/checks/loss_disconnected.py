@@ -68,6 +68,15 @@ class LossDisconnected(Check):
         ),
         fix="Compute the loss from the model's output tensor directly and call `backward()` on "
         "it; keep `no_grad` for evaluation only. `details.cause` says which case it was.",
+        detail="the model's forward ran and an optimizer stepped, yet no watched parameter "
+        "received a gradient: a loss rebuilt from `.item()`/`.numpy()`/`.detach()` "
+        "(`details.cause: disconnected`) or computed under `torch.no_grad` (`no_grad`). Judged "
+        "per optimizer: with several models in one container, an optimizer whose layers ran with "
+        "grad while a backward reached only the others' parameters (a GAN's generator step "
+        "through `D(G(z).detach())`) fires too. An optimizer idle while another trains, a model "
+        "run under `no_grad` in the other's phase, and a Lightning `training_step` returning "
+        "`None`, are fine. Needs an optimizer (without one such a run fails as `not_observed`, "
+        "`no_step`)",
     )
 
     def __init__(self, config, watch_config) -> None:  # type: ignore[no-untyped-def]

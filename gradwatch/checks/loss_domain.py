@@ -117,6 +117,24 @@ class LossInputOutOfDomain(Check):
         ),
         fix="Transform the values into the loss's domain (scale the mask, `log_softmax`, "
         "`2 * y - 1`), or use the loss whose domain the values are in.",
+        detail="a torch loss was given inputs or targets outside its documented domain: "
+        "BCE-family targets (and BCE inputs) outside [0, 1] (a {0, 255} mask), a "
+        "non-log-probability input to `nll_loss`, `kl_div` or `ctc_loss` (raw logits, `softmax` "
+        "probabilities), a `kl_div` target outside [0, 1] (or above 0 with `log_target=True`), "
+        "`cross_entropy` soft targets whose rows do not sum to one (multi-hot), {0, 1} labels to "
+        "a ±1 margin loss (`HingeEmbedding`, `SoftMargin`, `MarginRanking`, `CosineEmbedding`), "
+        "negative Poisson counts (or rates with `log_input=False`), negative class or positive "
+        "weights, class indices outside [0, C) (`ignore_index` aside). Read on the first "
+        "`scan_steps` (8) steps by a `TorchFunctionMode` pushed from the model's forward to "
+        "`backward()` (any import form, `nn` loss modules, a loss computed in `forward`), as "
+        "device-side reductions read with the step's one transfer; named by the loss and the "
+        "user's line and the parameters upstream of its prediction (`params`, `module`: the "
+        "nearest) (`details.loss`, `details.loss_module`, `details.argument`, `details.domain`, "
+        "`details.observed`, `details.called_at`). Label smoothing, soft targets in [0, 1], mixup "
+        "rows, masked all-zero rows, `log_target=True`, distillation with a temperature are fine; "
+        "`nll_loss` on a softmax's output is `loss_input_already_normalised`'s. Hand-written "
+        "losses and `kl_div` distributions that do not sum to one are not judged; under "
+        "`torch.compile` an `info` `not_observed`",
     )
 
     def evidence(self) -> dict[str, int]:

@@ -86,6 +86,16 @@ class LossInputAlreadyNormalised(Check):
         fix="Give the loss the logits (move the softmax/sigmoid into inference code), or keep "
         "the normalisation and use the loss that expects it (log_softmax + nll_loss, sigmoid "
         "+ binary_cross_entropy).",
+        detail="a loss that normalises its input was given an already-normalised one: softmax "
+        "probabilities into `cross_entropy` (a `LogSoftmax` whose input, through views and casts, "
+        "is a `Softmax` or `Sigmoid`), probabilities into `nll_loss`, sigmoid outputs into "
+        "`BCEWithLogitsLoss`. Read from the loss's autograd graph on the first `scan_steps` (8) "
+        "steps (node kinds, no values); named by the loss and the module whose output was "
+        "normalised (`module: softmax`), `details.loss`, `details.input`, `details.backward_at`. "
+        "`log_softmax` + `nll_loss`, `log(softmax)` + `nll_loss`, label smoothing and soft "
+        "targets on logits, `sigmoid` + `binary_cross_entropy`, a distillation target's softmax "
+        "are fine. Under `torch.compile` a softmax inside the compiled model is not seen (an "
+        "`info` `not_observed`, `details.part: loss_graph`)",
     )
 
     def evidence(self) -> dict[str, int]:

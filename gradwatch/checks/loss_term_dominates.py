@@ -103,6 +103,19 @@ class LossTermDominates(Check):
             "to a unit-scale main loss; and heads that the model's own layers make small "
             "(BERT's NSP next to its MLM: comparable where they leave the loss code).",
         ),
+        detail="one term of a summed loss (the root's `+` tree, below a GradScaler's `* scale` or "
+        "accumulation's `/ k`) gives at least `max_share` (98 %) of the gradient on the values "
+        "the terms share, over at least `min_steps` (3) scan steps: a detector's box regression "
+        "in pixels next to its classification, a VAE's reconstruction summed over pixels next to "
+        "a batch-mean KL, depth in millimetres next to segmentation. Per-term attribution on the "
+        "first `scan_steps` (8) steps: a hook on each node where a term's own ops meet the shared "
+        "trunk adds the squared norm of the gradient it sends there to its term's device "
+        "accumulator (read with the step's one transfer). Judged with the user's constant weights "
+        "taken out too, so a term drowned only by its own weight (`0.001 * aux`) is scaled on "
+        "purpose; losses with learned weights (Kendall's uncertainty weighting) and losses with a "
+        "term that gives next to no gradient when first seen (a consistency term to an EMA "
+        "teacher copied from the student, a KL to a reference policy: at its optimum at the "
+        "start) are not judged. `details.terms`, `details.share`, `details.dominant`",
     )
 
     def __init__(self, config, watch_config) -> None:  # type: ignore[no-untyped-def]

@@ -120,6 +120,18 @@ class NonfiniteGrad(Check):
         fix="Look at the operation that consumes details.origin; guard the input (clamp, eps), "
         "use a GradScaler or bf16, or lower the learning rate. Steps a GradScaler skips are "
         "expected and reported as info.",
+        detail="NaN/Inf in a gradient. `details.phase`: `forward` (`details.origin_module` is the "
+        "first module whose inputs were finite and output was not: a zero-norm normaliser, "
+        "overflowing logits), `loss` (the model's output was finite, the loss made it: `log(0)`), "
+        "`backward` (finite forward: `sqrt` at 0); `details.origin` is that module's first "
+        "parameter (for `backward`: the first parameter in backward order). Traced by device-side "
+        "finiteness flags during the first steps and, after a NaN, for up to `trace_steps` (20) "
+        "steps, so known at the latest at the next step where it recurs (`phase: null` until "
+        "then, or when the update already made the weights NaN: `details.weights_nonfinite`, and "
+        "`details.update_step` when that step's gradients were all finite, so its update itself "
+        "overflowed, e.g. fp16 weights with Adam). Phase `input`: the batch already held it "
+        "(`details.input` names the argument, `args[0]` or a keyword; `details.origin_module` is "
+        "the first module that received it). Steps a `GradScaler` skips are `info`",
     )
 
     facts = frozenset({SKIPPED_STEPS})

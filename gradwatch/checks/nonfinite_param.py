@@ -89,6 +89,16 @@ class NonfiniteParam(Check):
         "float32 under mixed precision), the checkpoint's values "
         "(`torch.isfinite(t).all()` per tensor after loading), and any code that writes "
         "`.data` or `param.copy_`.",
+        detail="a parameter holds NaN/Inf after an optimizer step although its gradients are "
+        "finite (embedding rows the batch never reads, updated by Adam with `eps=0` or fp16 "
+        "weights: 0/0; rows loaded or grown from uninitialised memory). Read from the parameter "
+        "norms every observed step computes; the first steps are observed, so it fires at the "
+        "step that made them. Where the gradients are non-finite too, `nonfinite_grad` reports it "
+        "(one finding). `details.value`: `nan`/`inf`. Also a NaN/Inf loss whose gradients are all "
+        "finite (a term added through `.detach()`, a constant, a logged statistic): "
+        "`details.cause: loss`; the loss is read as a device flag per `loss.backward()` (and per "
+        "loss the Lightning/HF callbacks or `Watcher.note_loss` hand over), with the step's one "
+        "transfer",
     )
 
     def __init__(self, config, watch_config) -> None:  # type: ignore[no-untyped-def]

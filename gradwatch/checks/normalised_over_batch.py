@@ -68,6 +68,18 @@ class NormalisedOverBatch(Check):
             "A loss that normalises over the batch on purpose (InfoNCE, CLIP's samples x "
             "samples logits) is not judged: both of its dims are the batch.",
         ),
+        detail="a softmax or log_softmax computed inside the model's forward (a module's output "
+        "or below one) runs over dim 0 of a tensor whose first dim is the model's batch (its "
+        "input's first dim), so samples change each other's outputs: a policy's "
+        "`nn.Softmax(dim=0)` trained on batches of states, attention pooling `softmax(scores, "
+        "dim=0)`, `F.log_softmax(x)` without `dim` on a 3-D output (PyTorch picks dim 0). Read "
+        "from the loss's graph on the first `scan_steps` (8) steps; named by the module that ran "
+        "it. `Softmax(dim=1)` over actions, attention over keys or time, a samples x samples "
+        "logits matrix (InfoNCE, CLIP, in the loss or inside the model), a loss's softmax outside "
+        "the model and train-mode batch norm (the known exception, not a softmax) are fine; a "
+        "model holding a `batch_first=False` module (an `nn.LSTM`/`nn.MultiheadAttention` "
+        "default: dim 0 may be time) and other normalisations (`x / x.sum(0)`) are not judged. "
+        "`details.shape`, `details.batch`",
     )
 
     def evidence(self) -> dict[str, int]:

@@ -88,6 +88,19 @@ class NotObserved(Check):
         ),
         fix="Watch the optimizer that really steps and train inside the `with` block; use "
         "`use_orig_params=True` with FSDP1. `details.reason` says which case it was.",
+        detail="gradwatch could not see what it promises, so the report never passes: the model "
+        "ran but no backward pass or step was observed, or backward passes ran and the watched "
+        "optimizer never stepped (a forgotten `optimizer.step()`, a step that raised first) "
+        "(`details.reason: no_step`), the watched model never ran at all (`never_ran`: a copy "
+        "trained, or the loop ran outside the block), its own hooks failed on every step "
+        "(`hooks_failed`), the watched optimizer stopped stepping while its parameters kept "
+        "changing (`optimizer_K_not_stepping`: an optimizer re-created mid-run), the model's "
+        "parameters were replaced by tensors it never watched (`params_replaced`: "
+        "`model.apply(reinit)` assigning new `nn.Parameter`s, with a new optimizer not given to "
+        "`add_optimizer`), a GradScaler skipped every step (`all_steps_skipped`: non-finite "
+        "gradients on every batch), the watcher was never entered (`never_entered`: `w = "
+        "watch(...)` without `with`), a sharded layout it cannot read (`fsdp1_flat_params`, "
+        "`sharded_after_watch`; `fsdp1_replicas` is `info`, see Sharded training)",
     )
     facts = frozenset({UNOBSERVABLE})
     #: Every parameter of the watched optimizers is outside the watched model (the optimizer

@@ -66,6 +66,14 @@ class OptimizerHparamsDegenerate(AsBuiltCheck):
         ),
         fix="Use decay rates close to 1 with beta1 < beta2 (0.9, 0.999; 0.9, 0.95 for large "
         "models) and a small eps (1e-8; 1e-6 under fp16).",
+        detail="an Adam-family param group's hyperparameters make it another optimizer: `betas` "
+        "in the 1 - beta convention (`(0.1, 0.001)`), `beta2 < beta1`, or an `eps` at least "
+        "`sqrt(v_hat)` for more than `eps_share` (half) of the group's elements that have seen a "
+        "gradient, measured once from `exp_avg_sq` after `at_step` (4) steps (Adam acting as SGD "
+        "at lr/eps; judged from the moments, never a fixed eps). GPT's (0.9, 0.95), GANs' beta1 = "
+        "0 or 0.5, the default eps and optimizers whose state it does not know (Adafactor, Lion, "
+        "8-bit states) are fine. `details.optimizer`, `details.group`, `details.hparam`, "
+        "`details.value`",
     )
 
     def evidence(self) -> dict[str, Any]:

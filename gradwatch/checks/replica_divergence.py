@@ -59,4 +59,17 @@ class ReplicaDivergence(Check):
         fix="Apply the same update on every rank: keep parameter edits outside rank "
         "conditions, seed shared randomness identically, run the last micro-batch's "
         "backward outside `no_sync()`, load the optimizer state on every rank.",
+        detail="under DDP, parameters differ across data-parallel ranks at the start of an "
+        "observed step: the exact bit checksums the step takes anyway before its update (the "
+        "update ratio's fingerprint) ride on its one `all_gather` (8 more bytes per parameter "
+        "tensor per rank, no extra pass over the parameters, no second collective). Caught: a "
+        "rank-conditional in-place update, a rank-seeded random edit of weights, `no_sync()` "
+        "around every backward (no synchronising final backward). DDP's own variants stay "
+        "bit-identical and silent (`find_unused_parameters`, bucket views, `static_graph`, fp16 "
+        "compression hook, bf16 autocast, `no_sync` with a final backward, ZeRO). Under HSDP "
+        "(FSDP2 on a `(replicate, shard)` mesh) the ranks holding the same shard are compared, "
+        "never ranks holding other shards; plain FSDP2 has no replicas; FSDP1 is not compared "
+        "(its `info` `not_observed` says so). An optimizer state loaded on some ranks only is "
+        "caught and named (`details.optimizer_steps`: each rank's step count). `params`, "
+        "`details.ranks` (the ranks off the majority; all of them on a tie), `details.first_step`",
     )

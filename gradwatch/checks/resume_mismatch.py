@@ -59,4 +59,19 @@ class ResumeMismatch(Check):
             "A deliberate change at resume (a new learning rate, fine-tuning from a "
             "checkpoint): do not load the gradwatch state, or turn the check off.",
         ),
+        detail="a run resumed with `watcher.load_state_dict(state)` does not continue what "
+        "`watcher.state_dict()` recorded at save time, compared at the first resumed optimizer "
+        "step before it changes anything: parameters whose exact bit checksums differ (weights of "
+        "another checkpoint: `details.aspect: params`, `params` names them), an optimizer with "
+        "fresh or other state (step counts, moment checksum: `optimizer`), other learning rates "
+        "(`lr`), an LR scheduler at another epoch (`scheduler`), or, where `step=` is given to "
+        "both, the loop's step counter (`step`). One pass over parameters and optimizer state at "
+        "save and at resume, nothing per step. The Lightning callback's checkpoint state, the HF "
+        "callback (the Trainer's checkpoint folder) and accelerate "
+        "(`accelerator.register_for_checkpointing(watcher)`, then `save_state`/`load_state`) "
+        "carry it. Across world sizes: whole parameters (DDP) compare at any world size; FSDP "
+        "shards compare on the rank that saved them at the same world size, and a resharded "
+        "resume (`torch.distributed.checkpoint` at another world size) compares the counters, "
+        "rates and schedulers only (an `info` `not_observed`, `details.reason = "
+        "\"resume_resharded\"`). `details.saved`, `details.resumed`",
     )

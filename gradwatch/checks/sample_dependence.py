@@ -79,4 +79,28 @@ class SampleDependence(Check):
             "A pairwise `(N, N)` output (CLIP's image-text logits) whose entry `[i, j]` "
             "reads samples i and j only is not judged (`probe_pairwise_output`).",
         ),
+        detail="a probe (on a copy): one backward from a random weighting of one sample's output "
+        "of the model (its first output with the batch's leading dimension; a GAN's children when "
+        "the root is not called) reaches another sample's input (the batch's floating tensors, or "
+        "the outputs of embedding layers for token ids) with more than `min_share` (1e-6) of the "
+        "gradient on its own: a softmax or statistics over dim 0, a `view` that mixes the batch "
+        "with another dimension. When the model trains batch norms and the dependence vanishes "
+        "with them in eval mode, an `info` (`details.cause: batch_norm`). `details.sample`, "
+        "`details.other_samples`, `details.inputs`, `details.share`. A batch of one is "
+        "`not_observed`. Inside a sample, what is declared must hold too (same leaves, batch "
+        "norms in eval): where the model declares itself causal (an attention module's `is_causal "
+        "= True`, as Hugging Face's decoders; a class named `Causal...`; or `causal: true`; never "
+        "an encoder-decoder), the middle position's output must not reach a later input (a `triu` "
+        "mask, `is_causal` not passed to `scaled_dot_product_attention`, `nn.TransformerEncoder` "
+        "without its mask); where the batch has a 0/1 `attention_mask` and the model's `forward` "
+        "takes one, the kept positions' outputs (a pooled output whole) must not reach the padded "
+        "inputs (the mask not passed, a `key_padding_mask` given Hugging Face's 1-for-keep "
+        "convention, a mean pooling over the padding). `details.independence` (`batch`, `causal`, "
+        "`padding`), `details.reached_positions`; the probes section's `declared` says what was "
+        "judged. A batch that declares a graph over its samples (a full-graph GCN: an `(N, N)` "
+        "adjacency, dense or sparse, or an `edge_index` `(2, E)` of node numbers below `N`) "
+        "couples its nodes by design: when every other sample reached lies within as many hops of "
+        "its edges as the model has layers with parameters, the property is not judged, said as "
+        "`not_observed` (`probe_graph_batch`) with the hops in the note; a softmax or mean over "
+        "the nodes reaches beyond the edges and stays a finding",
     )

@@ -102,6 +102,23 @@ class SampleWeightDependsOnSplit(Check):
             "A uniform scale (every micro-batch's mean, not divided by the accumulation "
             "steps) weighs all samples alike: the learning rate's business, not reported.",
         ),
+        detail="several backward passes accumulated into one optimizer step weigh their samples "
+        "(or tokens) unequally: each micro-batch's torch loss is a `mean` over a different count "
+        "(the targets not `ignore_index`, class weights summed; the elements; `batchmean`'s "
+        "rows), and each element's weight in the update, `(root / loss value) / count` read from "
+        "the backward's root (what the user multiplied the loss by is read, not assumed), differs "
+        "with it by more than `tolerance` (0.1): a token-level LM loss averaged per micro-batch "
+        "over unequal non-padded tokens and divided by the accumulation steps (the transformers "
+        "gradient-accumulation bug of 2024, also through a Hugging Face model's own `labels` "
+        "loss), a last partial micro-batch averaged like the full ones, variable-length buckets. "
+        "Read on the first `scan_steps` (8) steps by the loss-call `TorchFunctionMode` of "
+        "`loss_input_out_of_domain` (counts and values join the step's one transfer); "
+        "`details.counts`, `details.element_weights`, `details.reduction`, `details.called_at`. "
+        "`loss / k` over equal micro-batches, `reduction='sum'` divided by the step's total count "
+        "(`num_items_in_batch`), a mean rescaled by `count / total`, one backward per step are "
+        "fine; a uniform scale (no `/ k`) is the learning rate's and not reported; a backward "
+        "whose root combines several torch losses, a hand-written loss or `reduction='none'` are "
+        "not judged",
     )
 
     def evidence(self) -> dict[str, int]:

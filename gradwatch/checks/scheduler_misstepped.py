@@ -50,6 +50,12 @@ class SchedulerMisstepped(Check):
         ),
         fix="Call `scheduler.step()` once right after each `optimizer.step()` (per-step "
         "schedules) or once per epoch (epoch schedules).",
+        detail="a learning-rate scheduler built on a watched optimizer stepped more than once per "
+        "optimizer step (per micro-batch under accumulation, twice per iteration) or before its "
+        "first step, so the schedule runs ahead. Read from the scheduler's own counter at each "
+        "optimizer step (found once from the optimizer's referrers; no hook, no patch). Per-step "
+        "(warm-up, OneCycle) and per-epoch schedules, GradScaler-skipped steps and accelerate's "
+        "prepared schedulers are fine. `details.scheduler_steps`, `details.when`",
     )
 
     def on_step(self, view: StepView, log: FindingLog) -> None:

@@ -53,6 +53,16 @@ class SharedModule(AsBuiltCheck):
         fix="Build each with its own constructor call: `nn.ModuleList([Block(d) for _ in "
         "range(n)])` (or `copy.deepcopy(block)` per slot). If sharing is meant, register the "
         "module once and apply it n times (ALBERT).",
+        detail="one module object with parameters is registered at several sibling places: "
+        "several slots of one container (`nn.ModuleList([Block(d)] * n)`, `nn.ModuleList([mlp] * "
+        "2)` heads) or the same attribute of several parents of one class (one `LayerNorm` passed "
+        "to every layer's constructor), so layers meant to be distinct are one. Read from the "
+        "module tree once per layout (enter, `add_optimizer`, `add_param_group`, a replaced "
+        "layer); named by the container (`module`, with `details.defined_at`: the line that built "
+        "it). A module registered once and applied several times (ALBERT, a Siamese encoder), an "
+        "alias under another name (`self.backbone = self.model.encoder`), tied embeddings and a "
+        "parameterless module used twice are fine. `details.paths`, `details.class`, "
+        "`details.numel`",
     )
 
     def on_step(self, view: StepView, log: FindingLog) -> None:

@@ -61,6 +61,15 @@ class StaleParam(Check):
         "parameters (build it after the model is moved and complete). For `cause: "
         "precision`, keep float32 master weights (`torch.autocast` computes in bf16 without "
         "bf16 weights) or use an optimizer with Kahan summation or stochastic rounding.",
+        detail="finite non-zero gradients, yet the layer's values did not change across the step "
+        "(lr 0: `details.cause: lr_zero`; wrong group), or, for bf16/fp16 weights, fewer than "
+        "`precision_moved` (10 %) of the values with a gradient changed: the updates round away "
+        "(`details.cause: precision`, `details.dtype`, `details.moved_fraction`, from the "
+        "fingerprint's sample). fp32 master weights under autocast and optimizers with Kahan "
+        "summation or stochastic rounding are fine. An optimizer that never steps while another "
+        "watched one does, although its parameters get gradients (one of a GAN's two `step()` "
+        "calls forgotten): `details.cause: never_stepped`, an error. A param group at lr 0 is one "
+        "finding naming the group (`details.group`), with every parameter of it",
     )
     config: StaleParamConfig
 

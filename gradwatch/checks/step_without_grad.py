@@ -40,6 +40,10 @@ class StepWithoutGrad(Check):
         ),
         fix="Order the loop as zero_grad(), forward, backward(), step(); under gradient "
         "accumulation call zero_grad() once per optimizer step, right after step().",
+        detail="`zero_grad()` between `backward()` and `step()`; or `zero_grad()` inside a "
+        "gradient-accumulation loop, so the step used only the last micro-batch "
+        "(`details.discarded_backward_passes`; seen for `set_to_none` resets, the default; SAM, "
+        "LBFGS closures, GANs, PCGrad and steps a `GradScaler` skipped are fine)",
     )
     needs = frozenset({"discarded_passes"})
 

@@ -60,6 +60,14 @@ class SymmetricUnits(Check):
         fix="Initialise the weight randomly (the layer's default init, "
         "`nn.init.xavier_uniform_`, `kaiming_uniform_`); zero init only a layer whose "
         "input is already asymmetric (a head, a residual branch's last layer).",
+        detail="two or more output units of a weight (a Linear's rows, a convolution's output "
+        "channels, a Hugging Face `Conv1D`'s columns) are exactly equal after the first step and "
+        "still equal after `later_step` (3), in a weight that moved in between: constant init, "
+        "zero init of every layer with tanh/sigmoid, constant conv kernels. Compared by one "
+        "projection per unit on device (one scalar per weight, read with the step's transfer; no "
+        "copy of the weights, nothing after the second look). A zero head, a zero-init residual "
+        "branch (Fixup), LoRA's zero `B`, LayerNorm ones (vectors), a weight that did not move "
+        "(lr 0, a skipped step) are fine. `details.units`, `details.distinct`",
     )
 
     def __init__(self, config: CheckConfig, watch_config: WatchSettings) -> None:

@@ -56,6 +56,15 @@ class TieBroken(AsBuiltCheck):
         fix="Tie by assignment after loading or replacing: `model.lm_head.weight = "
         "model.embed.weight`, or call the model's `tie_weights()`; set "
         "`tie_word_embeddings=False` if untied embeddings are meant.",
+        detail="parameters meant to be one are two objects: distinct `Parameter`s over the very "
+        "same memory (`load_state_dict(assign=True)` of a tied checkpoint, "
+        "`nn.Parameter(emb.weight.data)`), each stepped on its own (`details.form: storage`), or "
+        "a model that declares its input and output embeddings tied "
+        "(`config.tie_word_embeddings`) whose two weights are different objects, e.g. an "
+        "embedding replaced after `tie_weights` (`declared`). Read once per layout from storages "
+        "and the model's own getters; `resize_token_embeddings`, a model declared untied and "
+        "views of one flat buffer at different offsets are fine. Not judged on FSDP's flat "
+        "parameters",
     )
 
     def on_step(self, view: StepView, log: FindingLog) -> None:

@@ -104,6 +104,23 @@ class UnregisteredParam(Check):
             "`torch.no_grad()`) is a warning: run it under `no_grad` to silence it.",
             "`loose_tensors: false` turns the loose-leaf search off (`scan_steps: 0` both).",
         ),
+        detail="a module kept in a plain `list`/`dict`/`tuple` attribute (or built inside "
+        "`forward`) runs in the model's forward and gets gradients, but is in no "
+        "`named_parameters()`, optimizer or `state_dict`. Named by attribute path "
+        "(`blocks[0].weight`, `heads['a'].bias`). Also loose leaves: a tensor that requires grad, "
+        "gets gradients from the loss and is in no watched model or optimizer (a margin head `W = "
+        "nn.Parameter(...)` or a criterion module kept in the script, a plain "
+        "`requires_grad=True` tensor attribute instead of an `nn.Parameter`, a parameter "
+        "re-created by `nn.Parameter(p.to(...))` after the optimizer was built), seen in the "
+        "graph of each `loss.backward()` and judged loose when the same object comes back on a "
+        "later step unchanged; named by the attribute or variable holding it (`criterion.weight`, "
+        "`temperature`, `W`), else its shape, with `details.backward_at`. Found during the first "
+        "`scan_steps` (8) steps; unregistered frozen or `no_grad` modules, tensors held by an "
+        "optimizer (a learnable temperature), inputs that require grad on purpose (adversarial "
+        "examples, saliency, gradient-penalty interpolates: new objects each step) and tensors "
+        "another, unwatched optimizer updates are fine; a module in eval mode outside the model "
+        "(a teacher run without `torch.no_grad()`) is a warning. `loose_tensors: false` turns the "
+        "loose-leaf search off",
     )
 
     def evidence(self) -> dict[str, Any]:

@@ -52,4 +52,15 @@ class UpdateAscendsLoss(Check):
             "it is given); groups the loss does not reach (a GAN's other player), updates "
             "below float rounding and random updates are not judged, and the record says so.",
         ),
+        detail="a probe (on a copy): one step of a new instance of the user's optimizer class "
+        "with its param groups' hyperparameters (never its state; `not_observed` without an "
+        "optimizer) moves a param group up the loss's gradient to first order, `g·u > 0` beyond 4 "
+        "x its float rounding bound: a sign error in a custom optimizer (`p.data.add_(lr * "
+        "grad)`), `maximize=True` left on, a negative learning rate. Weight decay is set to 0 and "
+        "LBFGS's `max_iter` to 1 on the copy (`details.set_aside`); the step gets a closure "
+        "(LBFGS, SAM). Groups the loss does not reach (a GAN's other player), updates below float "
+        "rounding and updates that differ between two seeds (Langevin noise) are not judged "
+        "(`details.groups[].status`). A loss negated by mistake is not this check's (the step "
+        "descends the loss it is given). `details.optimizer`, `details.groups` (`slope`, "
+        "`cosine`, `params`)",
     )

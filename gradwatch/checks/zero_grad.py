@@ -37,6 +37,10 @@ class MissingZeroGrad(Check):
         fix="Call optimizer.zero_grad() once per optimizer step (after step(), or before the "
         "backward of the next step). Gradient accumulation over several backward passes per "
         "step is correct and does not fire this check.",
+        detail="`step()` consumed a gradient still holding contributions from before that "
+        "parameter's previous step. Accumulation, GAN loops, LBFGS closures, `retain_graph`, "
+        "clipping, `GradScaler.unscale_`, `zero_grad(set_to_none=False)`, `p.grad = None`, "
+        "`p.grad.data.zero_()` are all fine",
     )
 
     def on_step(self, view: StepView, log: FindingLog) -> None:
