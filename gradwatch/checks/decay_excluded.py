@@ -66,7 +66,7 @@ class DecayOnExcludedParams(AsBuiltCheck):
         detail="weight decay reaches parameters the user's own grouping meant to exclude: one "
         "kind (norm gains, norm shifts, biases, embeddings) split between a no-decay group and a "
         "decayed one (`details.reason: partial`), a no-decay list whose norm names match none of "
-        "the model's (`[\"bias\", \"LayerNorm.weight\"]` on `ln_1`: `unmatched`), or, with no "
+        'the model\'s (`["bias", "LayerNorm.weight"]` on `ln_1`: `unmatched`), or, with no '
         "no-decay group, AdamW decaying every norm gain and bias of a transformer at "
         "`weight_decay` >= `min_decay` (0.05) (`all`). Read from the param groups once per "
         "layout. nanoGPT's and minGPT's groupings, torchvision's SGD recipe (also with "

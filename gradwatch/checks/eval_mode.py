@@ -89,10 +89,10 @@ class EvalModeTraining(Check):
         "that calls `eval()` and never `train()`, `model.eval()` before the loop, "
         "`decoder.eval()` for a preview. Read from `module.training` at the start of each "
         "training forward (attribute reads, no tensor); the message names the line that called "
-        "`eval()` (`details.eval_called_at`: \"`eval()` was called at `train.py:88`, after step "
-        "2, and `train()` never after\"; `nn.Module.train` is wrapped while watching, nothing is "
+        '`eval()` (`details.eval_called_at`: "`eval()` was called at `train.py:88`, after step '
+        '2, and `train()` never after"; `nn.Module.train` is wrapped while watching, nothing is '
         "set on the model), else the last step that trained in train mode, or that the model was "
-        "in eval when watching began. With named models (`watch({\"G\": netG, \"D\": netD}, "
+        'in eval when watching began. With named models (`watch({"G": netG, "D": netD}, '
         "...)`) each model the loop calls is a root: a generator left in eval is the error, "
         "naming its layers (`G:1`). Frozen norm layers kept in eval, one norm layer put in eval "
         "on its own (`norm_eval`), a frozen teacher/EMA copy, and a validation forward followed "

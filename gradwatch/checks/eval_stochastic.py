@@ -75,7 +75,7 @@ class EvalForwardStochastic(Check):
         "`training=self.training`, `nn.Dropout` modules and Monte-Carlo dropout through "
         "`nn.Dropout` modules put back in train mode are fine; dropout on by design (Tacotron 2's "
         "prenet) is silenced by `ignore` on that module's parameters (`ignore: "
-        "[\"decoder.prenet.*\"]`). A function imported by name before watching (`from "
+        '["decoder.prenet.*"]`). A function imported by name before watching (`from '
         "torch.nn.functional import dropout`) is not seen; under `torch.compile` nothing is (an "
         "`info` `not_observed`, `details.part: eval_forward`). `details.function`, `details.p`",
     )

@@ -80,11 +80,11 @@ class ExplodingGrad(Check):
         silence=(
             "Raise the limits: checks: {exploding_grad: {max_norm: 1e6, spike_factor: 1000}}.",
         ),
-        detail="a layer's gradient norm above `max_norm` (1e4) or above `spike_factor` (100) × "
+        detail="a layer's gradient norm above `max_norm` (1e4) or above `spike_factor` (100) x "
         "its running median after `warmup` (10) observed steps. Spike attribution: "
         "`details.first_layers` ranks the layers whose norm rose most above their own running "
         "median (`ratio`, `norm`, `median`, `rise_began`: the first observed step of its rise "
-        "above 2× its median), `details.rise_began` the earliest; shown in the console (`spike:`) "
+        "above 2 x its median), `details.rise_began` the earliest; shown in the console (`spike:`) "
         "and HTML",
     )
     config: ExplodingGradConfig

@@ -73,5 +73,5 @@ class ResumeMismatch(Check):
         "shards compare on the rank that saved them at the same world size, and a resharded "
         "resume (`torch.distributed.checkpoint` at another world size) compares the counters, "
         "rates and schedulers only (an `info` `not_observed`, `details.reason = "
-        "\"resume_resharded\"`). `details.saved`, `details.resumed`",
+        '"resume_resharded"`). `details.saved`, `details.resumed`',
     )

@@ -100,7 +100,7 @@ class VanishingGrad(Check):
             "relative: 0.001}}.",
         ),
         detail="a layer's mean |grad| below `min_mean_abs` (1e-7), not zero, and its update ratio "
-        "|Δθ|/|θ| (without an optimizer: grad norm / param norm) below `relative` (0.01) × that "
+        "|Δθ|/|θ| (without an optimizer: grad norm / param norm) below `relative` (0.01) x that "
         "of the slowest layer whose gradients are not tiny, for `patience` (3) observed steps. "
         "Layers that Adam still moves like the others (attention q/k at init, LayerScale blocks) "
         "are healthy; a deep saturated sigmoid chain fires",
