@@ -8,11 +8,12 @@ Nothing here is committed as generated text, so nothing can go stale:
   (type, default, description) from the pydantic model;
 - ``<!-- gradwatch:cli -->``: each subcommand's ``--help``, from ``gradwatch.cli.build_parser``;
 - ``<!-- gradwatch:readme TITLE -->``: the README section of that title (its ``#`` levels
-  shifted), for the parts the README still owns, so the site and the README say one thing.
+  shifted; no title: the introduction), for what the README owns (what gradwatch finds,
+  install, the shortest paths), so the site and the README say it once. Everything else
+  lives in its page under ``docs/``; the README links there.
 
-Every problem (a registered check without a doc, a README section that is gone, an id of the
-README's checks table that no check has) is logged as a warning, which ``mkdocs build
---strict`` turns into a failed build.
+Every problem (a registered check without a doc, a README section a page includes that is
+gone) is logged as a warning, which ``mkdocs build --strict`` turns into a failed build.
 """
 
 from __future__ import annotations
@@ -128,10 +129,22 @@ def readme() -> str:
     return (ROOT / "README.md").read_text(encoding="utf-8")
 
 
-def readme_section(title: str, text: Optional[str] = None) -> Optional[str]:
+def readme_section(
+    title: str,
+    text: Optional[str] = None,
+    *,
+    page: str = "",
+    titles: Optional[dict[str, str]] = None,
+) -> Optional[str]:
     """The body of the README section headed ``title`` (any level, up to the next heading of
-    its level or above), its own subheadings shifted to start at ``###`` (the page gives the
-    ``##``) and links to repository files made plain text; ``None`` when it is gone."""
+    its level or above; ``""``: the introduction before the first ``##``), its own
+    subheadings shifted to start at ``###`` (the page gives the ``##``); ``None`` when it is
+    gone.
+
+    Links: ``docs/X.md`` becomes ``X.md`` (its text, when it is the path, the page's nav title
+    from ``titles``), a link to another repository file keeps only its text, and a paragraph
+    that begins "More in" and points at ``page`` itself (the page including it) is left out.
+    """
     lines = (readme() if text is None else text).splitlines()
     fence = False
     level: Optional[int] = None
@@ -140,6 +153,9 @@ def readme_section(title: str, text: Optional[str] = None) -> Optional[str]:
         if line.startswith("```"):
             fence = not fence
         heading = None if fence else re.match(r"(#+) (.*)", line)
+        if heading and not title and level is None and heading[1] == "#":
+            level = 2  # the introduction: from the H1 to the first "##"
+            continue
         if heading and level is not None and len(heading[1]) <= level:
             break
         if heading and level is None and heading[2].strip() == title:
@@ -154,9 +170,32 @@ def readme_section(title: str, text: Optional[str] = None) -> Optional[str]:
         "#" * (len(m[1]) + shift) + ln[len(m[1]) :] if m and not in_fence else ln
         for ln, in_fence, m in _with_fences(out)
     )
-    # A README link to a repository file has no page here: keep its text.
-    body = re.sub(r"\[([^\]]+)\]\((?!https?:|#)[^)]+\)", r"\1", body)
-    return body.strip() + "\n"
+    return _site_links(_without_self_pointer(body, page), titles or {}).strip() + "\n"
+
+
+def _without_self_pointer(body: str, page: str) -> str:
+    """``body`` without its "More in [..](docs/PAGE)" paragraph when PAGE includes it."""
+    if not page:
+        return body
+    paragraphs = re.split(r"\n\s*\n", body)
+    target = re.compile(r"^More in \[[^\]]*\]\(docs/" + re.escape(page) + r"(#[^)]*)?\)")
+    return "\n\n".join(p for p in paragraphs if not target.match(p.strip()))
+
+
+def _site_links(body: str, titles: dict[str, str]) -> str:
+    def one(match: re.Match[str]) -> str:
+        label, target = match[1], match[2]
+        if target.startswith(("http:", "https:", "#")):
+            return match[0]
+        if target.startswith("docs/"):
+            path = target[len("docs/") :]
+            name = path.split("#")[0]
+            if label in (target, name, f"`{target}`"):
+                label = titles.get(name, label)
+            return f"[{label}]({path})"
+        return label  # a repository file has no page here: keep the text
+
+    return re.sub(r"\[([^\]]+)\]\(([^)]+)\)", one, body)
 
 
 def _with_fences(lines: list[str]) -> list[tuple[str, bool, Optional[re.Match[str]]]]:
@@ -348,7 +387,8 @@ def checks_index() -> str:
         "",
         "Every id a finding can carry, generated from the check registry. Each page says what "
         "fires the check, why it matters, its causes, how to fix it, its settings and how to "
-        "silence it; `gradwatch explain ID` prints the same text.",
+        "silence it; `gradwatch explain ID` prints its summary, causes, fix and how to silence it. Which checks run at every "
+        "step and which on observed steps: [When the checks run](../watch.md#when-the-checks-run).",
         "",
         "| id | default severity | maturity | fires when |",
         "|---|---|---|---|",
@@ -361,7 +401,7 @@ def checks_index() -> str:
     return "\n".join(lines) + "\n"
 
 
-def expand(markdown: str, page_path: str) -> str:
+def expand(markdown: str, page_path: str, titles: Optional[dict[str, str]] = None) -> str:
     """Replace every ``<!-- gradwatch:... -->`` marker of one page."""
 
     def one(match: re.Match[str]) -> str:
@@ -371,7 +411,7 @@ def expand(markdown: str, page_path: str) -> str:
         if kind == "cli":
             return cli_reference()
         if kind == "readme":
-            section = readme_section(arg)
+            section = readme_section(arg, page=page_path, titles=titles)
             if section is None:
                 log.warning(f"{page_path}: README.md has no section {arg!r} to include")
                 return ""
@@ -408,8 +448,21 @@ def on_files(files: Any, config: Any) -> Any:
     return files
 
 
+def nav_titles(nav: Any) -> dict[str, str]:
+    """Each page's path -> its nav title (``mkdocs.yml``'s ``nav``)."""
+    out: dict[str, str] = {}
+    for item in nav or []:
+        if isinstance(item, dict):
+            for title, value in item.items():
+                if isinstance(value, str):
+                    out[value] = title
+                else:
+                    out.update(nav_titles(value))
+    return out
+
+
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
-    return expand(markdown, page.file.src_uri)
+    return expand(markdown, page.file.src_uri, nav_titles(config["nav"]))
 
 
 if __name__ == "__main__":
