@@ -288,7 +288,7 @@ LOOPS = {
 # judges only the hooked parameters (never a guess), so the finding names fewer of them.
 SUBSET = {"zero_grad_before_step"}
 # A gradient the loop drops (``p.grad = None``) reads as none arrived until the parameter's
-# turn to be compared comes (README, limitations): an intermittent ghost at ``info``, for at
+# turn to be compared comes (docs/limits.md): an intermittent ghost at ``info``, for at
 # most n / ROTATE steps, where every hook on says nothing. Nothing else may differ.
 DROPPED = {"grad_dropped_late": ("blocks.20.bias", "blocks.20.weight")}
 

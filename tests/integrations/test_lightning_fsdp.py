@@ -1,7 +1,7 @@
 """Lightning with sharded training: FSDP2 through ``ModelParallelStrategy`` on 2 CPU ranks.
 
 ``strategy="fsdp"`` (Lightning's FSDP1 strategy) refuses a CPU accelerator, so it cannot be
-run here; the refusal is pinned below (the README says so too).
+run here; the refusal is pinned below (docs/distributed.md says so too).
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def test_lightning_fsdp2_clean_twin_passes(runs: Any) -> None:
 
 
 def test_lightning_fsdp1_strategy_refuses_cpu() -> None:
-    """What the README reports: Lightning's FSDP1 strategy needs a GPU (checked, not assumed)."""
+    """What docs/distributed.md reports: Lightning's FSDP1 strategy needs a GPU (checked, not assumed)."""
     import lightning.pytorch as pl
 
     with pytest.raises(ValueError, match="The strategy `fsdp` requires a GPU accelerator"):

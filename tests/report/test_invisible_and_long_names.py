@@ -3,7 +3,7 @@
 - Zero-width characters, U+061C and the other invisible format characters in a name are
   escaped in the console, the HTML report and the notebook view alike: a name that looks
   like another must not read as it.
-- A long name is printed whole (the README: names are never cut), so two 10,000-character
+- A long name is printed whole (docs/reports.md: names are never cut), so two 10,000-character
   names ending ``.weight`` and ``.bias`` stay told apart.
 """
 
