@@ -157,6 +157,9 @@ def test_the_readme_is_short_names_the_two_commands_and_links_real_pages() -> No
     for target in links:  # a docs page the README links is on the site
         if target.startswith("docs/"):
             assert target[len("docs/") :] in titles, target
+    for path in titles:  # and every page of the site is linked from the README
+        if path != "index.md" and (ROOT / "docs" / path).is_file():
+            assert f"docs/{path}" in links, path
 
 
 def test_each_page_including_a_readme_section_finds_it() -> None:
