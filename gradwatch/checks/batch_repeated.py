@@ -42,7 +42,7 @@ class BatchRepeated(Check):
     """Per read step: batch keys against those of earlier steps."""
 
     id = "batch_repeated"
-    maturity = "stable"
+    maturity = "preview"
     Config = DataFedConfig
     config: DataFedConfig
     needs = frozenset({"data_as_fed"})
