@@ -11,7 +11,7 @@ epoch's period. Fires (once) when a batch of >= 2 samples comes back
 - and new batches keep arriving afterwards (a repeat that was not an epoch boundary: a
   ``next(iter(loader))`` batch interleaved with a loader that still has data).
 
-One batch fed at every step from the start is said as ``info``: an overfit-one-batch test,
+One batch fed at every step from the start is not judged: an overfit-one-batch test,
 a dataset of one batch, or an iterator re-created each step (``next(iter(loader))`` in the
 loop, a ``DataLoader`` built inside it): the prints cannot tell which.
 
@@ -35,14 +35,13 @@ if TYPE_CHECKING:
     from gradwatch.checks.base import FindingLog
 
 _KEYS = 1 << 16  # batch keys kept
-_ONE_BATCH = 3  # steps of one batch before it is said
 
 
 class BatchRepeated(Check):
     """Per read step: batch keys against those of earlier steps."""
 
     id = "batch_repeated"
-    maturity = "stable"
+    maturity = "preview"
     Config = DataFedConfig
     config: DataFedConfig
     needs = frozenset({"data_as_fed"})
@@ -104,9 +103,7 @@ class BatchRepeated(Check):
             # in steps: several batches per step (accumulation, skipped steps) are one step
             gap, distinct = view.step - last, len(self._new_steps)
             self._last[key] = view.step
-            if len(self._last) == 1:
-                if self._count[key] >= _ONE_BATCH:
-                    self._one_batch(view, log, rec)
+            if len(self._last) == 1:  # one batch from the start: on purpose, not judged
                 continue
             if n < 2:
                 continue
@@ -148,22 +145,4 @@ class BatchRepeated(Check):
             module=module,
             details={"first_step": first, "distinct_batches": len(self._last)},
             key="repeat",
-        )
-
-    def _one_batch(self, view: StepView, log: FindingLog, rec: DataFedRecord) -> None:
-        self._done = True
-        params, module = first_layer(rec)
-        log.emit(
-            self.id,
-            severity="info",
-            step=view.step,
-            message=f"The same batch was fed at every step from the start ({view.step + 1} "
-            "steps): an overfit-one-batch test, a one-batch dataset, or a data iterator "
-            "re-created each step (`next(iter(loader))` in the loop).",
-            hint="If the dataset has more than one batch, create the iterator once per "
-            "epoch (`for x, y in loader:`).",
-            params=params,
-            module=module,
-            details={"steps": view.step + 1, "one_batch": True},
-            key="one_batch",
         )

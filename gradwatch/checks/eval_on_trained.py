@@ -33,7 +33,7 @@ class EvalOnTrainedSamples(Check):
     """Per eval-mode forward read: the share of its samples trained on."""
 
     id = "eval_on_trained_samples"
-    maturity = "stable"
+    maturity = "preview"
     Config = DataFedConfig
     config: DataFedConfig
     needs = frozenset({"data_as_fed"})

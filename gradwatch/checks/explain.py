@@ -13,6 +13,7 @@ Example:
 
 from __future__ import annotations
 
+import re
 import textwrap
 from typing import Optional
 
@@ -73,15 +74,20 @@ def all_docs() -> dict[str, CheckDoc]:
     return out
 
 
+_GLUE = "\x00"  # a space inside a `code span`: the span is copied as a whole, never split
+
+
 def _para(text: str, width: int, indent: str = "  ", bullet: str = "") -> list[str]:
-    return textwrap.wrap(
-        text,
+    glued = re.sub(r"`[^`]*`", lambda m: m.group(0).replace(" ", _GLUE), text)
+    lines = textwrap.wrap(
+        glued,
         width=width,
         initial_indent=indent + bullet,
         subsequent_indent=indent + " " * len(bullet),
         break_long_words=False,
         break_on_hyphens=False,
     )
+    return [line.replace(_GLUE, " ") for line in lines]
 
 
 def explain_text(check_id: str, *, width: int = 100) -> Optional[str]:

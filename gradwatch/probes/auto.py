@@ -343,13 +343,14 @@ def run_auto(
                 first.model, batch, loss_fn, config=config, only=(check_id,), time_limit=share
             )
         except Exception as exc:
-            record, finding = _failed(check_id, exc)
+            record, _ = _failed(check_id, exc)
             record.seconds = time.perf_counter() - t0
-            got, found = [record], [finding]
+            got, found = [record], []
         records += got
-        # A design said as info (train-mode batch norm couples the samples) stays in the
-        # record: inside watch() it would be said on every such model, unasked.
-        findings += [f for f in found if f.severity != "info" or f.check == NotObserved.id]
+        # Inside watch() the probes were not asked for: what they could not judge, and a
+        # design said as info (train-mode batch norm couples the samples), stays in their
+        # record (the probes section), not a finding on every such model.
+        findings += [f for f in found if f.severity != "info"]
     for record in records:
         record.details.update(auto=True, budget_s=budget, step_seconds=step_seconds)
         record.details["step_ratio"] = record.seconds / step_seconds if step_seconds > 0 else None

@@ -48,6 +48,9 @@ class AutoProbes:
         if pipe.config.probes == "off" or (pipe.dist is not None and pipe.dist.rank != 0):
             self.done = True
             return
+        if pipe.hooks.keep_all:  # torch.compile: a hook inside the graph breaks its tracing
+            self.done = True
+            return
         if pipe.sharded is not None:
             self.done = True
             why = f"the parameters are sharded ({pipe.sharded}): a shard cannot be copied"

@@ -46,7 +46,7 @@ def train(
     evaluate: Optional[Callable[[], Iterable[Batch]]] = None,
 ) -> Any:
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    with gradwatch.watch(model, opt, config=CFG) as w:
+    with gradwatch.watch(model, opt, config={**CFG, "preview": True}) as w:
         for epoch in range(epochs):
             model.train()
             for x, y in batches(epoch):

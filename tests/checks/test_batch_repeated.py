@@ -58,15 +58,16 @@ def test_next_iter_interleaved_with_a_loader_that_still_has_data() -> None:
     assert f.severity == "warning"
 
 
-def test_one_batch_every_step_from_the_start_is_said_as_info() -> None:
+def test_one_batch_every_step_from_the_start_is_not_judged() -> None:
+    """An overfit-one-batch test (and gradwatch check's own Probe loop) feeds one batch on
+    purpose; the prints cannot tell it from an iterator re-created each step."""
     x, y = next(iter(loader(dataset())))
 
     def batches(epoch: int) -> Iterator[Batch]:
         for _ in range(6):
             yield x, y
 
-    [f] = found(train(net(), batches), ID)
-    assert f.severity == "info" and f.details["one_batch"]
+    assert not found(train(net(), batches), ID)
 
 
 def test_epochs_of_unshuffled_and_shuffled_loaders_are_silent() -> None:

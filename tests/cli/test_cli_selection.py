@@ -196,8 +196,9 @@ def test_update_baseline_writes_the_baseline_and_exits_0(tmp_path: Path, spec: s
     saved = gradwatch.Report.read(baseline)
     n = len(saved.findings)
     assert f"baseline: wrote {n} finding{'' if n == 1 else 's'} to {baseline}" in proc.stdout
-    assert {f.check for f in saved.findings} == {GHOST_ID}
-    assert {p for f in saved.findings for p in f.params} == GHOSTS
+    loud = [f for f in saved.findings if f.severity != "info"]  # (a probe that could not judge)
+    assert {f.check for f in loud} == {GHOST_ID}
+    assert {p for f in loud for p in f.params} == GHOSTS
     assert not any(f.baselined() for f in saved.findings)
 
     # The baseline accepts what it holds; a new finding (another check) still fails.
@@ -214,7 +215,8 @@ def test_update_baseline_writes_the_baseline_and_exits_0(tmp_path: Path, spec: s
         cwd=tmp_path,
     )  # fmt: skip
     assert again.returncode == 0, again.stdout + again.stderr
-    assert {f.check for f in gradwatch.Report.read(baseline).findings} == {GHOST_ID}
+    again_saved = gradwatch.Report.read(baseline).findings
+    assert {f.check for f in again_saved if f.severity != "info"} == {GHOST_ID}
 
 
 def test_update_baseline_errors_still_exit_2(tmp_path: Path, spec: str) -> None:

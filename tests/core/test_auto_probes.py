@@ -447,10 +447,11 @@ def test_a_probe_that_raises_is_not_observed_and_training_goes_on(
     monkeypatch.setattr(auto, "run_probes", broken)
     report = _train(mlp(), _vector_batches(), steps=3)
     assert report.steps == 3
-    said = [f for f in report.findings if f.check == "not_observed"]
-    assert {f.details["probe"] for f in said} == set(LOSS_FREE_PROBES)
-    assert all(f.severity == "info" for f in said)
+    # said in the probes section (unasked inside watch(): a record, not a finding)
+    assert {p.id for p in report.probes} == set(LOSS_FREE_PROBES)
     assert {p.verdict for p in report.probes} == {"not_observed"}
+    assert all("boom" in p.note for p in report.probes)
+    assert not [f for f in report.findings if f.check == "not_observed"]
 
 
 def test_a_fault_in_the_wiring_is_an_internal_error(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -471,6 +472,6 @@ def test_a_model_that_cannot_be_copied_is_said_not_observed() -> None:
     model = mlp()
     model.lock = threading.Lock()  # type: ignore[assignment]  # deepcopy refuses it
     report = _train(model, _vector_batches(), steps=2)
-    reasons = {f.details["reason"] for f in report.findings if f.check == "not_observed"}
-    assert reasons == {"probe_not_copyable"}
+    reasons = {p.details.get("reason") for p in report.probes}
+    assert reasons == {"not_copyable"}, report.probes
     assert not _failing(report)
