@@ -66,7 +66,7 @@ class BatchRepeated(Check):
         "Read by the `data_as_fed` source: per-sample strided prints (a few int64 per sample, no "
         "copy of the data) of the model's first input on the first `scan_steps` (16) steps and a "
         "thinning sample after; `details.first_step`, `details.distinct_batches`. One batch at "
-        "every step from step 0 is said as `info` (an overfit test, a one-batch dataset or an "
+        "every step from step 0 is not judged (an overfit test, a one-batch dataset or an "
         "iterator re-created each step: not told apart); epochs of an unshuffled loader, shuffled "
         "epochs, two views or forwards per step are fine. An iterator re-created every k steps "
         "cycles like a k-batch dataset: not judged",
