@@ -51,10 +51,8 @@ class AutoProbes:
         if pipe.hooks.keep_all:  # torch.compile: a hook inside the graph breaks its tracing
             self.done = True
             return
-        if pipe.sharded is not None:
+        if pipe.sharded is not None:  # a shard cannot be copied: the layout says it already
             self.done = True
-            why = f"the parameters are sharded ({pipe.sharded}): a shard cannot be copied"
-            self._emit(skipped("sharded", why), None)
             return
         model = pipe.model
         assert model is not None
