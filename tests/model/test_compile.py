@@ -96,7 +96,7 @@ def test_clean_compiled_model_is_silent() -> None:
     (blind,) = report.by_check("not_observed")
     assert blind.severity == "info" and blind.details["reason"] == "compiled_forward"
     parts = blind.details["by_part"]
-    assert set(parts) == {"forward_hooks", "loss_graph", "eval_forward"}
+    assert set(parts) == {"forward_hooks", "loss_graph", "eval_forward", "loss_inputs"}
     assert "loss_disconnected" in parts["forward_hooks"]
     assert "eval_forward_stochastic" in parts["eval_forward"]
     assert set(blind.details["checks"]) == {c for named in parts.values() for c in named}
