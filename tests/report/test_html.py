@@ -45,7 +45,7 @@ class GhostNet(nn.Module):
 def _train(model: nn.Module, steps: int = 12, poison_at: int | None = None) -> Report:
     torch.manual_seed(0)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    with gradwatch.watch(model, opt, config={"every_n_steps": 1}) as w:
+    with gradwatch.watch(model, opt, config={"every_n_steps": 1, "probes": "off"}) as w:
         for step in range(steps):
             x = torch.randn(8, 8)
             if step == poison_at:
@@ -281,7 +281,9 @@ def _train_deep(n: int, steps: int = 6) -> Report:
     torch.manual_seed(0)
     model = Deep(n)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    with gradwatch.watch(model, opt, config={"every_n_steps": 1, "warn": False}) as w:
+    with gradwatch.watch(
+        model, opt, config={"every_n_steps": 1, "warn": False, "probes": "off"}
+    ) as w:
         for _ in range(steps):
             opt.zero_grad()
             model(torch.randn(8, 8)).pow(2).mean().backward()
