@@ -347,6 +347,9 @@ def test_the_probes_raise_no_false_alarm(case: Case) -> None:
     assert not loud and not report.failed, loud
     records = {p.id: p for p in report.probes}
     field_record = records.pop(FIELD)
+    # update_ascends_loss (this round) is judged by the loud findings above: its verdict on
+    # these real architectures is not pinned yet (an optimizer it cannot re-create is said)
+    records.pop("update_ascends_loss", None)
     assert field_record.verdict == "not_observed" and field_record.note.startswith("not judged")
     assert {k: r.verdict for k, r in records.items()} == case.verdicts, [
         f.message for f in report.findings
