@@ -148,19 +148,6 @@ LOSS_FREE_PROBES = (
 )
 
 
-def _one(
-    check_id: str,
-    cfg: Any,
-    record: ProbeResult,
-    model: nn.Module,
-    batch: Any,
-    loss_fn: LossFn,
-    opt: Any,
-) -> Optional[Finding]:
-    """Run one probe and judge it into ``record``; its finding, if any."""
-    return RUNNERS[check_id](model, batch, loss_fn, opt, cfg, Budget(cfg.budget_s), record)
-
-
 def _guarded(
     check_id: str,
     cfg: Any,
@@ -170,7 +157,8 @@ def _guarded(
     loss_fn: LossFn,
     opt: Any,
 ) -> Optional[Finding]:
-    """:func:`_one`, where the user's step may fail and warnings are the probe's own.
+    """Run one probe (its :data:`RUNNERS` entry) and judge it into ``record``; its finding,
+    if any. The user's step may fail there, and warnings are the probe's own.
 
     A step the probe cannot run (the user's ``loss_fn`` frees a graph the probe backpropagates
     through, a model that refuses a copy) is :class:`CannotJudge`, never an exception out of
@@ -181,7 +169,8 @@ def _guarded(
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            return _one(check_id, cfg, record, model, batch, loss_fn, opt)
+            runner = RUNNERS[check_id]
+            return runner(model, batch, loss_fn, opt, cfg, Budget(cfg.budget_s), record)
         except CannotJudge:
             raise
         except Exception as exc:

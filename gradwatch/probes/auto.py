@@ -295,22 +295,13 @@ def skipped(reason: str, why: str) -> Finding:
     )
 
 
-def _failed(check_id: str, exc: Exception) -> tuple[ProbeResult, Finding]:
-    """A probe that raised on the copy: said as ``not_observed`` (``info``), never raised
-    into the user's step."""
+def _failed(check_id: str, exc: Exception) -> ProbeResult:
+    """A probe that raised on the copy: its record says ``not_observed`` and why (it is
+    never raised into the user's step, and inside ``watch()`` it is no finding)."""
     said = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
     record = ProbeResult(id=check_id, verdict=NotObserved.id, note=f"the probe failed: {said}")
     record.details["reason"] = "failed"
-    finding = Finding(
-        check=NotObserved.id,
-        severity="info",
-        message=f"the {check_id} probe could not judge this model: it failed on the copy "
-        f"({said[:200]}).",
-        hint="The probe's verdict is missing, not a pass; if the model is ordinary, please "
-        "report it.",
-        details={"reason": "probe_failed", "probe": check_id, "error": repr(exc)},
-    )
-    return record, finding
+    return record
 
 
 def run_auto(
@@ -332,25 +323,16 @@ def run_auto(
     if hasattr(order, "compare_loss"):
         order.compare_loss = False
     chosen = [c for c in LOSS_FREE_PROBES if config.check(c).enabled]
-    records: list[ProbeResult] = []
-    findings: list[Finding] = []
-    start = time.perf_counter()
-    for k, check_id in enumerate(chosen):
-        share = (budget - (time.perf_counter() - start)) / (len(chosen) - k)
-        t0 = time.perf_counter()
-        try:
-            got, found = run_probes(
-                first.model, batch, loss_fn, config=config, only=(check_id,), time_limit=share
-            )
-        except Exception as exc:
-            record, _ = _failed(check_id, exc)
-            record.seconds = time.perf_counter() - t0
-            got, found = [record], []
-        records += got
-        # Inside watch() the probes were not asked for: what they could not judge, and a
-        # design said as info (train-mode batch norm couples the samples), stays in their
-        # record (the probes section), not a finding on every such model.
-        findings += [f for f in found if f.severity != "info"]
+    try:  # each probe is guarded in run_probes; this is for a fault around them
+        records, found = run_probes(
+            first.model, batch, loss_fn, config=config, only=chosen, time_limit=budget
+        )
+    except Exception as exc:
+        records, found = [_failed(c, exc) for c in chosen], []
+    # Inside watch() the probes were not asked for: what they could not judge, and a design
+    # said as info (train-mode batch norm couples the samples), stays in their record (the
+    # probes section), not a finding on every such model.
+    findings = [f for f in found if f.severity != "info"]
     for record in records:
         record.details.update(auto=True, budget_s=budget, step_seconds=step_seconds)
         record.details["step_ratio"] = record.seconds / step_seconds if step_seconds > 0 else None

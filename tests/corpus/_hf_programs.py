@@ -15,6 +15,8 @@ import warnings
 from typing import Any
 
 import torch
+from _harness import Built, Program
+from _hf_configs import CannotBuild, V, special_ids, tiny_config
 from torch import nn
 from transformers import (
     AutoModel,
@@ -25,9 +27,6 @@ from transformers import (
     PretrainedConfig,
     get_scheduler,
 )
-
-from tests.corpus._harness import Built, Program
-from tests.corpus._hf_configs import CannotBuild, V, special_ids, tiny_config
 
 AUTO = {
     "seq2seq_lm": AutoModelForSeq2SeqLM,

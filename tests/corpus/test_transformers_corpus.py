@@ -17,10 +17,9 @@ from pathlib import Path
 
 import pytest
 import transformers
-
-from tests.corpus._harness import assert_clean_but_known, known_false_alarms, run_program
-from tests.corpus._hf_configs import CannotBuild, architectures, classifier_architectures
-from tests.corpus._hf_programs import build, program
+from _harness import assert_clean_but_known, known_false_alarms, run_program
+from _hf_configs import CannotBuild, architectures, classifier_architectures
+from _hf_programs import build, program
 
 transformers.logging.set_verbosity_error()
 
