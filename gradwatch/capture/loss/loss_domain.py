@@ -323,10 +323,13 @@ class LossDomain(BackwardRoots):
 def _count(b: dict[str, Any]) -> torch.Tensor:
     """What a ``mean`` reduction of this call divides by: the targets not ``ignore_index``
     (their class weights summed when weighted), else the target's (or input's) elements;
-    ``batchmean``: the batch rows."""
+    ``batchmean``'s and ``ctc_loss``'s: the batch rows."""
     x, target = b.get("input"), b.get("target")
     if b.get("reduction") == "batchmean" and isinstance(x, torch.Tensor) and x.dim() > 0:
         return torch.tensor(float(x.shape[0]))
+    lp = b.get("log_probs")  # ctc_loss: a mean over the batch of per-target-length losses
+    if isinstance(lp, torch.Tensor):
+        return torch.tensor(float(lp.shape[1] if lp.dim() == 3 else 1))
     if isinstance(target, torch.Tensor) and not target.is_floating_point():
         t = target.detach()
         ignore = b.get("ignore_index")
