@@ -36,6 +36,7 @@ from torch.utils.hooks import RemovableHandle
 from gradwatch.checks.batch_order_dependent import BatchOrderDependent
 from gradwatch.checks.not_observed import NotObserved
 from gradwatch.config import GradWatchConfig
+from gradwatch.model.hook_args import pre_kwargs
 from gradwatch.probes import LOSS_FREE_PROBES, run_probes
 from gradwatch.probes._sandbox import tensors
 from gradwatch.results import Finding, ProbeResult
@@ -100,9 +101,9 @@ class FirstCall:
             first.handles.append(m.register_forward_hook(first._post, with_kwargs=True))
         return first
 
-    def _pre(self, module: nn.Module, args: Any, kwargs: Any) -> None:
+    def _pre(self, module: nn.Module, args: Any, *rest: Any) -> None:
         try:
-            self._take(module, args, kwargs)
+            self._take(module, args, pre_kwargs(rest))
         except Exception as exc:  # never the user's forward's failure
             self.remove()
             if self.on_error is not None:
@@ -117,7 +118,7 @@ class FirstCall:
         self.args, self.kwargs = tuple(args), dict(kwargs)
         self.started = time.perf_counter()
 
-    def _post(self, module: nn.Module, args: Any, kwargs: Any, output: Any) -> None:
+    def _post(self, module: nn.Module, args: Any, *rest: Any) -> None:
         if module is not self._called or self.done:
             return
         self.done = True  # versions after the forward: its own in-place edits are the model's

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from gradwatch.measure.batch_prints import column_scales, sample_prints, value_range
+from gradwatch.model.hook_args import pre_kwargs
 
 __all__ = ["NORMS", "DataFedWatch", "Fed"]
 
@@ -78,12 +79,12 @@ class DataFedWatch:
         self._names = {id(m): n for n, m in model.named_modules()}
         wself = weakref.ref(self)
 
-        def pre(module: nn.Module, args: Any, kwargs: Any) -> None:
+        def pre(module: nn.Module, args: Any, *rest: Any) -> None:
             me = wself()
             if me is None or torch.compiler.is_compiling():
                 return
             try:
-                me._see(module, args, kwargs)
+                me._see(module, args, pre_kwargs(rest))
             except Exception as e:  # gradwatch's fault must not stop training
                 me._on_error("data_as_fed forward pre-hook", e)
 

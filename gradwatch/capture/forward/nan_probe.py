@@ -22,6 +22,7 @@ from torch.utils.hooks import RemovableHandle
 from gradwatch.capture.grads.hooks import _INERT_REDUCE
 from gradwatch.measure.stats import foreach_norms
 from gradwatch.model.engines import clean_name, local
+from gradwatch.model.hook_args import pre_kwargs
 
 __all__ = ["NanProbe"]
 
@@ -207,13 +208,13 @@ class NanProbe:
 
             self._probe.append(mod.register_forward_hook(_Owned(flag, mod)))
 
-        def inputs(m: nn.Module, args: Any, kwargs: Any) -> None:
+        def inputs(m: nn.Module, args: Any, *rest: Any) -> None:
             me = wself()
             if me is None or len(me._inputs) >= _MAX_RECORDS or _not_eager():
                 return
             try:
                 with torch.no_grad():
-                    me._record_inputs(args, kwargs)
+                    me._record_inputs(args, pre_kwargs(rest))
             except Exception as exc:
                 me._on_error("NaN probe", exc)
 

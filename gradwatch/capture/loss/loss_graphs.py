@@ -26,6 +26,7 @@ from torch import nn
 from gradwatch.capture.loss.graph_walk import GraphDesc, Mark, describe
 from gradwatch.capture.loss.loose import BackwardRoots
 from gradwatch.capture.loss.term_shares import TermShares
+from gradwatch.model.hook_args import post_args
 from gradwatch.model.locations import call_site
 
 __all__ = ["MAX_GRAPH_NODES", "LossGraphs"]
@@ -113,8 +114,9 @@ class LossGraphs(BackwardRoots):
         self._marks.clear()
         self._alive_fns.clear()
 
-    def _seen(self, module: nn.Module, args: Any, kwargs: Any, out: Any) -> None:
+    def _seen(self, module: nn.Module, args: Any, *rest: Any) -> None:
         try:
+            kwargs, out = post_args(rest)
             entry = self._names.get(id(module))
             if entry is None or entry[1] is not module or len(self._marks) >= _MAX_MARKS:
                 return
