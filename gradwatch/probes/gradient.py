@@ -21,6 +21,7 @@ from typing import Any, Optional
 
 import torch
 from torch import Tensor, nn
+from torch.overrides import TorchFunctionMode
 
 from gradwatch.probes._sandbox import (
     Budget,
@@ -102,17 +103,20 @@ class _Evaluator:
         self.model, self.batch, self.loss_fn, self.mode = model, batch, loss_fn, mode
         self.buffers = [(b, b.detach().clone()) for b in model.buffers()]
         self.wide = wide
+        self.loss, self.value = torch.zeros(()), 0.0  # the recorded evaluation's
 
     def _evaluate(self) -> Tensor:
         """One seeded evaluation; in float64 the forward's own new tensors are float64 too
         (``torch.full(..., -inf)`` for a mask, ``torch.randn`` noise): a float32 mask in a
-        float64 ``nn.MultiheadAttention`` has a wrong backward in torch 2.13 (CPU)."""
+        float64 ``nn.MultiheadAttention`` has a wrong backward in torch 2.13 (CPU). Its casts
+        down stay float64 (:class:`KeepWide`)."""
         if not self.wide:
             return evaluate(self.model, self.batch, self.loss_fn, SEED)
         before = torch.get_default_dtype()
         torch.set_default_dtype(torch.float64)
         try:
-            return evaluate(self.model, self.batch, self.loss_fn, SEED)
+            with KeepWide():
+                return evaluate(self.model, self.batch, self.loss_fn, SEED)
         finally:
             torch.set_default_dtype(before)
 
@@ -126,7 +130,9 @@ class _Evaluator:
     def recorded(self) -> Tensor:
         self._restore()
         with self.mode.start(replay=False):
-            return self._evaluate()
+            self.loss = self._evaluate()
+        self.value = float(self.loss.detach())
+        return self.loss
 
     def replayed(self) -> float:
         self._restore()
@@ -136,6 +142,41 @@ class _Evaluator:
             return float(loss.detach())
         except ReplayMismatch as exc:
             raise CannotJudge("forward_changed", f"the forward took another path: {exc}") from exc
+
+
+_CASTS = frozenset(
+    {Tensor.to, Tensor.float, Tensor.half, Tensor.bfloat16, Tensor.type, Tensor.type_as}
+)
+
+
+_NARROW = frozenset({torch.float32, torch.float16, torch.bfloat16})
+
+
+def _any_wide(args: Any) -> bool:
+    items = [a for x in args for a in (x if isinstance(x, (list, tuple)) else (x,))]
+    return any(isinstance(a, Tensor) and a.dtype == torch.float64 for a in items)
+
+
+class KeepWide(TorchFunctionMode):
+    """A float64 tensor cast to a narrower float stays float64 (moved as asked), and so does
+    an operation on float64 tensors asked for a narrower ``dtype=``.
+
+    Models written for half precision upcast on purpose (``hidden.to(torch.float32)`` in an
+    RMSNorm, ``logits.float()`` before a loss); on a float64 copy those casts would round the
+    function the finite differences see to float32, and a step sized for float64 would then
+    measure rounding, not the derivative. Both sides keep the float64 function instead.
+    """
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if kwargs.get("dtype") in _NARROW and _any_wide(args):  # softmax(x, dtype=float32)
+            kwargs = {**kwargs, "dtype": torch.float64}
+        out = func(*args, **kwargs)
+        if func in _CASTS and args and isinstance(args[0], Tensor) and isinstance(out, Tensor):
+            src = args[0]
+            if src.dtype == torch.float64 and out.is_floating_point() and out.dtype != src.dtype:
+                return src.to(out.device)
+        return out
 
 
 def _prepare(
@@ -158,6 +199,14 @@ def _judge(row: ProbeLayer, noise: float, rtol: float) -> str:
     if err <= rtol * scale or err <= 1e-9:
         return "agree"
     return "mismatch" if err > 10.0 * noise else "inconclusive"
+
+
+def _rounding(loss: Tensor, value: float, h: float) -> float:
+    """The least error rounding leaves in a central difference of step ``h``: the loss is
+    known to a few ulps, so a change below that reads as 0 at ``h`` and ``2h`` alike (a
+    float32 loss of 10 moves by 1e-6 at the least)."""
+    eps = torch.finfo(loss.dtype).eps if loss.is_floating_point() else 0.0
+    return 2.0 * eps * abs(value) / h
 
 
 def _precision(dtype: str, rtol: float) -> tuple[float, float]:
@@ -347,6 +396,7 @@ def _compare(
 ) -> ProbeLayer:
     """One layer's (or every layer's) directional derivative, autograd against numeric."""
     h = h_rel * layer.scale
+    floor = _rounding(ev.loss, ev.value, h)
     auto = layer.directional(grads)
     row = ProbeLayer(
         name=layer.name, params=layer.names, autograd=auto, numeric=_central(ev, layer, h)
@@ -358,5 +408,5 @@ def _compare(
         row.status = _judge(row, 0.0, tol)
         if row.status != "agree":  # confirm at 2h: noise moves, a wrong derivative stays
             again2 = _central(ev, layer, 2.0 * h)
-            row.status = _judge(row, abs(again2 - row.numeric), tol)
+            row.status = _judge(row, max(abs(again2 - row.numeric), floor), tol)
     return row
