@@ -45,6 +45,9 @@ SEED = 31337
 FEW = 2  # samples of the capacity retry (Karpathy's recipe: overfit "as little as two")
 RETRY_SHARE = 0.2  # of budget_s, at least, for that retry
 FROZEN_MAJORITY = 0.5  # of the parameters frozen: an adapter on a base it cannot judge
+#: Fewer steps than this, cut by the time budget, judge nothing: AdamW at 1e-3 moves a weight
+#: by about 1e-3 a step, and a loaded machine gave a correct model 6 steps (no fall is no news).
+MIN_JUDGED = 20
 
 
 @dataclass
@@ -214,6 +217,13 @@ def _fit(
             if result.boosted and min(result.boosted) <= result.target:
                 return result
     curve = result.boosted or result.curve
+    if result.stopped_by_budget and len(result.curve) < min(MIN_JUDGED, steps):
+        raise CannotJudge(
+            "budget",
+            f"the time budget allowed only {len(result.curve)} steps, too few to judge "
+            f"({curve[0]:.4g} -> {min(curve):.4g}, target {result.target:.4g}): raise budget_s",
+            partial=result,
+        )
     result.not_moved = not_moved(model, clone, opt)
     result.unreached = [n for n in unreached(clone) if n in result.not_moved]
     heading = asymptote(curve) if result.boosted else None

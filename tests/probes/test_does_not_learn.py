@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -175,3 +176,21 @@ def test_a_squashed_output_fits_two_samples_no_better() -> None:
     x, y = _regression()
     report = _probe(model, (x[:8], y[:8]), mse, torch.optim.Adam(model.parameters(), lr=1e-3))
     assert verdicts(report) == {CHECK: "finding"}
+
+
+def test_a_budget_that_allows_a_few_steps_judges_nothing() -> None:
+    """A loaded machine gave a correct Hugging Face model 6 AdamW steps at 1e-3: its loss
+    had not fallen yet, which is no evidence that it cannot."""
+    torch.manual_seed(0)
+    model = mlp()
+
+    def slow_ce(m: nn.Module, b: Any) -> Tensor:
+        time.sleep(0.02)  # each step costs what a larger model's does
+        return ce(m, b)
+
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
+    config = {"checks": {**CFG["checks"], CHECK: {"budget_s": 0.15}}}
+    report = gradwatch.probe(model, data(), slow_ce, opt, config=config)
+    assert verdicts(report) == {CHECK: "not_observed"}, [f.message for f in report.findings]
+    (blind,) = report.by_check("not_observed")
+    assert blind.details["reason"] == "probe_budget" and "raise budget_s" in blind.message
