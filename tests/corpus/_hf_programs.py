@@ -109,6 +109,11 @@ def build_model(model_type: str, task: str) -> nn.Module:
     config = tiny_config(model_type)
     if task == "sequence_classification":
         config.num_labels = 3
+    if task == "causal_lm" and getattr(config, "is_decoder", None) is False:
+        # An encoder (BERT, RoFormer, BigBird) as a causal LM, as its docs say: "add
+        # is_decoder=True" (without it the model sees the tokens it predicts, which
+        # sample_dependence rightly reports).
+        config.is_decoder = True
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
