@@ -34,6 +34,21 @@ class GhostParamConfig(CheckConfig):
         "find_unused_parameters=True. Under DDP without it (the job crashes) and for a "
         "permanent ghost: `severity`.",
     )
+    library_severity: Severity = Field(
+        default="info",
+        description="Severity of a ghost inside a third-party library's own model (below its "
+        "top module, with no user class in between: a Hugging Face masked LM's pooler, a "
+        "decoder's cross-attention run alone, an indexer its forward runs under no_grad), in "
+        "a single process or under DDP with find_unused_parameters=True. Under DDP without "
+        "it: `severity`.",
+    )
+
+
+LIBRARY = (
+    " It is inside {pkg}'s own model, whose forward leaves it out by design (this code is "
+    "not yours): freeze it with requires_grad_(False) if it is not meant to train; under "
+    "DDP, find_unused_parameters=True (Hugging Face's Trainer sets it for its models)."
+)
 
 
 class GhostParam(Check):
@@ -59,7 +74,12 @@ class GhostParam(Check):
         "memory, and under DDP without find_unused_parameters=True the job crashes with "
         "'Expected to have finished reduction'. A permanent ghost is an error; an intermittent one "
         "(MoE routing, LayerDrop: a branch taken sometimes) is info in one process or under "
-        "DDP with find_unused_parameters=True, and an error under DDP without it.",
+        "DDP with find_unused_parameters=True, and an error under DDP without it. A ghost "
+        "inside a third-party library's own model (below its top module, no user class in "
+        "between: a Hugging Face masked LM's pooler, a decoder's cross-attention run alone) is "
+        "that library's design and `library_severity` (info), except under DDP without "
+        "find_unused_parameters; the library model left out or run under no_grad by the "
+        "user's code is the user's ghost.",
         causes=(
             "not_called: a layer built in __init__ that forward() never calls (a forgotten "
             "auxiliary head, a renamed attribute).",
@@ -87,7 +107,9 @@ class GhostParam(Check):
         "intermittent). One cause, one finding: the layers one `.detach()` cut off are one "
         "finding, `details.cut` naming the module whose output was detached; a subtree never "
         "called or run under `no_grad` is one finding named by it; a layer replaced after the "
-        "optimizer was built is `details.cause: not_in_model` (`details.replaced`)",
+        "optimizer was built is `details.cause: not_in_model` (`details.replaced`). Inside a "
+        "library's own model (a Hugging Face pooler that a masked LM never reads) it is "
+        "`library_severity` (`info`), `details.library_design` naming the package",
     )
     config: GhostParamConfig
 
@@ -96,6 +118,7 @@ class GhostParam(Check):
         self._ddp_strict = False  # under DDP without find_unused_parameters
         self._flagged: dict[str, tuple[list[int], Group]] = {}  # key -> its ghosts, group
         self._pos: tuple[object, dict[int, int]] = (None, {})
+        self._library: dict[str, str] = {}  # library-owned module -> its package
 
     @classmethod
     def call_site(cls, finding: Any) -> Optional[str]:
@@ -106,6 +129,17 @@ class GhostParam(Check):
 
     def on_structure(self, view: StructureView, log: FindingLog) -> None:
         self._ddp_strict = view.extra.get("ddp_find_unused") is False
+        self._library = view.extra.get("library_owned") or {}
+
+    def _library_of(self, group: Group) -> Optional[str]:
+        """The package whose own model holds ``group`` (None: user code). A group is judged
+        by its top module: ``bert`` run under no_grad by the user's forward is the user's
+        ghost, though every layer under it is the library's."""
+        tops = [group.module] if group.module else group.layers
+        pkgs = {self._library.get(layer) for layer in tops}
+        if len(pkgs) != 1 or None in pkgs or self._ddp_strict:
+            return None
+        return pkgs.pop()
 
     def _severity(self, intermittent: bool) -> str:
         if intermittent and not self._ddp_strict:
@@ -160,12 +194,19 @@ class GhostParam(Check):
         ids = [view.ids[k] for k in ks]
         names = view.index.names(ids)
         self._flagged[group.key] = (ids, group)
+        severity, hint = self._severity(intermittent), group.hint()
+        library = self._library_of(group)
+        if library is not None:
+            details["library_design"] = library
+            hint += LIBRARY.format(pkg=library)
+            if not intermittent:
+                severity = self.config.library_severity
         log.emit(
             self.id,
-            severity=self._severity(intermittent),
+            severity=severity,
             step=view.step,
             message=group.message(len(names), lost, seen, view.step, where),
-            hint=group.hint() + (INTERMITTENT if intermittent else ""),
+            hint=hint + (INTERMITTENT if intermittent else ""),
             params=names,
             module=group.module,
             details=details,

@@ -20,6 +20,7 @@ from gradwatch.capture.grads.window import Track
 from gradwatch.checks.views import StructureView
 from gradwatch.model import registry
 from gradwatch.model.index import ParamIndex
+from gradwatch.model.library import library_owned
 
 _requires_grad = attrgetter("requires_grad")
 
@@ -109,6 +110,7 @@ class Structure:
                 "step": step,
                 "ddp_find_unused": self.ddp_find_unused,
                 "optimizer_classes": [type(o).__name__ for o in self.optimizers],
+                "library_owned": library_owned(model),
             },
         )
 
