@@ -164,6 +164,20 @@ def _embedding_weight(module: Any, getter: str) -> Optional[torch.Tensor]:
     return weight if isinstance(weight, torch.Tensor) else None
 
 
+def _tie_target(mod: nn.Module, outp: torch.Tensor) -> Optional[torch.Tensor]:
+    """What the class's ``_tied_weights_keys`` (transformers 5: output key -> source key)
+    ties ``outp`` to; ``None`` when it names no tie for it (Luke's masked LM ties its
+    entity head only, T5Gemma its decoder's embedding, not the encoder's)."""
+    keys: dict[str, str] = mod._tied_weights_keys  # type: ignore[assignment]
+    for name, p in mod.named_parameters(remove_duplicate=False):
+        if p is outp and name in keys:
+            try:
+                return mod.get_parameter(keys[name])
+            except AttributeError:
+                return None
+    return None
+
+
 def declared_ties_broken(model: nn.Module) -> list[BrokenTie]:
     """Modules that declare their input and output embeddings tied whose weights differ.
 
@@ -181,6 +195,8 @@ def declared_ties_broken(model: nn.Module) -> list[BrokenTie]:
             continue
         inp = _embedding_weight(mod, "get_input_embeddings")
         outp = _embedding_weight(mod, "get_output_embeddings")
+        if outp is not None and isinstance(getattr(mod, "_tied_weights_keys", None), dict):
+            inp = _tie_target(mod, outp)
         if inp is None or outp is None or inp is outp or inp.shape != outp.shape:
             continue
         pair = tuple(names.get(id(t), "?") for t in (inp, outp))

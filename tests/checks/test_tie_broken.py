@@ -107,9 +107,19 @@ def _flat_buffer() -> nn.Module:
     return model
 
 
+def _hf_ties_nothing_to_its_head() -> nn.Module:
+    """A class whose ``_tied_weights_keys`` names no tie for its output embedding (Luke's
+    masked LM ties only its entity head): ``tie_word_embeddings`` alone declares nothing."""
+    model = _gpt2()
+    model.__class__ = type("UntiedHead", (type(model),), {"_tied_weights_keys": {}})
+    model.lm_head.weight = nn.Parameter(model.lm_head.weight.detach().clone())
+    return model
+
+
 @pytest.mark.parametrize(
     ("build", "loss"),
     [
+        (_hf_ties_nothing_to_its_head, _hf_loss),
         (TiedLM, _lm_loss),
         (_hf_resized, _hf_loss),
         (lambda: _gpt2(tied=False), _hf_loss),
