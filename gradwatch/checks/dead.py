@@ -20,7 +20,7 @@ from gradwatch.checks._grouping import by_flow
 from gradwatch.checks._patience import Streaks
 from gradwatch.checks.base import Check, CheckConfig, severity_field
 from gradwatch.checks.docs import CheckDoc
-from gradwatch.checks.views import StepView
+from gradwatch.checks.views import StepView, StructureView
 
 if TYPE_CHECKING:
     from gradwatch.checks.base import FindingLog
@@ -69,6 +69,12 @@ class DeadParam(Check):
         self._layers = Streaks()
         self._params = Streaks()
         self._counting: set[int] = set()  # parameters whose zero-gradient streak is > 0
+        # embeddings with a padding_idx: fed only that index, torch's documented gradient is
+        # exactly zero (RoCBERT's pronunciation table on text without pronunciation ids)
+        self._padded: frozenset[str] = frozenset()
+
+    def on_structure(self, view: StructureView, log: FindingLog) -> None:
+        self._padded = frozenset(view.extra.get("padded_embeddings") or ())
         self._samples: dict[str, int] = {}  # layer -> samples its zero streak covers
 
     def on_step(self, view: StepView, log: FindingLog) -> None:
@@ -80,7 +86,7 @@ class DeadParam(Check):
         per_step = view.window.samples or self.config.min_samples
         for layer, s in view.layers.items():
             finite = isfinite(s.norm)
-            dead = finite and s.nonzero == 0
+            dead = finite and s.nonzero == 0 and layer not in self._padded
             covered = self._samples[layer] = self._samples.get(layer, 0) + per_step if dead else 0
             if self._layers.hit(layer, dead) >= patience and covered >= self.config.min_samples:
                 dead_layers.append(layer)

@@ -111,6 +111,7 @@ class Structure:
                 "ddp_find_unused": self.ddp_find_unused,
                 "optimizer_classes": [type(o).__name__ for o in self.optimizers],
                 "library_owned": library_owned(model),
+                "padded_embeddings": padded_embeddings(model),
             },
         )
 
@@ -210,3 +211,14 @@ def _coverage(
         outside_model=sum(1 for i in optimizer_of if params[i].outside_model),
         optimizers=len(optimizers),
     )
+
+
+def padded_embeddings(model: nn.Module) -> list[str]:
+    """The embedding tables with a ``padding_idx``: fed only that index, torch's documented
+    gradient is exactly zero (``dead_param`` leaves them out)."""
+    kinds = (nn.Embedding, nn.EmbeddingBag)
+    return [
+        name
+        for name, m in model.named_modules()
+        if isinstance(m, kinds) and getattr(m, "padding_idx", None) is not None
+    ]

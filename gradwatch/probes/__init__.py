@@ -50,6 +50,7 @@ from gradwatch.checks.sample_dependence import SampleDependence
 from gradwatch.checks.update_ascends_loss import UpdateAscendsLoss
 from gradwatch.config import GradWatchConfig
 from gradwatch.model.engines import clean_name
+from gradwatch.model.library import package_of
 from gradwatch.probes._property_verdicts import (
     ascent_verdict,
     field_verdict,
@@ -82,7 +83,7 @@ Runner = Callable[[nn.Module, Any, LossFn, Any, Any, Budget, ProbeResult], Optio
 
 def _samples(m: nn.Module, b: Any, fn: LossFn, opt: Any, cfg: Any, budget: Budget, rec: Any) -> Any:
     found = samples_reached(m, b, fn, min_share=cfg.min_share, budget=budget, causal=cfg.causal)
-    return sample_verdict(found, rec, cfg.severity)
+    return sample_verdict(found, rec, cfg.severity, library=package_of(type(m)))
 
 
 def _gradient(

@@ -133,7 +133,9 @@ def _explained_note(res: GradientResult, layers: list[str]) -> str:
     )
 
 
-def _leak_finding(leak: Leak, severity: str, leaks: list[Any]) -> Finding:
+def _leak_finding(
+    leak: Leak, severity: str, leaks: list[Any], library: Optional[str] = None
+) -> Finding:
     shown = ", ".join(str(p) for p in leak.reached[:8]) + (", ..." if len(leak.reached) > 8 else "")
     via = ", ".join(leak.inputs[:3])
     if leak.kind == "causal":
@@ -160,12 +162,25 @@ def _leak_finding(leak: Leak, severity: str, leaks: list[Any]) -> Finding:
             "(`(h * m).sum(1) / m.sum(1)`), not over every position."
         )
     details = {"sample": leak.sample, "independence": leak.kind, "declared_by": leak.declared_by}
+    if leak.kind == "padding" and library is not None:
+        # FNet mixes every position by design, ConvBERT's convolutions and Funnel's pooling
+        # span the padding: the library's architecture, given the mask it asks for.
+        severity, details["library_design"] = "info", library
+        hint = (
+            f"The model is {library}'s own and takes the attention_mask it was given: its "
+            "architecture mixes padded positions in (a Fourier or convolution mixer, pooling "
+            "across positions). Pad less (bucket by length) if results must not depend on it. "
+            + hint
+        )
     details.update(position=leak.position, reached_positions=leak.reached[:32], share=leak.share)
     details.update(inputs=leak.inputs, within_sample=leaks, cause=None)
     return _finding(SampleDependence.id, severity, message, hint, details=details)
 
 
-def sample_verdict(res: SampleResult, record: ProbeResult, severity: str) -> Optional[Finding]:
+def sample_verdict(
+    res: SampleResult, record: ProbeResult, severity: str, library: Optional[str] = None
+) -> Optional[Finding]:
+    """``library``: the third-party package whose model is probed (its padding is its own)."""
     record.memory_bytes = res.memory_bytes
     record.details.update(sample=res.sample, batch=res.batch, inputs=res.inputs)
     record.details["declared"] = res.declared
@@ -185,7 +200,7 @@ def sample_verdict(res: SampleResult, record: ProbeResult, severity: str) -> Opt
         return None
     record.verdict = "finding" if res.cause is None or res.leaks else "passed"
     if res.leaks and (not res.dependent or res.cause is not None):
-        return _leak_finding(res.leaks[0], severity, leaks)
+        return _leak_finding(res.leaks[0], severity, leaks, library)
     share = "inf" if math.isinf(res.share) else f"{res.share:.3g}"
     details = {
         "sample": res.sample,

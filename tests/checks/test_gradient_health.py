@@ -282,3 +282,34 @@ def test_single_parameter_optimizer_is_not_stale() -> None:
     report = w.report()
     assert fired(report) == set(), [f.line() for f in report.findings]
     assert report.layers[0].update_ratio is not None and report.layers[0].update_ratio > 0
+
+
+class WithSideTable(nn.Module):
+    """RoCBERT's form: a second embedding table (``padding_idx=0``) that text without its
+    ids looks up at index 0 only; its gradient is exactly zero by torch's definition."""
+
+    def __init__(self, padding_idx: int | None = 0) -> None:
+        super().__init__()
+        self.side = nn.Embedding(10, 8, padding_idx=padding_idx)
+        self.body = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        ids = torch.zeros(x.shape[0], dtype=torch.long)  # no side ids given: the padding id
+        return self.body(x + self.side(ids))
+
+
+def test_an_embedding_fed_only_its_padding_index_is_not_dead() -> None:
+    torch.manual_seed(0)
+    model = WithSideTable()
+    report = train(model, torch.optim.SGD(model.parameters(), lr=0.01), steps=5)
+    assert "dead_param" not in fired(report), [f.line() for f in report.findings]
+
+
+def test_without_a_padding_index_the_same_zero_gradient_is_still_judged() -> None:
+    torch.manual_seed(0)
+    model = WithSideTable(padding_idx=None)
+    with torch.no_grad():
+        model.side.weight[0].zero_()
+    model.side.weight.register_hook(lambda g: g * 0.0)  # no gradient reaches the table
+    report = train(model, torch.optim.SGD(model.parameters(), lr=0.01), steps=5)
+    assert any(f.module == "side" for f in report.by_check("dead_param")), fired(report)
