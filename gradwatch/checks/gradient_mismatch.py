@@ -44,7 +44,7 @@ class GradientMismatch(Check):
     """A layer's gradient, as autograd computes it, is not the derivative of the loss."""
 
     id = "gradient_mismatch"
-    maturity = "stable"
+    maturity = "preview"
     Config = GradientMismatchConfig
     doc = CheckDoc(
         summary="Autograd's derivative of the loss along a random direction of a layer's "

@@ -200,7 +200,8 @@ def sample_verdict(
         return None
     record.verdict = "finding" if res.cause is None or res.leaks else "passed"
     if res.leaks and (not res.dependent or res.cause is not None):
-        return _leak_finding(res.leaks[0], severity, leaks, library)
+        # the library's design only when the user gave it the mask it asks for
+        return _leak_finding(res.leaks[0], severity, leaks, library if res.mask_passed else None)
     share = "inf" if math.isinf(res.share) else f"{res.share:.3g}"
     details = {
         "sample": res.sample,

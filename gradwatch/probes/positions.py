@@ -32,6 +32,7 @@ __all__ = [
     "causal_leak",
     "declared_causal",
     "declared_padding",
+    "names_mask",
     "padding_leak",
     "weighted_grads",
 ]
@@ -92,6 +93,15 @@ def declared_padding(model: nn.Module, batch: Any, n: int) -> Optional[Tensor]:
     takes = "attention_mask" in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
     kept = mask.detach().bool().cpu()
     return kept if takes and bool((~kept).any()) else None
+
+
+def names_mask(model: nn.Module) -> bool:
+    """Whether the model's ``forward`` names ``attention_mask`` (FNet's takes only ``**kwargs``:
+    no mask can be given to it)."""
+    try:
+        return "attention_mask" in inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return True
 
 
 def _positional(leaves: list[tuple[str, Tensor]], length: int) -> list[tuple[str, Tensor]]:

@@ -44,6 +44,7 @@ from gradwatch.probes.positions import (
     causal_leak,
     declared_causal,
     declared_padding,
+    names_mask,
     padding_leak,
     weighted_grads,
 )
@@ -67,6 +68,7 @@ class SampleResult:
     leaks: list[Leak] = field(default_factory=list)  # declared independences inside a sample
     declared: dict[str, str] = field(default_factory=dict)  # what declared them
     not_judged: dict[str, str] = field(default_factory=dict)  # declared, but why not judged
+    mask_passed: bool = False  # the batch's mask reached the model's call, or it takes none
 
     @property
     def dependent(self) -> bool:
@@ -120,15 +122,19 @@ class _Capture:
         self.outputs: list[Any] = []  # the root's, else its children's (a GAN's G and D)
         self.children: list[Any] = []
         self.time_major = TimeMajor(model, n)
-        self.handles = [model.register_forward_hook(self._root)]
+        self.mask = batch.get("attention_mask") if isinstance(batch, Mapping) else None
+        self.mask_passed = False  # the batch's mask reached the root's call
+        self.handles = [model.register_forward_hook(self._root, with_kwargs=True)]
         for child in model.children():
             self.handles.append(child.register_forward_hook(self._child))
         for name, mod in model.named_modules():
             if isinstance(mod, (nn.Embedding, nn.EmbeddingBag)):
                 self.handles.append(mod.register_forward_hook(self._embedding(name)))
 
-    def _root(self, module: nn.Module, args: Any, output: Any) -> None:
+    def _root(self, module: nn.Module, args: Any, kwargs: Any, output: Any) -> None:
         self.outputs.append(output)
+        if self.mask is not None:
+            self.mask_passed |= any(t is self.mask for t in [*args, *kwargs.values()])
 
     def _child(self, module: nn.Module, args: Any, output: Any) -> None:
         self.children.append(output)
@@ -177,6 +183,7 @@ def _forward(
         raise CannotJudge("no_inputs", "the batch has no floating input and the model no embedding")
     if seen is not None:
         seen["time_major"] = time_major.reason(out) or ""
+        seen["mask_passed"] = "yes" if capture.mask_passed else ""
     return out, leaves
 
 
@@ -280,7 +287,9 @@ def _within(
     for m in copy.modules():
         if isinstance(m, _BatchNorm):
             m.eval()
-    out, leaves = _forward(copy, batch, loss_fn, n)
+    seen: dict[str, str] = {}
+    out, leaves = _forward(copy, batch, loss_fn, n, seen)
+    result.mask_passed = bool(seen["mask_passed"]) or not names_mask(copy)
     rules: list[tuple[str, Callable[[], Optional[Leak]]]] = []
     if by is not None:
         rules.append(

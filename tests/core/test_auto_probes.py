@@ -200,7 +200,11 @@ def _verdicts(report: gradwatch.Report) -> dict[str, str]:
 
 
 def test_a_wrong_custom_backward_is_found_with_no_code_added() -> None:
-    report = _train(WrongBackward(), _vector_batches())
+    # a preview check (SPEC 8.1): by default its finding is info, kept in the probes' record
+    default = _train(WrongBackward(), _vector_batches())
+    assert _verdicts(default)["gradient_mismatch"] == "finding"
+    assert not default.by_check("gradient_mismatch") and not _failing(default)
+    report = _train(WrongBackward(), _vector_batches(), config={"preview": True})
     found = [f for f in report.findings if f.check == "gradient_mismatch"]
     assert found and found[0].severity == "error", report.findings
     assert found[0].module == "a"

@@ -30,10 +30,11 @@ def verdicts(report: gradwatch.Report) -> dict[str, str]:
 
 
 def only(check: str) -> dict[str, Any]:
-    """A config that runs one probe."""
+    """A config that runs one probe, a preview one at its own severity (``preview: true``:
+    ``gradient_mismatch`` is preview this round, SPEC 8.1)."""
     from gradwatch.probes import PROBES
 
-    return {"checks": {i: {"enabled": i == check} for i in PROBES}}
+    return {"preview": True, "checks": {i: {"enabled": i == check} for i in PROBES}}
 
 
 def findings(report: gradwatch.Report, check: str) -> list[gradwatch.Finding]:

@@ -111,7 +111,10 @@ def build():
     torch.manual_seed(0)
     model = Net()
     batch = (torch.randn(16, 4), torch.randint(0, 3, (16,)))
-    return gradwatch.Probe(model, batch, lambda m, b: F.cross_entropy(m(b[0]), b[1]))
+    return gradwatch.Probe(model, batch, lambda m, b: F.cross_entropy(m(b[0]), b[1]), config=CONFIG)
+
+
+CONFIG = None
 """
 
 
@@ -121,6 +124,11 @@ def test_gradwatch_check_runs_the_probes_by_default(
     target = tmp_path / "swish_target.py"
     target.write_text(TARGET, encoding="utf-8")
     out = tmp_path / "report.json"
+    # gradient_mismatch is preview (SPEC 8.1): found, at info, failing nothing by default
+    assert main(["check", f"{target}:build", "--json", str(out)]) == 0
+    (found,) = gradwatch.Report.read(out).by_check("gradient_mismatch")
+    assert found.severity == "info" and found.details["preview_severity"] == "error"
+    target.write_text(TARGET.replace("CONFIG = None", "CONFIG = {'preview': True}"), "utf-8")
     assert main(["check", f"{target}:build", "--json", str(out)]) == 1
     report = gradwatch.Report.read(out)
     assert [f.check for f in report.failing()] == ["gradient_mismatch"]
