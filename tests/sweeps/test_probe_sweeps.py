@@ -342,7 +342,10 @@ CASES = [
 def test_the_probes_raise_no_false_alarm(case: Case) -> None:
     torch.manual_seed(0)
     model, batch, loss_fn, optimizer = case.build()
-    report = gradwatch.probe(model, batch, loss_fn, optimizer)
+    # a loaded CI machine can spend does_not_learn's 5 s before these LoRA copies reach the
+    # target (the run stops there, so room costs nothing on a quiet one)
+    slack = {"checks": {"does_not_learn": {"budget_s": 30.0}}}
+    report = gradwatch.probe(model, batch, loss_fn, optimizer, config=slack)
     loud = [f.line() for f in report.findings if f.severity in ("error", "warning")]
     assert not loud and not report.failed, loud
     records = {p.id: p for p in report.probes}
