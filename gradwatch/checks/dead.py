@@ -59,7 +59,10 @@ class DeadParam(Check):
         fix="Lower the learning rate, use LeakyReLU/GELU, re-initialise the layer; drop a "
         "redundant bias (bias=False).",
         detail="every gradient of a layer exactly zero for `patience` observed steps (a single "
-        "redundant parameter: `info`)",
+        "redundant parameter: `info`). An embedding with a `padding_idx` is left out (fed only "
+        "that index, its gradient is zero by definition); a layer inside a third-party "
+        "library's own model that never had a nonzero gradient is that model's data flow: "
+        "`info`, `details.library_design` naming the package",
     )
     config: DeadParamConfig
     needs = frozenset({"samples"})
@@ -72,9 +75,12 @@ class DeadParam(Check):
         # embeddings with a padding_idx: fed only that index, torch's documented gradient is
         # exactly zero (RoCBERT's pronunciation table on text without pronunciation ids)
         self._padded: frozenset[str] = frozenset()
+        self._library: dict[str, str] = {}  # library-owned module -> its package
+        self._alive: set[str] = set()  # layers that had a nonzero gradient at some step
 
     def on_structure(self, view: StructureView, log: FindingLog) -> None:
         self._padded = frozenset(view.extra.get("padded_embeddings") or ())
+        self._library = view.extra.get("library_owned") or {}
         self._samples: dict[str, int] = {}  # layer -> samples its zero streak covers
 
     def on_step(self, view: StepView, log: FindingLog) -> None:
@@ -87,6 +93,8 @@ class DeadParam(Check):
         for layer, s in view.layers.items():
             finite = isfinite(s.norm)
             dead = finite and s.nonzero == 0 and layer not in self._padded
+            if finite and not dead:
+                self._alive.add(layer)
             covered = self._samples[layer] = self._samples.get(layer, 0) + per_step if dead else 0
             if self._layers.hit(layer, dead) >= patience and covered >= self.config.min_samples:
                 dead_layers.append(layer)
@@ -128,13 +136,20 @@ class DeadParam(Check):
         origin = max(group, key=lambda layer: stamps.get(layer, 0))
         ids = [view.ids[k] for layer in group for k in view.layers[layer].positions]
         details: dict[str, object] = {"scope": "layer"}
+        severity = self.severity
+        library = {self._library.get(layer) for layer in group}
+        if len(library) == 1 and None not in library and not set(group) & self._alive:
+            # zero from the first step inside a library's own model: its data flow (Longformer's
+            # last local q/k/v, which a classifier reading the global token never uses)
+            details["library_design"] = library.pop()
+            severity = "info"
         said = ""
         if len(group) > 1:
             details["layers"] = group
             said = f", and the {len(group) - 1} layer(s) before it get no gradient through it"
         log.emit(
             self.id,
-            severity=self.severity,
+            severity=severity,
             step=view.step,
             message=f"layer '{origin}': every gradient exactly zero for "
             f"{self.config.patience}+ observed steps (dead units){said}.",

@@ -313,3 +313,32 @@ def test_without_a_padding_index_the_same_zero_gradient_is_still_judged() -> Non
     model.side.weight.register_hook(lambda g: g * 0.0)  # no gradient reaches the table
     report = train(model, torch.optim.SGD(model.parameters(), lr=0.01), steps=5)
     assert any(f.module == "side" for f in report.by_check("dead_param")), fired(report)
+
+
+class ZeroedBranch(nn.Module):
+    """A branch whose output the forward scales by zero: its gradient is zero from step 0
+    (Longformer's last local q/k/v under a classifier that reads the global token only)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.side = nn.Linear(8, 1)
+        self.body = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x) + 0.0 * self.side(x)
+
+
+def test_a_zero_from_the_first_step_inside_a_librarys_model_is_its_design(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import gradwatch.core.structure as structure
+
+    torch.manual_seed(0)
+    model = ZeroedBranch()
+    report = train(model, torch.optim.SGD(model.parameters(), lr=0.01), steps=5)
+    (plain,) = [f for f in report.by_check("dead_param") if f.module == "side"]
+    assert plain.severity == "warning"  # the user's own model: judged as ever
+    monkeypatch.setattr(structure, "library_owned", lambda m: {"side": "somelib"})
+    report = train(model, torch.optim.SGD(model.parameters(), lr=0.01), steps=5)
+    (found,) = [f for f in report.by_check("dead_param") if f.module == "side"]
+    assert found.severity == "info" and found.details["library_design"] == "somelib"
