@@ -74,12 +74,12 @@ class GhostParam(Check):
         "memory, and under DDP without find_unused_parameters=True the job crashes with "
         "'Expected to have finished reduction'. A permanent ghost is an error; an intermittent one "
         "(MoE routing, LayerDrop: a branch taken sometimes) is info in one process or under "
-        "DDP with find_unused_parameters=True, and an error under DDP without it. A ghost "
-        "inside a third-party library's own model (below its top module, no user class in "
-        "between: a Hugging Face masked LM's pooler, a decoder's cross-attention run alone) is "
-        "that library's design and `library_severity` (info), except under DDP without "
-        "find_unused_parameters; the library model left out or run under no_grad by the "
-        "user's code is the user's ghost.",
+        "DDP with find_unused_parameters=True, and an error under DDP without it. When the "
+        "watched model is a third-party library's own (a Hugging Face masked LM), a ghost its "
+        "code made and its forward leaves out (the pooler, a decoder's cross-attention run "
+        "alone) is that library's design and `library_severity` (info), except under DDP "
+        "without find_unused_parameters; the user's own model around a library's, a module "
+        "set on it from outside or a forward the user replaced is the user's ghost.",
         causes=(
             "not_called: a layer built in __init__ that forward() never calls (a forgotten "
             "auxiliary head, a renamed attribute).",
@@ -132,10 +132,11 @@ class GhostParam(Check):
         self._library = view.extra.get("library_owned") or {}
 
     def _library_of(self, group: Group) -> Optional[str]:
-        """The package whose own model holds ``group`` (None: user code). A group is judged
-        by its top module: ``bert`` run under no_grad by the user's forward is the user's
-        ghost, though every layer under it is the library's."""
-        tops = [group.module] if group.module else group.layers
+        """The package whose own model holds ``group``, its top module and every layer (None:
+        user code). ``bert`` run under no_grad by the user's forward is the user's ghost,
+        though every layer under it is the library's; so is a LoRA layer whose forward the
+        user replaced, though the block above it is the library's."""
+        tops = [group.module, *group.layers] if group.module else group.layers
         pkgs = {self._library.get(layer) for layer in tops}
         if len(pkgs) != 1 or None in pkgs or self._ddp_strict:
             return None

@@ -17,6 +17,8 @@ from typing import Optional
 
 from torch import nn
 
+from gradwatch.model.locations import declares
+
 __all__ = ["library_owned", "package_of"]
 
 _NEUTRAL = ("torch", "gradwatch", "__main__", "builtins")
@@ -40,22 +42,38 @@ def _neutral(cls: type) -> bool:
 
 
 def library_owned(model: nn.Module) -> dict[str, str]:
-    """Module name -> the package whose model holds it, for every library-owned module."""
+    """Module name -> the package whose model holds it, for every library-owned module.
+
+    Only when the watched model itself is the library's: a user's model around one (a head
+    on a BERT, leaving its pooler out) decided what to discard, and plain DDP crashes on it.
+    The library's own code must have made the module and must run it: a child a library
+    class does not assign in its source (a head the user set on the model) is the user's,
+    and so is everything under a module whose ``forward`` the user replaced on the instance.
+    """
     out: dict[str, str] = {}
+    if package_of(type(model)) is None:
+        return out  # the user's own model around a library's: what it discards is its call
     # name -> (package of the nearest library ancestor or None, whether the chain is clean)
     state: dict[str, tuple[Optional[str], bool]] = {}
-    for name, module in model.named_modules():
-        if name == "":
-            pkg = package_of(type(model))
-            state[name] = (pkg, pkg is not None or _neutral(type(model)))
-            continue
-        parent, _, _ = name.rpartition(".")
-        above, clean = state.get(parent, (None, False))
-        if above is not None and clean:
-            out[name] = above
+    modules = dict(model.named_modules())
+    for name, module in modules.items():
         own = package_of(type(module))
+        pkg: Optional[str]
+        if name == "":
+            clean = own is not None or _neutral(type(model))
+            state[name] = (own, clean and "forward" not in vars(module))
+            continue
+        parent_name, _, attr = name.rpartition(".")
+        above, clean = state.get(parent_name, (None, False))
+        parent = modules.get(parent_name)
+        if clean and above is not None and parent is not None:
+            if package_of(type(parent)) is not None and not declares(parent, attr):
+                clean = False  # set on the library's model from outside: the user's
+            elif "forward" not in vars(module):  # else the user's code runs there
+                out[name] = above
         if own is not None:
-            state[name] = (above or own, clean if above is not None else True)
+            pkg, clean = (above or own), (clean if above is not None else True)
         else:
-            state[name] = (above, clean and _neutral(type(module)))
+            pkg, clean = above, clean and _neutral(type(module))
+        state[name] = (pkg, clean and "forward" not in vars(module))
     return out

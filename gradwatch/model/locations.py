@@ -36,7 +36,7 @@ from torch import nn
 
 from gradwatch.model.named import SEP, NamedModels
 
-__all__ = ["Locations", "call_site", "defined_at", "where"]
+__all__ = ["Locations", "call_site", "declares", "defined_at", "where"]
 
 _SKIP = (
     os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,  # gradwatch itself
@@ -156,6 +156,12 @@ def _attribute_line(parent: nn.Module, attr: str) -> Optional[str]:
             if attr in lines:
                 return where(filename, lines[attr])
     return None
+
+
+def declares(parent: nn.Module, attr: str) -> bool:
+    """Whether ``parent``'s own class assigns ``self.<attr>`` (or ``add_module``s it): a
+    child its code made, not one set on the instance from outside."""
+    return _attribute_line(parent, attr) is not None
 
 
 def _class_line(module: nn.Module) -> Optional[str]:

@@ -62,12 +62,31 @@ def test_a_pooler_the_users_loss_never_reads_is_the_librarys_design() -> None:
     assert "transformers's own model" in found.hint
 
 
-def test_inside_the_users_own_model_too() -> None:
+def test_inside_the_users_own_model_it_is_the_users_ghost() -> None:
+    """The user's model discards the pooler's output: plain DDP crashes on it."""
     (found,) = _train(Tagger(), lambda m, ids: m(ids))
-    assert found.severity == "info" and found.params == [
-        "bert.pooler.dense.weight",
-        "bert.pooler.dense.bias",
-    ]
+    assert found.severity == "error" and "library_design" not in found.details
+    assert found.params == ["bert.pooler.dense.weight", "bert.pooler.dense.bias"]
+
+
+def test_a_head_the_user_set_on_the_library_model_is_the_users() -> None:
+    model = _bert()
+    model.aux = nn.Linear(16, 2)  # not in BertModel's source: set from outside
+
+    def forward(m: Any, ids: torch.Tensor) -> torch.Tensor:
+        return m(input_ids=ids).pooler_output
+
+    (found,) = _train(model, forward)
+    assert found.severity == "error" and found.module == "aux"
+
+
+def test_a_library_layer_whose_forward_the_user_replaced_is_the_users() -> None:
+    model = _bert()
+    layer = model.encoder.layer[0].attention.output.dense
+    layer.forward = lambda h: torch.zeros_like(h)  # type: ignore[method-assign]
+    found = _train(model, lambda m, ids: m(input_ids=ids).pooler_output)
+    dense = [f for f in found if "encoder.layer.0.attention.output.dense.weight" in f.params]
+    assert dense and dense[0].severity == "error" and "library_design" not in dense[0].details
 
 
 def test_the_library_model_run_under_no_grad_by_the_user_is_the_users_ghost() -> None:
