@@ -77,11 +77,11 @@ class DeadParam(Check):
         self._padded: frozenset[str] = frozenset()
         self._library: dict[str, str] = {}  # library-owned module -> its package
         self._alive: set[str] = set()  # layers that had a nonzero gradient at some step
+        self._samples: dict[str, int] = {}  # layer -> samples its zero streak covers
 
     def on_structure(self, view: StructureView, log: FindingLog) -> None:
         self._padded = frozenset(view.extra.get("padded_embeddings") or ())
         self._library = view.extra.get("library_owned") or {}
-        self._samples: dict[str, int] = {}  # layer -> samples its zero streak covers
 
     def on_step(self, view: StepView, log: FindingLog) -> None:
         patience = self.config.patience

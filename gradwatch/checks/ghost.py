@@ -36,8 +36,8 @@ class GhostParamConfig(CheckConfig):
     )
     library_severity: Severity = Field(
         default="info",
-        description="Severity of a ghost inside a third-party library's own model (below its "
-        "top module, with no user class in between: a Hugging Face masked LM's pooler, a "
+        description="Severity of a ghost that a third-party library's own model, watched as "
+        "it is, makes and leaves out by design (a Hugging Face masked LM's pooler, a "
         "decoder's cross-attention run alone, an indexer its forward runs under no_grad), in "
         "a single process or under DDP with find_unused_parameters=True. Under DDP without "
         "it: `severity`.",
