@@ -99,6 +99,32 @@ def test_every_hook_is_removed_after_a_normal_exit() -> None:
     assert w.report().steps == 3
 
 
+def test_no_empty_tensor_hook_dict_is_left_to_call_after_the_trim_or_exit() -> None:
+    """torch calls a tensor's hook dict from C++ on every backward, empty or not: a dict left
+    empty by gradwatch costs each parameter a Python call per backward, for the whole run
+    and after it (+0.35 ms a step on 400 small parameters). A user's own hook stays, and
+    fires."""
+    model, opt = setup()
+    fired: list[int] = []
+    model.body[2].weight.register_hook(lambda g: fired.append(1))
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    with gradwatch.watch(model, opt):
+        for _ in range(12):  # past trim_hooks_after (8)
+            step(model, opt)
+        during = [p._backward_hooks for p in trainable]
+    after = [p._backward_hooks for p in trainable]
+    body2 = next(i for i, p in enumerate(trainable) if p is model.body[2].weight)
+    for i, hooks in enumerate(after):
+        if i == body2:
+            assert hooks is not None and len(hooks) == 1
+        else:
+            assert hooks is None, f"parameter {i} keeps an empty hook dict after exit"
+    assert sum(h is None for h in during) >= len(trainable) - 3  # trimmed: released too
+    before = len(fired)
+    step(model, opt)
+    assert len(fired) == before + 1
+
+
 class UserBug(Exception):
     pass
 

@@ -18,6 +18,7 @@ import torch
 from torch.nn.parameter import is_lazy
 from torch.utils.hooks import RemovableHandle
 
+from gradwatch.capture.grads.hooks import release_pre_hooks
 from gradwatch.capture.grads.window import Track
 
 __all__ = ["BackwardProbe"]
@@ -91,6 +92,8 @@ class BackwardProbe:
     def remove(self) -> None:
         for h in self._handles:
             h.remove()
+        for ref in self._probes.values():
+            release_pre_hooks(ref())
         self._handles.clear()
         self._seen.clear()
         self._probes.clear()
