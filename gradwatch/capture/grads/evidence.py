@@ -28,7 +28,8 @@ from gradwatch.model.locations import call_site
 DirtyFlag = Any  # bool | torch.Tensor
 
 
-def _dead() -> None:
+def dead_ref() -> None:
+    """A reference to no tensor (answers None, as a dead weak reference does)."""
     return None
 
 
@@ -96,9 +97,9 @@ class Tracker:
             self.last_seq.append(0)
             self.fresh.append(True)
             self.dirty.append(False)
-            self.snap_ref.append(_dead)
+            self.snap_ref.append(dead_ref)
             self.snap_ver.append(-1)
-            self.acc_ref.append(_dead)
+            self.acc_ref.append(dead_ref)
             self.acc_ver.append(-1)
             self.incoming.append(True)
             self.has_pre.append(False)
@@ -113,7 +114,7 @@ class Tracker:
         ref = weakref.ref
         for i, g in zip(ids, grads):
             if g is None:
-                sref[i], sver[i] = _dead, -1
+                sref[i], sver[i] = dead_ref, -1
             else:
                 sref[i], sver[i] = ref(g), g._version
             fresh[i] = True
