@@ -69,6 +69,20 @@ def test_kernel_table_runs_and_names_every_piece() -> None:
     assert all(float(line.split()[0]) >= 0 for line in lines[1:])
 
 
+def test_breakdown_names_every_phase_part_and_the_collector() -> None:
+    """``benchmarks/breakdown.py``, a short run: each phase, the parts, the checks and the GC."""
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "breakdown.py")]
+    cmd += ["--warm", "20", "--steps", "4", "--gc-steps", "4", "--floor", "0"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = proc.stdout
+    for phase in ("zero_grad", "forward", "backward", "step", "x clip"):
+        assert f"| {phase}" in out or phase in out
+    for part in ("StepPipeline.decide", "gather", "Judges.step", "check ghost_param"):
+        assert f"| {part} |" in out
+    assert "scan steps" in out and "steady state" in out and "garbage collector" in out
+
+
 @pytest.mark.slow  # 18 combinations of dtype x optimizer x model, each interleaving 4 variants
 def test_gpu_script_runs_every_combination_on_the_cpu() -> None:
     """``benchmarks/gpu.py --cpu-dry-run``: the GPU script's own code, where no GPU is."""
