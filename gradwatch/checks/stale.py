@@ -189,7 +189,10 @@ def _rounded_away(view: StepView, s: LayerSample, limit: float) -> Optional[floa
     """The share of the layer's gradient-carrying values that changed, when bf16/fp16
     rounding lost nearly all of its update (below ``limit`` of them moved); else ``None``."""
     frac = view.moved_frac
-    if frac is None or not s.numel or not s.nonzero:
+    if frac is None or not s.numel or not s.nonzero or not s.positions:
+        return None
+    first = view.index.params[view.ids[s.positions[0]]].ref()
+    if first is None or first.dtype not in _LOW:  # not every one bf16/fp16 (checked below)
         return None
     parts = [(frac[k], view.numel[k]) for k in s.positions if k < len(frac)]
     known = [(f, n) for f, n in parts if f is not None]

@@ -206,6 +206,8 @@ class BackwardRoots:
         flags, self._flags = self._flags, []
         if not flags:
             return []
+        if len(flags) == 1:  # one backward a step (the usual loop): no stack to build
+            return [flags[0].reshape(1).float()]
         device = flags[0].device
         both = [f.to(device) for f in flags]
         return [torch.stack(both).all().reshape(1).float()]
