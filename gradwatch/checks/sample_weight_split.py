@@ -22,6 +22,9 @@ a mean rescaled by ``count_i / total``, a single backward per step. Not judged: 
 scale (``loss.backward()`` per micro-batch without ``/ k`` weighs every sample ``k`` times
 alike: the learning rate's business, not a sample's), backwards whose root combines several
 loss calls or a hand-written loss, ``reduction='none'`` reduced by hand.
+
+The probe part (:mod:`gradwatch.probes.split`) judges any ``loss_fn``, hand-written too: the
+whole batch's gradient against its two halves', on a copy.
 """
 
 from __future__ import annotations
@@ -53,6 +56,13 @@ class SampleWeightDependsOnSplitConfig(ScanConfig):
         description="Relative spread of the micro-batches' counts, and of their elements' "
         "weights, beyond which they differ.",
     )
+    accumulation_steps: Optional[int] = Field(
+        default=None,
+        ge=1,
+        description="Micro-batches per optimizer step, for the probe (it cannot see the "
+        "loop): above 1 its finding carries `severity`; unset or 1, it is `info`.",
+    )
+    budget_s: float = Field(default=5.0, gt=0, description="Seconds the probe may take.")
 
 
 def _weight(call: LossCall, root: float) -> Optional[float]:
@@ -118,7 +128,13 @@ class SampleWeightDependsOnSplit(Check):
         "(`num_items_in_batch`), a mean rescaled by `count / total`, one backward per step are "
         "fine; a uniform scale (no `/ k`) is the learning rate's and not reported; a backward "
         "whose root combines several torch losses, a hand-written loss or `reduction='none'` are "
-        "not judged",
+        "not judged. The probe (`gradwatch.probe`, `Watcher.probe`, with the user's `loss_fn`: hand-"
+        "written losses too) splits the batch into two equal halves on a copy in eval mode and "
+        "solves the whole batch's gradient as `a gA + b gB`: `a / b` beyond `1 + tolerance` is a "
+        "loss that divides each half by what it holds (`details.weights`, `details.ratio`); a "
+        "`warning` when `accumulation_steps` > 1, else `info`. A loss that couples samples "
+        "(`details.residual` > 1e-3: contrastive, graph, batch-hard) or halves whose gradients are "
+        "parallel are not judged",
     )
 
     def evidence(self) -> dict[str, int]:

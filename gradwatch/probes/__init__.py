@@ -6,7 +6,8 @@ Each probe is an experiment a careful practitioner runs by hand on a new setup (
 state and data are never touched. ``gradient_mismatch`` checks the derivative numerically,
 ``sample_dependence`` charts which samples an output depends on, ``does_not_learn``
 overfits one batch, ``update_ascends_loss`` checks that one step of the user's optimizer
-descends; three properties of every correct model need no loss
+descends, ``sample_weight_depends_on_split`` weighs the batch's halves in its gradient;
+three properties of every correct model need no loss
 (``forward_not_reproducible``, ``batch_order_dependent``,
 ``dependence_outside_receptive_field``: :data:`LOSS_FREE_PROBES`). Each has a time budget
 (its config's ``budget_s``); a probe that cannot
@@ -22,7 +23,8 @@ Example:
     >>> [(p.id, p.verdict) for p in report.probes]
     [('sample_dependence', 'passed'), ('gradient_mismatch', 'passed'), ('does_not_learn', 'passed'), \
 ('forward_not_reproducible', 'passed'), ('batch_order_dependent', 'passed'), \
-('dependence_outside_receptive_field', 'not_observed'), ('update_ascends_loss', 'not_observed')]
+('dependence_outside_receptive_field', 'not_observed'), ('update_ascends_loss', 'not_observed'), \
+('sample_weight_depends_on_split', 'passed')]
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ from gradwatch.checks.gradient_mismatch import GradientMismatch
 from gradwatch.checks.not_observed import NotObserved
 from gradwatch.checks.registry import preview_ids
 from gradwatch.checks.sample_dependence import SampleDependence
+from gradwatch.checks.sample_weight_split import SampleWeightDependsOnSplit
 from gradwatch.checks.update_ascends_loss import UpdateAscendsLoss
 from gradwatch.config import GradWatchConfig
 from gradwatch.model.engines import clean_name
@@ -56,6 +59,7 @@ from gradwatch.probes._property_verdicts import (
     field_verdict,
     order_verdict,
     repro_verdict,
+    split_verdict,
 )
 from gradwatch.probes._sandbox import Budget, CannotJudge, LossFn, rng_kept
 from gradwatch.probes._verdicts import (
@@ -71,6 +75,7 @@ from gradwatch.probes.overfit import overfit_one_batch
 from gradwatch.probes.receptive import receptive_field
 from gradwatch.probes.reproducible import reproducibility
 from gradwatch.probes.samples import samples_reached
+from gradwatch.probes.split import split_weights
 from gradwatch.report import Finding, Report
 from gradwatch.results import ProbeResult
 
@@ -126,6 +131,12 @@ def _ascent(m: nn.Module, b: Any, fn: LossFn, opt: Any, cfg: Any, budget: Budget
     return ascent_verdict(found, rec, cfg.severity)
 
 
+def _split(m: nn.Module, b: Any, fn: LossFn, opt: Any, cfg: Any, budget: Budget, rec: Any) -> Any:
+    found = split_weights(m, b, fn, budget=budget)
+    accumulates = (cfg.accumulation_steps or 1) > 1
+    return split_verdict(found, rec, cfg.severity, tolerance=cfg.tolerance, accumulates=accumulates)
+
+
 #: The checks that are probes and their runners, in the order they run.
 RUNNERS: dict[str, Runner] = {
     SampleDependence.id: _samples,
@@ -135,6 +146,7 @@ RUNNERS: dict[str, Runner] = {
     BatchOrderDependent.id: _order,
     DependenceOutsideReceptiveField.id: _field,
     UpdateAscendsLoss.id: _ascent,
+    SampleWeightDependsOnSplit.id: _split,
 }
 PROBES = tuple(RUNNERS)
 #: The probes that need no loss of the user's: they judge the model's outputs (or, for

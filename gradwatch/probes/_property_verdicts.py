@@ -8,14 +8,22 @@ from gradwatch.checks.batch_order_dependent import BatchOrderDependent
 from gradwatch.checks.dependence_outside_receptive_field import DependenceOutsideReceptiveField
 from gradwatch.checks.forward_not_reproducible import ForwardNotReproducible
 from gradwatch.checks.not_observed import NotObserved
+from gradwatch.checks.sample_weight_split import SampleWeightDependsOnSplit
 from gradwatch.checks.update_ascends_loss import UpdateAscendsLoss
 from gradwatch.probes.ascent import AscentResult
 from gradwatch.probes.order import OrderResult
 from gradwatch.probes.receptive import FieldResult
 from gradwatch.probes.reproducible import ReproResult
+from gradwatch.probes.split import SplitResult
 from gradwatch.results import Finding, ProbeResult
 
-__all__ = ["ascent_verdict", "field_verdict", "order_verdict", "repro_verdict"]
+__all__ = [
+    "ascent_verdict",
+    "field_verdict",
+    "order_verdict",
+    "repro_verdict",
+    "split_verdict",
+]
 
 
 def _finding(check: str, severity: str, message: str, hint: str, **kw: Any) -> Finding:
@@ -219,4 +227,48 @@ def ascent_verdict(res: AscentResult, record: ProbeResult, severity: str) -> Opt
         "maximize=True left on, or a negative learning rate.",
         params=[p for g in bad for p in g.params],
         details={"optimizer": res.optimizer, "groups": groups, "set_aside": res.neutralised},
+    )
+
+
+def split_verdict(
+    res: SplitResult, record: ProbeResult, severity: str, *, tolerance: float, accumulates: bool
+) -> Optional[Finding]:
+    """The halves' weights: a finding when one half's samples weigh more than the other's
+    by more than ``tolerance``; the check's ``severity`` only when the loop ``accumulates``,
+    else ``info`` (the weights are the loss's design until micro-batches are added)."""
+    record.memory_bytes = res.memory_bytes
+    details: dict[str, Any] = {
+        "batch": res.batch,
+        "half": res.half,
+        "weights": [float(f"{res.a:.6g}"), float(f"{res.b:.6g}")],
+        "ratio": float(f"{res.ratio:.6g}"),
+        "residual": float(f"{res.residual:.3g}"),
+        "mode": res.mode,
+        "accumulates": accumulates,
+    }
+    record.details.update(details)
+    if res.ratio - 1.0 <= tolerance:
+        record.verdict = "passed"
+        return None
+    record.verdict = "finding"
+    heavy, light = ("first", "second") if abs(res.a) > abs(res.b) else ("second", "first")
+    loop = (
+        "with the loop's accumulation, the update depends on the split"
+        if accumulates
+        else "this matters only if the loop accumulates micro-batches (config "
+        "accumulation_steps > 1 says it does)"
+    )
+    return _finding(
+        SampleWeightDependsOnSplit.id,
+        severity if accumulates else "info",
+        f"split into two halves of {res.half} samples (on a copy, in eval mode), the whole "
+        f"batch's gradient is {res.a:.4g} x the first half's + {res.b:.4g} x the second's: "
+        f"loss_fn divides each half by what it holds (its non-padded tokens, a weighted "
+        f"count), so the whole batch weighs its {heavy} half {res.ratio:.2f} x its {light}, "
+        "while micro-batch losses each divided by the accumulation steps weigh them alike "
+        f"(the {light} half's elements count {res.ratio:.2f} x more); {loop}.",
+        "Use reduction='sum' and divide by the step's total count of non-ignored elements "
+        "(all micro-batches, all ranks: transformers' num_items_in_batch), or rescale each "
+        "micro-batch's mean by count_i / total.",
+        details=details,
     )

@@ -43,6 +43,7 @@ def test_the_report_round_trips_with_its_probes_section() -> None:
         "batch_order_dependent",
         "dependence_outside_receptive_field",
         "update_ascends_loss",
+        "sample_weight_depends_on_split",
     ]
     assert again.probes[1].layers and again.probes[2].curve
     assert all(p.seconds > 0 for p in again.probes) and again.probes[1].memory_bytes > 0
@@ -74,7 +75,7 @@ def test_watcher_probe_leaves_the_watched_run_alone() -> None:
             ce(model, batch).backward()
             opt.step()
     # an MLP has no position axis: the receptive-field property is not judged (said)
-    assert [p.verdict for p in probed.probes] == ["passed"] * 5 + ["not_observed", "passed"]
+    assert [p.verdict for p in probed.probes] == ["passed"] * 5 + ["not_observed"] + ["passed"] * 2
     report = w.report()
     assert (report.steps, report.backward_passes) == (4, 4) and not report.findings
 
