@@ -23,6 +23,7 @@ from typing import Any, Optional, Protocol
 
 from gradwatch.capture.grads.hooks import HookSet
 from gradwatch.capture.loop.resume import compare, snapshot
+from gradwatch.config import GradWatchConfig
 from gradwatch.core.faults import Faults
 from gradwatch.core.findings import FindingLog
 from gradwatch.core.steps import StepPipeline
@@ -243,8 +244,24 @@ class AdapterAPI:
         model = self._model
         if model is None:
             raise GradWatchError("Watcher.probe: the watcher is closed and holds no model")
-        opts = self._pipe.structure.optimizers
-        return probe(model, batch, loss_fn, opts[0] if opts else None, config=self._pipe.config)
+        pipe = self._pipe
+        opts = pipe.structure.optimizers
+        return probe(model, batch, loss_fn, opts[0] if opts else None, config=_seen(pipe))
+
+
+def _seen(pipe: StepPipeline) -> GradWatchConfig:
+    """The run's config, with the accumulation the run showed (backward passes per step)
+    where the user did not set ``accumulation_steps``: the split probe's severity reads it."""
+    config = pipe.config
+    check = "sample_weight_depends_on_split"
+    cfg = config.check(check)
+    if getattr(cfg, "accumulation_steps", None) is not None or pipe.steps <= 0:
+        return config
+    per_step = round(pipe.backward_passes / pipe.steps)
+    if per_step <= 1:
+        return config
+    seen = cfg.model_copy(update={"accumulation_steps": per_step})
+    return config.model_copy(update={"checks": config.checks.model_copy(update={check: seen})})
 
 
 STATE_VERSION = 1

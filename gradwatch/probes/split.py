@@ -20,7 +20,8 @@ graph over the samples, batch-hard mining), which no split of that loss preserve
 accumulation needs its own design for (``details.residual``).
 
 Whether the loop accumulates, the probe cannot see: the finding carries the check's severity
-when the config says it does (``accumulation_steps`` > 1) and is ``info`` otherwise.
+when the config says it does (``accumulation_steps`` > 1; ``Watcher.probe`` reads it from
+the backward passes per step the run showed) and is ``info`` otherwise.
 """
 
 from __future__ import annotations

@@ -200,3 +200,18 @@ def test_the_probe_leaves_the_model_and_its_mode_alone() -> None:
     _probe(model, _padded(), lm_token_mean)
     assert model.training and all(p.grad is None for p in model.parameters())
     assert all(torch.equal(a, p) for a, p in zip(before, model.parameters()))
+
+
+def test_watcher_probe_reads_the_accumulation_the_run_showed() -> None:
+    model, batch = TinyLM(), _padded()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    cfg = {"probes": "off", "checks": {"sample_weight_depends_on_split": {"scan_steps": 0}}}
+    with gradwatch.watch(model, opt, config=cfg) as w:
+        assert findings(w.probe(batch, lm_token_mean), CHECK)[0].severity == "info"
+        for _ in range(2):
+            opt.zero_grad()
+            for part in (slice(0, 4), slice(4, 8)):  # two micro-batches per step
+                (lm_token_mean(model, tuple(t[part] for t in batch)) / 2).backward()
+            opt.step()
+        (found,) = findings(w.probe(batch, lm_token_mean), CHECK)
+    assert found.severity == "warning" and found.details["accumulates"]
