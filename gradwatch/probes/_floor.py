@@ -31,10 +31,19 @@ FELL = 1e-3  # of |start|: the least fall that is progress on a loss with no flo
 
 
 def still_falling(curve: list[float]) -> bool:
-    """Whether the last quarter of the curve still fell by more than 1 % of the start: not a
-    floor yet, only a slow descent (a small learning rate)."""
+    """Whether the curve is not at a floor yet, only descending slowly (a small learning
+    rate): its last quarter still fell by more than 1 % of the start, or it fell (by more
+    than ``FELL``) at no less than half the whole curve's mean rate. A floor decelerates; a
+    steady descent too slow for 1 % a quarter (a model whose gradients are small at the
+    user's rate, cut short by the budget) does not."""
     tail = curve[-max(len(curve) // 4, 2) :]
-    return tail[0] - min(tail) > 0.01 * abs(curve[0])
+    drop = tail[0] - min(tail)
+    if drop > 0.01 * abs(curve[0]):
+        return True
+    whole = curve[0] - curve[-1]
+    if whole <= FELL * abs(curve[0]) or drop <= 0:
+        return False
+    return drop / (len(tail) - 1) >= 0.5 * whole / (len(curve) - 1)
 
 
 def asymptote(curve: list[float]) -> Optional[float]:
