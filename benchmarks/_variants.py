@@ -46,7 +46,7 @@ class Variant:
     loss: Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
     after_backward: Optional[Callable[[], Any]] = None
     install: Optional[Callable[[], Callable[[], None]]] = None  # returns its remover
-    settle: int = 0  # untimed steps after installing (gradwatch trims hooks after 8 steps)
+    settle: int = 0  # untimed steps after installing: gradwatch's scan window (scan_horizon)
     sink: Any = None
     _remove: Optional[Callable[[], None]] = None
 
@@ -130,15 +130,31 @@ def gradwatch_config(name: str) -> dict[str, Any]:
     raise KeyError(name)
 
 
+def scan_horizon(config: dict[str, Any]) -> int:
+    """The steps after attaching during which ``config``'s checks still read extra evidence
+    (the longest ``scan_steps`` / ``trace_steps`` of an enabled check: 20 by default, the NaN
+    origin's trace). A block timed after them is the steady state a long run pays; one timed
+    inside them (a fixed 10, before the fourth round's sources made it 16 and 20) is not."""
+    cfg = gradwatch.GradWatchConfig.coerce(config)
+    longest = 0
+    for name in type(cfg.checks).model_fields:
+        check = getattr(cfg.checks, name)
+        if check.enabled:
+            for key in ("scan_steps", "trace_steps"):
+                longest = max(longest, int(getattr(check, key, 0) or 0))
+    return longest
+
+
 def make_variants(
     names: list[str],
     model: nn.Module,
     opt: torch.optim.Optimizer,
     loss: Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor],
     *,
-    settle: int = 10,
+    settle: Optional[int] = None,
 ) -> list[Variant]:
-    """One :class:`Variant` per name, all on the same (model, optimizer) pair."""
+    """One :class:`Variant` per name, all on the same (model, optimizer) pair; a gradwatch
+    variant settles ``settle`` steps (default: past its config's scan window)."""
     out = []
     for name in names:
         v = Variant(name, model, opt, loss)
@@ -152,7 +168,7 @@ def make_variants(
             v.install = _noop_hooks(model)
         elif name.startswith("gradwatch"):
             v.install = _gradwatch(model, opt, name)
-            v.settle = settle
+            v.settle = scan_horizon(gradwatch_config(name)) if settle is None else settle
         elif name != "baseline":
             raise KeyError(name)
         out.append(v)

@@ -10,8 +10,9 @@ Usage::
 Every variant runs on the same model and optimizer (separate copies differ by several
 percent in step time on their own: memory placement), interleaved block by block (A B C ...
 then B C ... A, rotating). A block installs the variant's instrumentation (untimed), runs
-``settle`` untimed steps for gradwatch variants (gradwatch trims its hooks after its first 8
-steps: the steady state is what a long run pays), times ``--block`` consecutive steps
+``settle`` untimed steps for gradwatch variants (past the config's scan window, 20 steps by
+default: ``_variants.scan_horizon``; the steady state is what a long run pays, and the scan
+steps have their own figures in ``breakdown.py``), times ``--block`` consecutive steps
 (default: gradwatch's default ``every_n_steps``, so every gradwatch block holds exactly one
 statistics step and the figure is the amortised cost), then removes the instrumentation. The
 step time of a variant is the median over its blocks; its added time is that median minus
