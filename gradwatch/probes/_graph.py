@@ -8,6 +8,7 @@ neighbours' inputs by design, within as many hops as the model has layers. The e
 that tells it from a bug: every other sample the output reaches lies within ``k`` hops of
 the declared edges, ``k`` at most the model's layers with parameters. A softmax or a mean
 over the batch reaches nodes no edge path of that length connects, and stays a finding.
+The graph may also be the model's: a fixed adjacency it holds as a buffer or attribute.
 """
 
 from __future__ import annotations
@@ -66,15 +67,40 @@ def _graph_like(dense: Tensor, adj: Tensor) -> bool:
     return binary or bool(torch.equal(adj, adj.t()))
 
 
-def declared_graph(batch: Any, n: int) -> Optional[tuple[str, Tensor]]:
-    """The first tensor of the batch that is a graph over its ``n`` samples, as an adjacency."""
-    for path, t in _tensors(batch, "batch"):
+def _held(model: nn.Module) -> list[tuple[str, Tensor]]:
+    """The tensors a model holds that are not parameters: its buffers and plain tensor
+    attributes (a fixed graph set as ``self.adj = ...`` is not always registered)."""
+    found: list[tuple[str, Tensor]] = []
+    for name, mod in model.named_modules():
+        prefix = f"model.{name}." if name else "model."
+        for key, value in vars(mod).items():
+            if key == "_buffers":
+                found += [(prefix + k, v) for k, v in value.items() if isinstance(v, Tensor)]
+            elif isinstance(value, Tensor) and not isinstance(value, nn.Parameter):
+                found.append((prefix + key, value))
+    return found
+
+
+def declared_graph(
+    batch: Any, n: int, model: Optional[nn.Module] = None
+) -> Optional[tuple[str, Tensor]]:
+    """The first tensor that is a graph over the batch's ``n`` samples, as an adjacency: one
+    of the batch, or one ``model`` holds (a full-graph GCN keeps its fixed adjacency as a
+    buffer, the node features its only input). A held tensor must leave some pair of
+    samples unjoined once made symmetric: a causal mask whose size happens to be ``n`` joins
+    every pair, and says nothing about the samples."""
+    eye = torch.eye(n, dtype=torch.bool)
+    held = _held(model) if model is not None else []
+    for path, t in _tensors(batch, "batch") + held:
         try:
             adj = _adjacency(t, n)
         except (RuntimeError, TypeError):
             continue
-        if adj is not None and bool((adj & ~torch.eye(n, dtype=torch.bool)).any()):
-            return path, adj
+        if adj is None or not bool((adj & ~eye).any()):
+            continue
+        if path.startswith("model.") and bool((adj | eye).all()):
+            continue
+        return path, adj
     return None
 
 

@@ -227,7 +227,11 @@ def _fresh(value: Any) -> Any:
 
 def _same(a: Any, b: Any) -> bool:
     if isinstance(a, Tensor) and isinstance(b, Tensor):
-        return a.shape == b.shape and a.dtype == b.dtype and bool(torch.equal(a, b))
+        if a.shape != b.shape or a.dtype != b.dtype or a.layout != b.layout:
+            return False
+        if a.layout != torch.strided:  # torch.equal has no sparse kernel (a GCN's adjacency)
+            a, b = a.to_dense(), b.to_dense()
+        return bool(torch.equal(a, b))
     if isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)):
         return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
     if isinstance(a, Tensor) or isinstance(b, Tensor):

@@ -182,11 +182,11 @@ def order_dependence(
     n = batch_size(batch)
     if n is None or n < 2:
         raise CannotJudge("one_sample", "the batch has no leading dimension of two or more samples")
-    graph = declared_graph(batch, n)
+    graph = declared_graph(batch, n, model)
     if graph is not None:  # the samples are a graph's nodes: their order is in the edges
         raise CannotJudge(
             "graph_batch",
-            f"the batch declares a graph over its {n} samples ({graph[0]}): permuting the "
+            f"{graph[0]} declares a graph over the batch's {n} samples: permuting the "
             "nodes without their edges changes the outputs by design",
         )
     copy = fresh_copy(model)

@@ -314,7 +314,7 @@ def _within(
 def _along_graph(copy: nn.Module, batch: Any, n: int, sample: int, reached: list[int]) -> None:
     """A batch that declares a graph over its samples, and a dependence that follows its
     edges (within the model's layers' hops): the coupling is the design's, not judged."""
-    graph = declared_graph(batch, n)
+    graph = declared_graph(batch, n, copy)
     if graph is None:
         return
     path, adj = graph
@@ -324,7 +324,7 @@ def _along_graph(copy: nn.Module, batch: Any, n: int, sample: int, reached: list
         edges = int(adj.sum()) - n
         raise CannotJudge(
             "graph_batch",
-            f"the batch declares a graph over its {n} samples ({path}: {edges} directed "
+            f"{path} declares a graph over the batch's {n} samples ({edges} directed "
             f"edges besides self-loops) and sample {sample}'s output reaches only the "
             f"{len(reached)} sample(s) within {k} hop(s) of it ({layers} layers with "
             "parameters): a graph network couples its nodes by design, so independence "

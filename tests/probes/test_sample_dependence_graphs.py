@@ -156,3 +156,88 @@ def test_a_square_batch_of_features_is_not_read_as_a_graph() -> None:
     report = gradwatch.probe(model, batch, lambda m, b: F.mse_loss(m(b[0]), b[1]), config=CFG)
     (found,) = findings(report, CHECK)
     assert found.severity == "error"
+
+
+class HeldGraphGCN(GCN):
+    """The same GCN with its fixed graph kept on the model (``register_buffer`` or a plain
+    attribute), the node features its only input: the layout of the PyG/DGL tutorials'
+    full-graph training and of Kipf & Welling's reference code."""
+
+    def __init__(self, adj: Tensor, how: str, readout: Any = None) -> None:
+        super().__init__(readout)
+        if how == "buffer":
+            self.register_buffer("adj", adj)
+        else:
+            self.adj = adj
+
+    def forward(self, x: Tensor) -> Tensor:  # type: ignore[override]
+        return super().forward(x, self.adj)
+
+
+def _held(kind: str, how: str, readout: Any = None) -> tuple[nn.Module, tuple[Tensor, ...]]:
+    torch.manual_seed(0)
+    x, adj, y, train = graph(kind)
+    return HeldGraphGCN(adj, how, readout), (x, y, train)
+
+
+def held_ce(m: Any, b: Any) -> Tensor:
+    x, y, train = b
+    return F.cross_entropy(m(x)[train], y[train])
+
+
+@pytest.mark.parametrize("how", ["buffer", "attribute"])
+@pytest.mark.parametrize("kind", ["dense", "sparse"])
+def test_a_graph_the_model_holds_is_declared_too(kind: str, how: str) -> None:
+    model, batch = _held(kind, how)
+    cfg = only(CHECK)
+    cfg["checks"]["batch_order_dependent"] = {"enabled": True}
+    report = gradwatch.probe(model, batch, held_ce, config=cfg)
+    assert not [f for f in report.findings if f.severity in ("warning", "error")]
+    records = {p.id: p for p in report.probes}
+    for probe_id in (CHECK, "batch_order_dependent"):
+        assert records[probe_id].details["reason"] == "graph_batch"
+        assert "model.adj declares a graph" in records[probe_id].note
+
+
+def test_watch_with_the_graph_on_the_model_runs_clean() -> None:
+    model, (x, y, train) = _held("sparse", "buffer")
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2, weight_decay=5e-4)
+    with gradwatch.watch(model, opt) as w:  # the loss-free probes run on the first batch
+        for _ in range(3):
+            opt.zero_grad()
+            F.cross_entropy(model(x)[train], y[train]).backward()
+            opt.step()
+    report = w.report()
+    assert not [f.line() for f in report.findings if f.severity in ("warning", "error")]
+    assert {p.id: p.verdict for p in report.probes}["forward_not_reproducible"] == "passed"
+
+
+def test_a_held_graph_does_not_hide_a_softmax_over_the_nodes() -> None:
+    model, batch = _held("dense", "buffer", _softmax_over_nodes)
+    report = gradwatch.probe(model, batch, held_ce, config=CFG)
+    (found,) = findings(report, CHECK)
+    assert found.severity == "error"
+
+
+class MaskedMixer(nn.Module):
+    """A causal mask buffer whose size happens to equal the batch's, and a mean over the
+    batch by mistake: a mask joining every pair once symmetric declares no graph."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__()
+        self.register_buffer("mask", torch.tril(torch.ones(n, n)))
+        self.f = nn.Linear(8, 3)
+
+    def forward(self, x: Tensor) -> Tensor:
+        z = self.f(x)
+        return z - z.mean(0, keepdim=True)
+
+
+def test_a_mask_buffer_of_the_batch_size_is_not_a_graph() -> None:
+    gen = torch.Generator().manual_seed(0)
+    x, y = torch.randn(N, 8, generator=gen), torch.randint(0, 3, (N,), generator=gen)
+    report = gradwatch.probe(
+        MaskedMixer(N), (x, y), lambda m, b: F.cross_entropy(m(b[0]), b[1]), config=CFG
+    )
+    (found,) = findings(report, CHECK)
+    assert found.severity == "error"
