@@ -83,11 +83,18 @@ class OverfitResult:
 
 
 def _real(optimizer: Any) -> Optional[torch.optim.Optimizer]:
-    for _ in range(4):  # accelerate's AcceleratedOptimizer and similar expose .optimizer
+    """The innermost torch optimizer: accelerate's ``AcceleratedOptimizer`` (which the
+    Hugging Face Trainer always hands over) subclasses ``Optimizer`` but wraps the real one
+    in ``.optimizer``, and its constructor takes that optimizer, not param groups."""
+    found: Optional[torch.optim.Optimizer] = None
+    for _ in range(4):
         if isinstance(optimizer, torch.optim.Optimizer):
-            return optimizer
-        optimizer = getattr(optimizer, "optimizer", None)
-    return None
+            found = optimizer
+        inner = getattr(optimizer, "optimizer", None)
+        if inner is None or inner is optimizer:
+            break
+        optimizer = inner
+    return found
 
 
 def _accepted(cls: type, kwargs: dict[str, Any]) -> dict[str, Any]:

@@ -240,3 +240,25 @@ def test_without_an_optimizer_it_is_not_observed_and_the_user_state_is_untouched
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     assert opt.state == {} and all(p.grad is None for p in model.parameters())
     assert verdicts(_probe(model, None))[CHECK] == "not_observed"
+
+
+def test_an_accelerate_wrapped_optimizer_is_re_created_from_the_one_it_wraps() -> None:
+    """The Hugging Face Trainer and ``Accelerator.prepare`` hand over an
+    ``AcceleratedOptimizer``: a torch ``Optimizer`` subclass whose constructor takes the
+    optimizer it wraps, so re-creating its class over param groups failed."""
+    accelerate = pytest.importorskip("accelerate")
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(reset_partial_state=True)  # the process-wide singletons
+    GradientState._reset_state()
+    try:
+        model = mlp()
+        accelerator = accelerate.Accelerator(cpu=True)
+        model, opt = accelerator.prepare(model, torch.optim.AdamW(model.parameters(), lr=1e-3))
+        assert type(opt).__name__ == "AcceleratedOptimizer"
+        report = gradwatch.probe(model, data(), ce, opt, config=only(CHECK))
+    finally:
+        AcceleratorState._reset_state(reset_partial_state=True)
+        GradientState._reset_state()
+    assert verdicts(report) == {CHECK: "passed"}
+    assert report.probes[0].details["optimizer"].startswith("AdamW")
