@@ -17,7 +17,9 @@ Not judged: a batch of fewer than four samples; a loss whose halves' gradients a
 (a model of one parameter: ``a`` and ``b`` cannot be told apart); a loss that couples samples
 (the whole batch's gradient is not a combination of its halves': a contrastive loss, a
 graph over the samples, batch-hard mining), which no split of that loss preserves and
-accumulation needs its own design for (``details.residual``).
+accumulation needs its own design for (``details.residual``); a forward that draws random
+numbers in eval mode (a VAE's sampled noise, a diffusion model's timesteps: the whole batch
+under another seed differs), whose halves draw apart from the whole batch.
 
 Whether the loop accumulates, the probe cannot see: the finding carries the check's severity
 when the config says it does (``accumulation_steps`` > 1; ``Watcher.probe`` reads it from
@@ -75,9 +77,11 @@ def _part(batch: Any, n: int, start: int, stop: int) -> Any:
     return _map(batch, lambda t: t[start:stop] if t.dim() > 0 and t.shape[0] == n else t)
 
 
-def _gradient(copy: nn.Module, params: list[nn.Parameter], batch: Any, loss_fn: LossFn) -> Tensor:
+def _gradient(
+    copy: nn.Module, params: list[nn.Parameter], batch: Any, loss_fn: LossFn, seed: int = SEED
+) -> Tensor:
     """The loss's gradient on ``batch``, flattened (zeros where a parameter got none)."""
-    loss = evaluate(copy, batch, loss_fn, SEED)
+    loss = evaluate(copy, batch, loss_fn, seed)
     if not loss.requires_grad:
         raise CannotJudge("not_differentiable", "the loss does not require grad")
     if not torch.isfinite(loss.detach()):
@@ -133,6 +137,14 @@ def split_weights(model: nn.Module, batch: Any, loss_fn: LossFn, *, budget: Budg
     scale = float(g.norm())
     result.residual = float(fit.norm()) / scale if scale > 0 else math.inf
     if not result.residual <= COUPLED:
+        again = _gradient(copy, params, whole, loss_fn, SEED + 1)
+        if float((again - g).norm()) > COUPLED * scale:
+            raise CannotJudge(
+                "random",
+                "the forward draws random numbers even in eval mode (sampled noise, diffusion "
+                "timesteps), which the halves draw apart from the whole batch: not judged",
+                partial=result,
+            )
         raise CannotJudge(
             "coupled",
             f"the whole batch's gradient is not a combination of its halves' (residual "

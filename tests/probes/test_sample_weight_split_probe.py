@@ -215,3 +215,19 @@ def test_watcher_probe_reads_the_accumulation_the_run_showed() -> None:
             opt.step()
         (found,) = findings(w.probe(batch, lm_token_mean), CHECK)
     assert found.severity == "warning" and found.details["accumulates"]
+
+
+def test_a_forward_that_samples_noise_is_not_judged_and_says_why() -> None:
+    class Reparam(nn.Module):  # a VAE's encoder: the sample is drawn in eval mode too
+        def __init__(self) -> None:
+            super().__init__()
+            self.mu, self.logvar, self.dec = nn.Linear(4, 2), nn.Linear(4, 2), nn.Linear(2, 4)
+
+        def forward(self, x: Tensor) -> Tensor:
+            mu, logvar = self.mu(x), self.logvar(x)
+            return self.dec(mu + torch.randn_like(mu) * (0.5 * logvar).exp())
+
+    x, _ = data(16)
+    report = _probe(Reparam(), (x,), lambda m, b: F.mse_loss(m(b[0]), b[0]))
+    assert verdicts(report)[CHECK] == "not_observed"
+    assert report.probes[-1].details["reason"] == "random"
