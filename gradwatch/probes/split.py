@@ -48,6 +48,7 @@ from gradwatch.probes._sandbox import (
 
 __all__ = ["SplitResult", "split_weights"]
 
+CHUNK = 1 << 20
 SEED = 271828
 PARALLEL = 1e-6  # 1 - cos² of the halves' gradients below which a and b are not separable
 COUPLED = 1e-3  # the fit's residual, relative to the whole batch's gradient, beyond which
@@ -80,7 +81,9 @@ def _part(batch: Any, n: int, start: int, stop: int) -> Any:
 def _gradient(
     copy: nn.Module, params: list[nn.Parameter], batch: Any, loss_fn: LossFn, seed: int = SEED
 ) -> Tensor:
-    """The loss's gradient on ``batch``, flattened (zeros where a parameter got none)."""
+    """The loss's gradient on ``batch``, flattened in float32 (zeros where a parameter got
+    none): three of them are held at once, so not in float64 (:func:`_dot` accumulates in
+    float64)."""
     loss = evaluate(copy, batch, loss_fn, seed)
     if not loss.requires_grad:
         raise CannotJudge("not_differentiable", "the loss does not require grad")
@@ -89,14 +92,17 @@ def _gradient(
     grads = torch.autograd.grad(loss, params, allow_unused=True)
     return torch.cat(
         [
-            (
-                torch.zeros(p.numel(), dtype=torch.float64, device=p.device)
-                if g is None
-                else g.detach().reshape(-1).double()
-            )
+            torch.zeros(p.numel(), dtype=torch.float32, device=p.device)
+            if g is None
+            else g.detach().reshape(-1).float()
             for p, g in zip(params, grads)
         ]
     )
+
+
+def _dot(a: Tensor, b: Tensor) -> float:
+    """``a · b`` accumulated in float64, a chunk at a time (no float64 copy of a whole one)."""
+    return sum(float(x.double() @ y.double()) for x, y in zip(a.split(CHUNK), b.split(CHUNK)))
 
 
 def split_weights(model: nn.Module, batch: Any, loss_fn: LossFn, *, budget: Budget) -> SplitResult:
@@ -115,14 +121,16 @@ def split_weights(model: nn.Module, batch: Any, loss_fn: LossFn, *, budget: Budg
     params = [p for p in copy.parameters() if p.requires_grad]
     if not params:
         raise CannotJudge("no_params", "the model has no trainable parameter")
-    result = SplitResult(batch=n, half=half, memory_bytes=3 * param_bytes(copy, 8))
+    result = SplitResult(
+        batch=n, half=half, memory_bytes=param_bytes(copy) + 4 * param_bytes(copy, 4)
+    )
     whole = _part(batch, n, 0, 2 * half)
     g = _gradient(copy, params, whole, loss_fn)
     if budget.left() <= 0:
         raise CannotJudge("budget", "the probe ran out of time")
     ga = _gradient(copy, params, _part(batch, n, 0, half), loss_fn)
     gb = _gradient(copy, params, _part(batch, n, half, 2 * half), loss_fn)
-    aa, bb, ab = float(ga @ ga), float(gb @ gb), float(ga @ gb)
+    aa, bb, ab = _dot(ga, ga), _dot(gb, gb), _dot(ga, gb)
     det = aa * bb - ab * ab
     if aa == 0.0 or bb == 0.0 or det <= PARALLEL * aa * bb:
         raise CannotJudge(
@@ -130,15 +138,16 @@ def split_weights(model: nn.Module, batch: Any, loss_fn: LossFn, *, budget: Budg
             "the halves' gradients are parallel (or zero): their weights in the whole batch's "
             "cannot be told apart",
         )
-    ag, bg = float(ga @ g), float(gb @ g)
+    ag, bg = _dot(ga, g), _dot(gb, g)
     result.a = (ag * bb - bg * ab) / det
     result.b = (bg * aa - ag * ab) / det
     fit = g - result.a * ga - result.b * gb
-    scale = float(g.norm())
-    result.residual = float(fit.norm()) / scale if scale > 0 else math.inf
+    scale = math.sqrt(_dot(g, g))
+    result.residual = math.sqrt(_dot(fit, fit)) / scale if scale > 0 else math.inf
     if not result.residual <= COUPLED:
         again = _gradient(copy, params, whole, loss_fn, SEED + 1)
-        if float((again - g).norm()) > COUPLED * scale:
+        moved = again - g
+        if math.sqrt(_dot(moved, moved)) > COUPLED * scale:
             raise CannotJudge(
                 "random",
                 "the forward draws random numbers even in eval mode (sampled noise, diffusion "
