@@ -7,7 +7,10 @@ Example:
     >>> watcher.report().raise_for_findings()  # doctest: +SKIP
 
 Names are imported on first use (PEP 562): ``import gradwatch`` alone, as pytest does when it
-loads the plugin, does not import torch.
+loads the plugin, does not import torch. It does start keeping ``load_state_dict(strict=False)``
+calls (:mod:`gradwatch._loads`: ``nn.Module.load_state_dict`` wrapped, transparently, once
+torch is imported), so that a load made before ``watch()`` is judged at its first step;
+``GRADWATCH_RECORD_LOADS=0`` turns that off.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from gradwatch import _loads
 from gradwatch._version import __version__
 from gradwatch.errors import ConfigError, GhostLayerError, GradWatchError, GradWatchWarning
 
@@ -86,3 +90,6 @@ if not TYPE_CHECKING:
 
 def __dir__() -> list[str]:
     return sorted(set(globals()) | set(__all__))
+
+
+_loads.arm()

@@ -1,7 +1,8 @@
 """``state_calls``: state changes the user asked for, compared with the state at the step
-(``call_without_effect``): ``strict=False`` loads that missed trained weights, ``eval()``
-and ``requires_grad_(False)`` below the root undone by an ancestor before the step
-(:mod:`gradwatch.capture.loop.state_calls`), and hyperparameters written where the next
+(``call_without_effect``): ``strict=False`` loads that missed trained weights (made while
+watching, or before and kept from import: :mod:`gradwatch._loads`), ``eval()``,
+``requires_grad_(False)`` and dtype/device moves below the root undone by an ancestor before
+the step (:mod:`gradwatch.capture.loop.state_calls`), and hyperparameters written where the next
 ``step()`` does not read them (:mod:`gradwatch.capture.loop.lr_writes`)."""
 
 from __future__ import annotations

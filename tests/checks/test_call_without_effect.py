@@ -20,6 +20,7 @@ from _check_loops import CFG
 from torch import nn
 
 import gradwatch
+from gradwatch import _loads
 
 ID = "call_without_effect"
 
@@ -202,7 +203,12 @@ def test_gradual_unfreezing_after_steps_is_silent() -> None:
 
 def test_the_wrappers_are_gone_after_the_watch() -> None:
     model = Net()
+    before = {name: getattr(nn.Module, name) for name in _WRAPPED}
     _run(model, _sgd(model), lambda k: None, steps=1)
-    for name in ("load_state_dict", "train", "requires_grad_"):
+    for name in _WRAPPED:
         fn: Optional[Any] = getattr(nn.Module, name)
-        assert not getattr(fn, "_gradwatch_state", False)
+        assert not getattr(fn, "_gradwatch_state", False) and fn is before[name]
+    assert _loads.wrapped(nn.Module)  # load_state_dict: kept from import, for the process
+
+
+_WRAPPED = ("train", "requires_grad_", "to", "half", "float", "double", "bfloat16", "cuda", "cpu")

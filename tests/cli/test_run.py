@@ -165,3 +165,36 @@ def test_ctrl_c_reports_and_exits_130(capsys, tmp_path: Path) -> None:
     code, out, err = _run(capsys, str(script), "--ghost", "--raise-at", "4")
     assert code == 130
     assert "interrupted" in err and "ghost_param" in out
+
+
+_PREFIXED_LOAD = """
+import torch
+from torch import nn
+
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+ckpt = {"module." + k: v for k, v in model.state_dict().items()}  # saved from DataParallel
+model.load_state_dict(ckpt, strict=False)  # before the loop: loads nothing
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for _ in range(4):
+    opt.zero_grad()
+    model(torch.randn(8, 4)).pow(2).mean().backward()
+    opt.step()
+"""
+
+
+def test_a_load_before_the_loop_is_judged(capsys, tmp_path: Path) -> None:
+    """``gradwatch run`` imports gradwatch before the script: its loads are kept, and judged
+    once the watcher enters."""
+    script = tmp_path / "finetune.py"
+    script.write_text(_PREFIXED_LOAD)
+    out_json = tmp_path / "r.json"
+    code, out, _ = _run(capsys, "--json", str(out_json), str(script))
+    assert code == 0, out  # a warning
+    (f,) = [
+        f
+        for f in json.loads(out_json.read_text())["findings"]
+        if f["check"] == "call_without_effect"
+    ]
+    assert f["details"]["before_watch"] is True and f["details"]["loaded"] == 0
+    assert f["details"]["called_at"].endswith("finetune.py:8")
