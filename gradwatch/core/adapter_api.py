@@ -23,6 +23,7 @@ from typing import Any, Optional, Protocol
 
 from gradwatch.capture.grads.hooks import HookSet
 from gradwatch.capture.loop.resume import compare, snapshot
+from gradwatch.checks.sample_weight_split import SampleWeightDependsOnSplit
 from gradwatch.config import GradWatchConfig
 from gradwatch.core.faults import Faults
 from gradwatch.core.findings import FindingLog
@@ -253,7 +254,7 @@ def _seen(pipe: StepPipeline) -> GradWatchConfig:
     """The run's config, with the accumulation the run showed (backward passes per step)
     where the user did not set ``accumulation_steps``: the split probe's severity reads it."""
     config = pipe.config
-    check = "sample_weight_depends_on_split"
+    check = SampleWeightDependsOnSplit.id
     cfg = config.check(check)
     if getattr(cfg, "accumulation_steps", None) is not None or pipe.steps <= 0:
         return config

@@ -280,8 +280,9 @@ class Judges:
         self._keep_hooks = {c.id for c in checks if c.keeps_forward_hooks}
         self._share = {c.id for c in checks if c.counts_toward_share}
         # The checks that judge steps, with their labels: a step calls only those (hot path).
+        # (The method is looked up at each call: a check patched after attaching is called.)
         self._on_step = [
-            (f"{c.id} check", c.on_step) for c in checks if type(c).on_step is not Check.on_step
+            (f"{c.id} check", c) for c in checks if type(c).on_step is not Check.on_step
         ]
 
     def structure(self, view: StructureView) -> None:
@@ -293,8 +294,8 @@ class Judges:
     def step(self, view: StepView) -> None:
         """One step's view (an optimizer step, or a backward pass without an optimizer)."""
         guard, log = self._guard, self.log
-        for where, on_step in self._on_step:
-            guard(where, on_step, view, log)
+        for where, check in self._on_step:
+            guard(where, check.on_step, view, log)
         self._escalate(view.index)
 
     def _escalate(self, index: Any) -> None:
