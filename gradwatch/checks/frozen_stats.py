@@ -11,7 +11,12 @@ sub-network in eval itself (a perceptual-loss network) is judged by what happene
 the mode at its start. An instance norm (no such counter) is judged by its mode then.
 
 Correct and silent: frozen norm layers kept in eval (a ``train()`` override, ``norm_eval``),
-``FrozenBatchNorm2d``, norm layers without affine parameters, and trainable ones.
+``FrozenBatchNorm2d``, norm layers without affine parameters, and trainable ones. Also an
+EMA or momentum target (BYOL, MoCo, a mean teacher): its parameters do not require grad, but
+the program moves them every step, and its batch norms run in train mode by design. The
+evidence is their values: a flagged layer is reported only once a later step finds its
+affine values unchanged (so from the second flagged step on), and one whose values moved is
+never reported.
 """
 
 from __future__ import annotations
@@ -71,7 +76,10 @@ class FrozenStatsUpdated(Check):
         "then `.eval()` on them, or replace them with `torchvision.ops.FrozenBatchNorm2d`.",
         detail="normalisation layers whose affine parameters are all frozen ran training steps in "
         "train mode, so their running statistics moved (a frozen backbone after `model.train()`, "
-        "by the loop, Lightning or the HF Trainer). One finding for all of them; `details.modules`",
+        "by the loop, Lightning or the HF Trainer). One finding for all of them; `details.modules`. "
+        "Reported from the second flagged step, once the layer's affine values are found "
+        "unchanged: an EMA/momentum target (BYOL, MoCo, mean teacher), whose frozen-looking "
+        "parameters the program moves every step, is not frozen and not reported",
     )
 
     def on_step(self, view: StepView, log: FindingLog) -> None:

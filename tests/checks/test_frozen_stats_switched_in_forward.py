@@ -127,4 +127,4 @@ def test_frozen_norms_switched_back_to_train_inside_forward_fire() -> None:
     report = plain_loop(model, torch.optim.SGD(_trainable(model), lr=0.01), steps=4)
     (f,) = report.by_check(ID)
     assert f.details["modules"] == ["backbone.1", "backbone.4"]
-    assert f.count == 4
+    assert f.count == 3  # the first flagged step waits for a second look (EMA targets)

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 from _regime import DIM, LossOf, hf_train, lightning_fit, plain_loop, problems
 from torch import nn
 
@@ -56,7 +57,9 @@ def test_frozen_backbone_batch_norms_back_in_train_mode() -> None:
     report = plain_loop(model, torch.optim.SGD(_trainable(model), lr=0.01), steps=4)
     assert not torch.equal(before, model.backbone[1].running_mean)  # they did move
     (f,) = report.by_check(ID)
-    assert f.severity == "warning" and f.first_step == 0 and f.count == 4
+    # from step 1: a flagged layer is reported once a later step finds its affine values unchanged
+    # (an EMA target moves them, and is not frozen)
+    assert f.severity == "warning" and f.first_step == 1 and f.count == 3
     assert f.details["modules"] == ["backbone.1", "backbone.4"]
     assert f.module == "backbone"
     assert sorted(f.params) == [
@@ -147,3 +150,43 @@ def test_hf_trainer_calls_train_on_a_frozen_backbone(tmp_path: Path) -> None:
     assert f.details["modules"] == ["net.backbone.1", "net.backbone.4"]
     fixed = hf_train(LossOf(Detector(keep_bn_eval=True)), tmp_path, evaluate=True)
     assert problems(fixed) == []
+
+
+def _byol_like() -> tuple[nn.Module, nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(0)
+
+    def encoder() -> nn.Module:
+        return nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 4))
+
+    online = encoder()
+    model = nn.ModuleDict({"online": online, "target": encoder()})
+    model["target"].load_state_dict(online.state_dict())
+    model["target"].requires_grad_(False)  # moved by the EMA below, not by the optimizer
+    opt = torch.optim.SGD(online.parameters(), lr=0.05)
+    return model, online, opt
+
+
+@pytest.mark.parametrize("update", ["lerp", "data_assign"])
+def test_an_ema_target_in_train_mode_is_not_frozen(update: str) -> None:
+    """BYOL / MoCo / mean teacher: the target encoder's parameters do not require grad but
+    the program moves them every step (``torch._foreach_lerp_``; MoCo's ``p.data = ...``),
+    and its batch norms run in train mode on purpose."""
+    model, online, opt = _byol_like()
+    target = model["target"]
+    with gradwatch.watch(model, opt) as w:
+        for _ in range(6):
+            x = torch.randn(16, 8)
+            opt.zero_grad()
+            p = online(x)
+            with torch.no_grad():
+                z = target(x + 0.1 * torch.randn_like(x))
+            (2 - 2 * F.cosine_similarity(p, z, dim=-1)).mean().backward()
+            opt.step()
+            with torch.no_grad():
+                tp, op = list(target.parameters()), list(online.parameters())
+                if update == "lerp":
+                    torch._foreach_lerp_(tp, op, 0.01)
+                else:
+                    for a, b in zip(tp, op):
+                        a.data = a.data * 0.99 + b.data * 0.01
+    assert not w.findings("frozen_stats_updated")

@@ -49,6 +49,7 @@ __all__ = ["FLAG_ATTRS", "ModeSnapshot", "ModeWatch", "ignored_freeze_flags"]
 _NORMS = (nn.modules.batchnorm._BatchNorm, nn.modules.instancenorm._InstanceNorm)
 _DROPOUTS = (nn.modules.dropout._DropoutNd, nn.AlphaDropout, nn.FeatureAlphaDropout)
 _MAX_NAMED = 20  # modules named in one snapshot
+_CONFIRM = 4  # times a flagged frozen norm's affine values are found unchanged before trusted
 #: Attribute -> the value that means "frozen", as frameworks other than PyTorch spell it.
 FLAG_ATTRS: dict[str, bool] = {
     "requires_grad": False,
@@ -156,6 +157,11 @@ class ModeWatch:
         # number when it was last seen to change (their statistics moved).
         self._counted: dict[str, int] = {}
         self._moved_at: dict[str, int] = {}
+        # Flagged frozen norms' affine values when first flagged, and how often found the same:
+        # an EMA/momentum target (BYOL, MoCo, mean teacher) has requires_grad=False parameters
+        # that the program itself moves every step; those are not frozen (``_settled``).
+        self._affine: dict[str, tuple[list[torch.Tensor], int]] = {}
+        self._updated: set[str] = set()
 
     def collect(self, model: nn.Module, trainable: Callable[[torch.Tensor], bool]) -> None:
         """Pick the mode-dependent modules that matter (once per layout)."""
@@ -313,11 +319,42 @@ class ModeWatch:
             return None
         if self._root_eval_snap is not None and self._root_eval_seq > start:
             return self._root_eval_snap  # a named model in eval (a root) ran since ``start``
-        if not self._counted:
+        names = self._pending.frozen_norms_training
+        if self._counted:
+            self._note_moves()
+            moved = [n for n, seq in self._moved_at.items() if seq > start]
+            names = tuple(dict.fromkeys([*names, *moved]))
+        if not names:
             return self._pending
-        self._note_moves()
-        moved = [n for n, seq in self._moved_at.items() if seq > start]
-        if not moved:
-            return self._pending
-        names = tuple(dict.fromkeys([*self._pending.frozen_norms_training, *moved]))
-        return replace(self._pending, frozen_norms_training=names[:_MAX_NAMED])
+        return replace(self._pending, frozen_norms_training=self._settled(names)[:_MAX_NAMED])
+
+    def _settled(self, names: tuple[str, ...]) -> tuple[str, ...]:
+        """The flagged frozen norms whose affine values stayed put: each is held back at its
+        first flagging (its values kept, a few floats) and reported once a later step finds
+        them unchanged; one whose values changed is updated by the program (an EMA target),
+        not frozen, and is never reported. After ``_CONFIRM`` unchanged looks it is trusted."""
+        refs = {c.name: c.ref for c in self._candidates}
+        kept: list[str] = []
+        for name in names:
+            if name in self._updated:
+                continue
+            ref = refs.get(name)
+            mod = ref() if ref is not None else None
+            if mod is None:
+                kept.append(name)
+                continue
+            now = [p.detach() for p in mod.parameters(recurse=False)]
+            seen = self._affine.get(name)
+            if seen is None:
+                self._affine[name] = ([t.clone() for t in now], 0)
+                continue
+            first, same = seen
+            if same >= _CONFIRM:
+                kept.append(name)
+            elif all(torch.equal(a, b) for a, b in zip(first, now)):
+                self._affine[name] = (first, same + 1)
+                kept.append(name)
+            else:
+                self._updated.add(name)
+                del self._affine[name]
+        return tuple(kept)
