@@ -44,6 +44,20 @@ class GhostParamConfig(CheckConfig):
     )
 
 
+#: A module not called while its siblings in the same container were (a routed expert that got
+#: no token) is held at ``intermittent_severity`` for this many steps without any gradient
+#: before it is called a permanent ghost: top-k routing leaves experts idle for a few steps by
+#: design, and at step 0 nothing tells such an expert from a forgotten list element. Eight
+#: steps: an expert a uniform router over 4 experts skips for 8 steps of 3 tokens has a chance
+#: of (3/4)^24 = 0.1 %; a router that never picks it is a bug (a collapsed or masked router).
+ROUTED_STEPS = 8
+SOLO_STEPS = 3
+ROUTED = (
+    " Its siblings in '{parent}' were called in the same step: a routed expert that got no "
+    "token is idle by design; if it never gets a gradient in {n} steps it is reported as a "
+    "permanent ghost."
+)
+
 LIBRARY = (
     " It is inside {pkg}'s own model, whose forward leaves it out by design (this code is "
     "not yours): freeze it with requires_grad_(False) if it is not meant to train; under "
@@ -109,7 +123,12 @@ class GhostParam(Check):
         "called or run under `no_grad` is one finding named by it; a layer replaced after the "
         "optimizer was built is `details.cause: not_in_model` (`details.replaced`). Inside a "
         "library's own model (a Hugging Face pooler that a masked LM never reads) it is "
-        "`library_severity` (`info`), `details.library_design` naming the package",
+        "`library_severity` (`info`), `details.library_design` naming the package. A numbered "
+        "element of a `ModuleList` not called while elements of the same layout were (a routed "
+        "expert that got no token) is `intermittent_severity` until it has missed 8 steps "
+        "without ever getting a gradient, or 3 steps in a row in which every other element ran "
+        "(a branch cut off, not routing); then it is a permanent ghost (`details.routed_siblings` "
+        "names the container while held)",
     )
     config: GhostParamConfig
 
@@ -119,6 +138,8 @@ class GhostParam(Check):
         self._flagged: dict[str, tuple[list[int], Group]] = {}  # key -> its ghosts, group
         self._pos: tuple[object, dict[int, int]] = (None, {})
         self._library: dict[str, str] = {}  # library-owned module -> its package
+        self._routed: dict[str, bool] = {}  # groups held back as routed experts (ROUTED_STEPS)
+        self._solo: dict[str, int] = {}  # steps in a row a held group alone missed its call
 
     @classmethod
     def call_site(cls, finding: Any) -> Optional[str]:
@@ -196,6 +217,25 @@ class GhostParam(Check):
         names = view.index.names(ids)
         self._flagged[group.key] = (ids, group)
         severity, hint = self._severity(intermittent), group.hint()
+        parent = None
+        if not intermittent and lost < ROUTED_STEPS:
+            parent, every = _routed(view, group)
+            # Routing leaves some experts idle, not the same one while all the others run:
+            # SOLO_STEPS such steps are a branch cut off (a LoRA block's adapter skipped).
+            solo = self._solo.get(group.key, 0) + 1 if every else 0
+            self._solo[group.key] = solo
+            if solo >= SOLO_STEPS:
+                parent = None
+        if parent is not None and not self._ddp_strict:
+            severity = self.config.intermittent_severity
+            hint += ROUTED.format(parent=parent, n=ROUTED_STEPS)
+            details["routed_siblings"] = parent
+            self._routed[group.key] = True
+        elif self._routed.pop(group.key, False) and not intermittent:
+            message = group.message(len(names), lost, seen, view.step, where)
+            log.revise(
+                self.id, group.key, severity=severity, message=message, hint=hint, details=details
+            )
         library = self._library_of(group)
         if library is not None:
             details["library_design"] = library
@@ -241,3 +281,38 @@ class GhostParam(Check):
                 hint=group.hint() + INTERMITTENT,
                 details={"steps_missing": lost, "steps_seen": seen, "intermittent": True},
             )
+
+
+def _suffixes(layers: list[str], prefix: str) -> frozenset[str]:
+    return frozenset(layer[len(prefix) :] for layer in layers)
+
+
+def _routed(view: StepView, group: Group) -> tuple[Optional[str], bool]:
+    """The container whose other elements of the same layout were called this step, when the
+    ghost is one element of it that was not (``experts.2`` idle while ``experts.0`` ran): the
+    evidence of routing; and whether every other element was called. Elements are numbered
+    (a ``ModuleList``); a named module that was not called stays a ghost at once."""
+    module = group.module or (group.layers[0] if len(group.layers) == 1 else None)
+    if group.cause != "not_called" or not module:
+        return None, False
+    parent, _, own = module.rpartition(".")
+    if not parent or not own.isdigit():
+        return None, False
+    mine = [x for x in group.layers if x == module or x.startswith(module + ".")]
+    layout = _suffixes(mine, module)
+    others: dict[str, list[str]] = {}
+    called: set[str] = set()
+    for layer, positions in view.by_layer().items():
+        rest = layer[len(parent) + 1 :] if layer.startswith(parent + ".") else None
+        if rest is None:
+            continue
+        seg = rest.split(".", 1)[0]
+        if seg == own or not seg.isdigit():
+            continue
+        others.setdefault(seg, []).append(layer)
+        if any(view.arrived[k] for k in positions):
+            called.add(seg)
+    alike = {seg for seg in others if _suffixes(others[seg], f"{parent}.{seg}") == layout}
+    if not alike & called:
+        return None, False
+    return parent, alike <= called
