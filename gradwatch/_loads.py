@@ -178,8 +178,10 @@ def unwrap(cls: Any) -> None:
 
 
 def wrapped(cls: Any) -> bool:
-    """Whether ``cls.load_state_dict`` is this module's wrapper."""
-    return cls in _installed and cls.__dict__.get("load_state_dict") is _installed[cls][0]
+    """Whether this module's wrapper is installed on ``cls`` (on top, or under another
+    library's wrapper that calls the one it found): a watcher must not wrap it again, which
+    would replace the record of the process-wide one and, at exit, drop it."""
+    return cls in _installed
 
 
 class _AfterTorch(importlib.abc.MetaPathFinder):
