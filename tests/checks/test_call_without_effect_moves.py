@@ -17,10 +17,9 @@ from typing import Any, Callable
 
 import pytest
 import torch
-from _check_loops import CFG
+from test_call_without_effect import _run as run_loop
 from torch import nn
 
-import gradwatch
 from gradwatch.capture.loop import moves
 
 ID = "call_without_effect"
@@ -46,16 +45,7 @@ class Mixed(nn.Module):
 
 
 def _run(model: nn.Module, before: Callable[[int], None], steps: int = 3) -> list[Any]:
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    gen = torch.Generator().manual_seed(0)
-    with gradwatch.watch(model, opt, config=CFG) as w:
-        for k in range(steps):
-            before(k)
-            x, y = torch.randn(8, 8, generator=gen), torch.randn(8, 2, generator=gen)
-            opt.zero_grad()
-            nn.functional.mse_loss(model(x), y).backward()
-            opt.step()
-    return [f for f in w.report().findings if f.check == ID]
+    return run_loop(model, torch.optim.SGD(model.parameters(), lr=0.1), before, steps)
 
 
 def _first(*calls: Callable[[Mixed], Any]) -> list[Any]:
