@@ -184,14 +184,17 @@ class GhostParam(Check):
         if not any(missing):
             return
         flagged = []
-        for layer, positions in view.by_layer().items():
+        layers = view.by_layer()
+        for layer, positions in layers.items():
             ghosts = [k for k in positions if missing[k]]
             if ghosts:
                 flagged.append((layer, ghosts, view.cause(view.ids[ghosts[0]])))
         for group in ghost_groups(view, flagged):
-            self._emit(view, group, log)
+            self._emit(view, group, log, layers)
 
-    def _emit(self, view: StepView, group: Group, log: FindingLog) -> None:
+    def _emit(
+        self, view: StepView, group: Group, log: FindingLog, layers: dict[str, list[int]]
+    ) -> None:
         ks = group.positions
         k0 = ks[0]
         seen, lost = view.seen[k0], view.missing[k0]
@@ -219,7 +222,7 @@ class GhostParam(Check):
         severity, hint = self._severity(intermittent), group.hint()
         parent = None
         if not intermittent and lost < ROUTED_STEPS:
-            parent, every = _routed(view, group)
+            parent, every = _routed(view, group, layers)
             # Routing leaves some experts idle, not the same one while all the others run:
             # SOLO_STEPS such steps are a branch cut off (a LoRA block's adapter skipped).
             solo = self._solo.get(group.key, 0) + 1 if every else 0
@@ -287,7 +290,9 @@ def _suffixes(layers: list[str], prefix: str) -> frozenset[str]:
     return frozenset(layer[len(prefix) :] for layer in layers)
 
 
-def _routed(view: StepView, group: Group) -> tuple[Optional[str], bool]:
+def _routed(
+    view: StepView, group: Group, layers: dict[str, list[int]]
+) -> tuple[Optional[str], bool]:
     """The container whose other elements of the same layout were called this step, when the
     ghost is one element of it that was not (``experts.2`` idle while ``experts.0`` ran): the
     evidence of routing; and whether every other element was called. Elements are numbered
@@ -302,7 +307,7 @@ def _routed(view: StepView, group: Group) -> tuple[Optional[str], bool]:
     layout = _suffixes(mine, module)
     others: dict[str, list[str]] = {}
     called: set[str] = set()
-    for layer, positions in view.by_layer().items():
+    for layer, positions in layers.items():  # the step's grouping, made once (on_step)
         rest = layer[len(parent) + 1 :] if layer.startswith(parent + ".") else None
         if rest is None:
             continue
