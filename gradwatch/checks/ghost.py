@@ -51,6 +51,13 @@ class GhostParamConfig(CheckConfig):
 #: steps: an expert a uniform router over 4 experts skips for 8 steps of 3 tokens has a chance
 #: of (3/4)^24 = 0.1 %; a router that never picks it is a bug (a collapsed or masked router).
 ROUTED_STEPS = 8
+#: Blocks are not experts: when the elements run in a chain (each one's input a sibling's
+#: output: a stack of blocks), or the idle one ran with only its trainable part left out (a
+#: frozen base whose adapter was switched off), the same one idle this many steps in a row while
+#: every other ran is a block cut off (a loop over ``blocks[:-1]``), where LayerDrop or
+#: AdapterDrop skips a different one each step. Experts run side by side and the same one can
+#: be left out while every other gets a token for several steps (a router that starts
+#: unbalanced): they wait for ``ROUTED_STEPS``.
 SOLO_STEPS = 3
 ROUTED = (
     " Its siblings in '{parent}' were called in the same step: a routed expert that got no "
@@ -126,9 +133,16 @@ class GhostParam(Check):
         "`library_severity` (`info`), `details.library_design` naming the package. A numbered "
         "element of a `ModuleList` not called while elements of the same layout were (a routed "
         "expert that got no token) is `intermittent_severity` until it has missed 8 steps "
-        "without ever getting a gradient, or 3 steps in a row in which every other element ran "
-        "(a branch cut off, not routing); then it is a permanent ghost (`details.routed_siblings` "
-        "names the container while held)",
+        "without ever getting a gradient (a router that starts unbalanced can leave one expert "
+        "idle for steps while every other gets tokens); then it is a permanent ghost, an error "
+        "live and in the report (a collapsed router), and `fail_fast` stops there. When the "
+        "elements run in a chain (one's input is another's output, read from the forward's "
+        "data flow: a stack of blocks, not experts), or the idle one ran with only its trainable "
+        "part left out (an adapter switched off over a frozen base), the same one idle for 3 "
+        "steps in a row while every other ran is a block cut off (a loop that stops one short) "
+        "and a permanent ghost then; LayerDrop and AdapterDrop skip a different one each step. "
+        "`details.routed_siblings` names the container while held; a ghost called in a later "
+        "step is intermittent",
     )
     config: GhostParamConfig
 
@@ -222,10 +236,8 @@ class GhostParam(Check):
         severity, hint = self._severity(intermittent), group.hint()
         parent = None
         if not intermittent and lost < ROUTED_STEPS:
-            parent, every = _routed(view, group, layers)
-            # Routing leaves some experts idle, not the same one while all the others run:
-            # SOLO_STEPS such steps are a branch cut off (a LoRA block's adapter skipped).
-            solo = self._solo.get(group.key, 0) + 1 if every else 0
+            parent, every, blocks = _routed(view, group, layers)
+            solo = self._solo.get(group.key, 0) + 1 if every and blocks else 0
             self._solo[group.key] = solo
             if solo >= SOLO_STEPS:
                 parent = None
@@ -292,32 +304,67 @@ def _suffixes(layers: list[str], prefix: str) -> frozenset[str]:
 
 def _routed(
     view: StepView, group: Group, layers: dict[str, list[int]]
-) -> tuple[Optional[str], bool]:
+) -> tuple[Optional[str], bool, bool]:
     """The container whose other elements of the same layout were called this step, when the
     ghost is one element of it that was not (``experts.2`` idle while ``experts.0`` ran): the
-    evidence of routing; and whether every other element was called. Elements are numbered
-    (a ``ModuleList``); a named module that was not called stays a ghost at once."""
+    evidence of routing; whether every other element was called; and whether the elements are
+    blocks, not experts (the called ones form a chain, or this one ran with its trainable part
+    left out). Elements are numbered (a ``ModuleList``); a named module that was not called
+    stays a ghost at once."""
     module = group.module or (group.layers[0] if len(group.layers) == 1 else None)
     if group.cause != "not_called" or not module:
-        return None, False
+        return None, False, False
     parent, _, own = module.rpartition(".")
     if not parent or not own.isdigit():
-        return None, False
+        return None, False, False
     mine = [x for x in group.layers if x == module or x.startswith(module + ".")]
     layout = _suffixes(mine, module)
     others: dict[str, list[str]] = {}
     called: set[str] = set()
     for layer, positions in layers.items():  # the step's grouping, made once (on_step)
-        rest = layer[len(parent) + 1 :] if layer.startswith(parent + ".") else None
-        if rest is None:
-            continue
-        seg = rest.split(".", 1)[0]
-        if seg == own or not seg.isdigit():
+        seg = _element(layer, parent)
+        if seg is None or seg == own:
             continue
         others.setdefault(seg, []).append(layer)
         if any(view.arrived[k] for k in positions):
             called.add(seg)
     alike = {seg for seg in others if _suffixes(others[seg], f"{parent}.{seg}") == layout}
     if not alike & called:
-        return None, False
-    return parent, alike <= called
+        return None, False, False
+    blocks = _chained(view, parent, alike & called, others) or _entered(view, module, mine)
+    return parent, alike <= called, blocks
+
+
+def _element(layer: str, parent: str) -> Optional[str]:
+    """The number of the element of ``parent`` that holds ``layer`` (None: none does)."""
+    if not layer.startswith(parent + "."):
+        return None
+    seg = layer[len(parent) + 1 :].split(".", 1)[0]
+    return seg if seg.isdigit() else None
+
+
+def _chained(view: StepView, parent: str, called: set[str], others: dict[str, list[str]]) -> bool:
+    """Whether a called element's input came from another element of ``parent`` (the forward's
+    data flow of the first window): ``blocks.1`` fed by ``blocks.0``. Experts read the same
+    input side by side; unknown flow (a compiled model) is no chain."""
+    links = view.forward.links
+    for seg in called:
+        for layer in others[seg]:
+            for up in links.get(layer, ()):
+                other = _element(up, parent)
+                if other is not None and other != seg:
+                    return True
+    return False
+
+
+def _entered(view: StepView, module: str, ghosts: list[str]) -> bool:
+    """Whether a layer of the element ``module`` other than its ghost layers ran this step (its
+    frozen base: an adapter switched off inside a block that ran). An expert that got no token
+    runs no part of itself."""
+    skip = set(ghosts)
+    for layer, ids in view.index.layers.items():
+        if layer in skip or not ids or not (layer == module or layer.startswith(module + ".")):
+            continue
+        if view.cause(ids[0]) in ("disconnected", "no_grad"):
+            return True
+    return False
