@@ -16,7 +16,9 @@ purpose), in train their running statistics move (``frozen_stats_updated``).
 
 What a training step saw is the latest forwards' state (:meth:`ModeWatch.take`): a forward
 in another state replaces it, so a validation forward in eval mode under grad, followed by
-``model.train()`` and a training forward, leaves no trace. No tensor is read, nothing syncs.
+``model.train()`` and a training forward, leaves no trace. No tensor is read, nothing syncs,
+except for frozen norms flagged at a step: their affine values (a few floats, one host read
+per device) tell a frozen layer from an EMA/momentum target (``_frozen_affine.py``).
 
 Frozen batch norms are judged by their statistics, not by their mode at the forward's
 start: a batch norm in train mode bumps the version counter of its ``num_batches_tracked``
@@ -39,6 +41,7 @@ from typing import Callable, Optional
 import torch
 from torch import nn
 
+from gradwatch.capture.forward._frozen_affine import FrozenAffine
 from gradwatch.capture.forward.mode_calls import ModeCalls
 from gradwatch.capture.grads.evidence import Tracker
 from gradwatch.model.engines import clean_name
@@ -49,7 +52,6 @@ __all__ = ["FLAG_ATTRS", "ModeSnapshot", "ModeWatch", "ignored_freeze_flags"]
 _NORMS = (nn.modules.batchnorm._BatchNorm, nn.modules.instancenorm._InstanceNorm)
 _DROPOUTS = (nn.modules.dropout._DropoutNd, nn.AlphaDropout, nn.FeatureAlphaDropout)
 _MAX_NAMED = 20  # modules named in one snapshot
-_CONFIRM = 4  # times a flagged frozen norm's affine values are found unchanged before trusted
 #: Attribute -> the value that means "frozen", as frameworks other than PyTorch spell it.
 FLAG_ATTRS: dict[str, bool] = {
     "requires_grad": False,
@@ -70,12 +72,16 @@ class ModeSnapshot:
     """Root in eval: the mode-dependent modules that matter, in eval. Otherwise: the topmost
     modules in eval (their parent in train) above such modules."""
     frozen_norms_training: tuple[str, ...] = ()
-    """Normalisation layers with all affine parameters frozen, in train mode (stats move)."""
+    """Normalisation layers with all affine parameters frozen, in train mode (stats move),
+    whose affine values were found unchanged since their first flagging (frozen)."""
     eval_at_start: bool = False
     """The root was already in eval mode when watching began."""
     eval_sites: tuple[tuple[str, str], ...] = ()
     """(module in ``eval_modules``, or ``(root)``; the ``file:line`` that put it in eval
     mode), where gradwatch saw the ``eval()`` call (``capture/forward/mode_calls.py``)."""
+    program_updated: tuple[str, ...] = ()
+    """Frozen-looking norm layers whose affine values the program itself moved so far (an
+    EMA/momentum target, a synced target network): not frozen (``_frozen_affine.py``)."""
 
     @property
     def clean(self) -> bool:
@@ -157,11 +163,9 @@ class ModeWatch:
         # number when it was last seen to change (their statistics moved).
         self._counted: dict[str, int] = {}
         self._moved_at: dict[str, int] = {}
-        # Flagged frozen norms' affine values when first flagged, and how often found the same:
-        # an EMA/momentum target (BYOL, MoCo, mean teacher) has requires_grad=False parameters
-        # that the program itself moves every step; those are not frozen (``_settled``).
-        self._affine: dict[str, tuple[list[torch.Tensor], int]] = {}
-        self._updated: set[str] = set()
+        # Flagged frozen norms' affine values: an EMA/momentum target (BYOL, MoCo, mean
+        # teacher) has requires_grad=False parameters the program itself moves; not frozen.
+        self._affine = FrozenAffine()
 
     def collect(self, model: nn.Module, trainable: Callable[[torch.Tensor], bool]) -> None:
         """Pick the mode-dependent modules that matter (once per layout)."""
@@ -326,35 +330,10 @@ class ModeWatch:
             names = tuple(dict.fromkeys([*names, *moved]))
         if not names:
             return self._pending
-        return replace(self._pending, frozen_norms_training=self._settled(names)[:_MAX_NAMED])
-
-    def _settled(self, names: tuple[str, ...]) -> tuple[str, ...]:
-        """The flagged frozen norms whose affine values stayed put: each is held back at its
-        first flagging (its values kept, a few floats) and reported once a later step finds
-        them unchanged; one whose values changed is updated by the program (an EMA target),
-        not frozen, and is never reported. After ``_CONFIRM`` unchanged looks it is trusted."""
         refs = {c.name: c.ref for c in self._candidates}
-        kept: list[str] = []
-        for name in names:
-            if name in self._updated:
-                continue
-            ref = refs.get(name)
-            mod = ref() if ref is not None else None
-            if mod is None:
-                kept.append(name)
-                continue
-            now = [p.detach() for p in mod.parameters(recurse=False)]
-            seen = self._affine.get(name)
-            if seen is None:
-                self._affine[name] = ([t.clone() for t in now], 0)
-                continue
-            first, same = seen
-            if same >= _CONFIRM:
-                kept.append(name)
-            elif all(torch.equal(a, b) for a, b in zip(first, now)):
-                self._affine[name] = (first, same + 1)
-                kept.append(name)
-            else:
-                self._updated.add(name)
-                del self._affine[name]
-        return tuple(kept)
+        settled = self._affine.settled(refs, names)
+        return replace(
+            self._pending,
+            frozen_norms_training=settled[:_MAX_NAMED],
+            program_updated=self._affine.updated[:_MAX_NAMED],
+        )
