@@ -52,6 +52,7 @@ from gradwatch.measure._fingerprint_plan import (
     cached_plan,
     real_views,
 )
+from gradwatch.measure.chunked import norms_and_checksums
 from gradwatch.measure.stats import foreach_norms
 
 __all__ = [
@@ -113,8 +114,12 @@ def _big_values(t: torch.Tensor, b: Big) -> tuple[torch.Tensor, torch.Tensor]:
     bits = _bits(flat) if flat.element_size() != 2 else flat.view(torch.int16)
     # int32 accumulation wraps (modulo 2**32) and is several times faster than int64 here.
     total = bits.sum(dtype=torch.int32 if bits.element_size() <= 4 else torch.int64)
-    sample = flat[b.offset : b.offset + (b.m - 1) * b.stride + 1 : b.stride].to(_F32)
-    return total.to(torch.int64).reshape(1), sample
+    return total.to(torch.int64).reshape(1), _sample(t, b)
+
+
+def _sample(t: torch.Tensor, b: Big) -> torch.Tensor:
+    flat = t.detach().view(-1)
+    return flat[b.offset : b.offset + (b.m - 1) * b.stride + 1 : b.stride].to(_F32)
 
 
 def fingerprint(tensors: list[torch.Tensor]) -> Fingerprint:
@@ -203,16 +208,14 @@ def measure(tensors: list[torch.Tensor], before: Optional[Fingerprint] = None) -
             j += 1
         if plan.big:
             bigs = [tensors[b.position] for b in plan.big]
-            norm_parts.append(torch.stack(foreach_norms(bigs, 2.0)))
-        if before is not None:
-            for b in plan.big:
-                c, s = _big_values(tensors[b.position], b)
-                d = s - before.samples[j]
-                moved = (d != 0).any().reshape(1).to(_F32)
-                frac_parts.append((d != 0).to(_F32).mean().reshape(1))
-                changed_parts.append(((c != before.checksums[j]).to(_F32) + moved).clamp_(max=1))
-                delta_parts.append(((d * d).sum() * b.scale).sqrt_().reshape(1))
-                j += 1
+            # on the CPU, the norm and the checksum in one read of each tensor
+            fused = norms_and_checksums(bigs) if before is not None else None
+            norm_parts.append(fused[0] if fused else torch.stack(foreach_norms(bigs, 2.0)))
+        if before is not None and plan.big:
+            changed, delta, frac = _big_changes(tensors, plan, before, j, fused)
+            changed_parts.append(changed)
+            delta_parts.append(delta)
+            frac_parts.append(frac)
         skipped_norms = [_dense_norm(tensors[k]) for k in plan.skipped]
         pn = _assemble(plan, norm_parts, skipped_norms)
         if before is None:
@@ -223,6 +226,56 @@ def measure(tensors: list[torch.Tensor], before: Optional[Fingerprint] = None) -
         # changed, yet no sampled value moved: floor at TINY (the checksum saw it)
         delta = torch.where(changed == 0, torch.zeros_like(delta), delta.clamp(min=TINY))
         return Measured(pn, changed, delta, _assemble(plan, frac_parts, nan))
+
+
+def _big_changes(
+    tensors: list[torch.Tensor],
+    plan: Plan,
+    before: Fingerprint,
+    j: int,
+    fused: Optional[tuple[torch.Tensor, torch.Tensor]],
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(changed, update-norm estimate, moved share) of the large tensors, each a vector.
+
+    The samples of all large tensors are compared in one batch (a segment per tensor): per
+    tensor, the dozen small kernels of a comparison cost more than reading the checksum.
+    ``fused``: the norms and checksums already read (:func:`norms_and_checksums`).
+    """
+    if fused is not None:
+        values = [
+            (fused[1][i : i + 1], _sample(tensors[b.position], b)) for i, b in enumerate(plan.big)
+        ]
+    else:
+        values = [_big_values(tensors[b.position], b) for b in plan.big]
+    if not plan.single_device:  # model parallel: the small results on one device
+        values = [(c.to(plan.device), s.to(plan.device)) for c, s in values]
+        olds = [x.to(plan.device) for x in before.samples[j:]]
+        sums = [x.to(plan.device) for x in before.checksums[j:]]
+    else:
+        olds, sums = before.samples[j:], before.checksums[j:]
+    d = torch.cat([s for _, s in values]) - torch.cat(olds)
+    c = torch.cat([c for c, _ in values]) != torch.cat(sums)
+    lengths, scales = _big_layout(plan)
+    nz = (d != 0).to(_F32)
+    moved = torch.segment_reduce(nz, "max", lengths=lengths)
+    frac = torch.segment_reduce(nz, "mean", lengths=lengths)
+    est = torch.segment_reduce(d * d, "sum", lengths=lengths)
+    return (c.to(_F32) + moved).clamp_(max=1), (est * scales).sqrt_(), frac
+
+
+_LAYOUTS: dict[int, tuple[Plan, torch.Tensor, torch.Tensor]] = {}
+
+
+def _big_layout(plan: Plan) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per large tensor: its sample count and its scale, as vectors on the plan's device."""
+    found = _LAYOUTS.get(id(plan))
+    if found is None or found[0] is not plan:
+        if len(_LAYOUTS) > 64:  # bounded: plans are cached per layout, a few per process
+            _LAYOUTS.clear()
+        lengths = torch.tensor([b.m for b in plan.big], device=plan.device)
+        scales = torch.tensor([b.scale for b in plan.big], dtype=_F32, device=plan.device)
+        found = _LAYOUTS[id(plan)] = (plan, lengths, scales)
+    return found[1], found[2]
 
 
 def compare(tensors: list[torch.Tensor], before: Fingerprint) -> tuple[torch.Tensor, torch.Tensor]:

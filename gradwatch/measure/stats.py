@@ -166,8 +166,8 @@ def norms(
     if flat is None:
         cpu = tensors[0].device.type == "cpu"
         fused = abs_stats(tensors) if cpu and len(ords) > 2 else None
-        if fused is not None:  # L1, max and count in one chunked pass (measure/chunked.py)
-            by_ord: dict[float, Chunk] = dict(zip((1.0, math.inf, 0.0), fused))
+        if fused is not None:  # L1, max, count and L2 in one chunked pass (measure/chunked.py)
+            by_ord: dict[float, Chunk] = dict(zip((1.0, math.inf, 0.0, 2.0), fused))
             return [by_ord[o] if o in by_ord else foreach_norms(tensors, o) for o in ords]
         return [
             _cpu_max_abs(tensors) if cpu and o == math.inf else foreach_norms(tensors, o)

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from gradwatch.checks._window import MedianWindow
 from gradwatch.core.layers import fast_layer_samples
-from gradwatch.measure.chunked import CHUNK, abs_stats
+from gradwatch.measure.chunked import CHUNK, abs_stats, norms_and_checksums
 from gradwatch.measure.stats import foreach_norms, median
 
 
@@ -39,9 +39,11 @@ def test_abs_stats_match_the_separate_kernels(dtype: torch.dtype) -> None:
     ts[0][CHUNK + 77] = -1e30 if dtype is torch.float64 else -3e30  # the max, negative
     ts[1][:50] = -0.0  # a zero with its sign bit set is a zero (the count reads bit patterns)
     ts[1][60] = 1e-45 if dtype is torch.float32 else 5e-324  # the smallest subnormal is not
-    l1, mx, nnz = abs_stats(ts)  # type: ignore[misc]
+    l1, mx, nnz, l2 = abs_stats(ts)  # type: ignore[misc]
     for k, t in enumerate(ts):
         assert float(l1[k]) == pytest.approx(float(t.double().abs().sum()), rel=1e-5)
+        # the float32 kernel it replaces: 3e30's square overflows in both (see the next test)
+        assert float(l2[k]) == pytest.approx(float(foreach_norms([t], 2.0)[0]), rel=1e-5)
         assert float(mx[k]) == float(t.abs().max().float())  # results are float32
         assert float(nnz[k]) == float(torch.count_nonzero(t))
 
@@ -49,8 +51,9 @@ def test_abs_stats_match_the_separate_kernels(dtype: torch.dtype) -> None:
 def test_abs_stats_propagate_nan_and_inf_and_decline_what_they_do_not_cover() -> None:
     a, b = torch.ones(CHUNK + 10), torch.ones(100)
     a[CHUNK + 5], b[3] = float("nan"), float("inf")
-    l1, mx, nnz = abs_stats([a, b])  # type: ignore[misc]
-    assert math.isnan(float(l1[0])) and math.isnan(float(mx[0]))
+    l1, mx, nnz, l2 = abs_stats([a, b])  # type: ignore[misc]
+    assert math.isnan(float(l1[0])) and math.isnan(float(mx[0])) and math.isnan(float(l2[0]))
+    assert math.isinf(float(l2[1]))
     assert float(nnz[0]) == CHUNK + 10  # a NaN counts as non-zero, as before
     assert math.isinf(float(l1[1])) and math.isinf(float(mx[1])) and float(nnz[1]) == 100
     old = foreach_norms([a, b], 0.0)
@@ -177,3 +180,34 @@ def test_stacked_norms_with_a_stale_layout_key_stay_right() -> None:
     assert stacked_stats(moved, (2.0,), id(layout)) is None
     again = stacked_stats(moved, (2.0,), id(layout))  # regrouped from the shapes
     assert again is not None and again[0].tolist() == pytest.approx(truth(moved), rel=1e-6)
+
+
+@pytest.mark.parametrize("scale", [1e-30, 1e-12, 1.0, 1e25])
+def test_fused_l2_norms_agree_with_the_kernel_they_replace_at_every_scale(scale: float) -> None:
+    """Vanishing (1e-30) to exploding (1e25) values: the chunked float32 squares give what
+    ``_foreach_norm`` gave (the same overflow to Inf, the same underflow), and the exact norm
+    wherever float32 holds the squares."""
+    g = torch.Generator().manual_seed(1)
+    ts = [torch.randn(CHUNK + 500, generator=g) * scale, torch.zeros(4000)]
+    _, _, _, l2 = abs_stats(ts)  # type: ignore[misc]
+    old = [float(v) for v in foreach_norms(ts, 2.0)]
+    assert float(l2[1]) == old[1] == 0.0
+    assert float(l2[0]) == pytest.approx(old[0], rel=1e-5)
+    if 1e-15 < scale < 1e15:
+        assert float(l2[0]) == pytest.approx(float(ts[0].double().norm()), rel=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_norms_and_checksums_match_the_fingerprint_and_the_norm(dtype: torch.dtype) -> None:
+    """One read gives both: the norm, and a checksum equal to the whole tensor's wrapping sum
+    of bit patterns (what ``fingerprint`` took before the step), over several chunks."""
+    g = torch.Generator().manual_seed(2)
+    ts = [torch.randn(3 * CHUNK + 7, generator=g, dtype=dtype), torch.randn(999, dtype=dtype)]
+    n, c = norms_and_checksums(ts)  # type: ignore[misc]
+    wide = torch.int32 if dtype is torch.float32 else torch.int64
+    for k, t in enumerate(ts):
+        assert float(n[k]) == pytest.approx(float(t.double().norm()), rel=1e-5)
+        assert int(c[k]) == int(t.view(wide).sum(dtype=wide))
+    ts[0][CHUNK + 1] += 1.0
+    assert int(norms_and_checksums(ts)[1][0]) != int(c[0])  # type: ignore[index]
+    assert norms_and_checksums([torch.ones(3, dtype=torch.bfloat16)]) is None
