@@ -34,7 +34,7 @@ from gradwatch.distributed.fsdp1_flat import FlatLayout, fingerprint_track
 from gradwatch.distributed.gather import merge_shards
 from gradwatch.distributed.layout import adopt_engine, forward_arrival
 from gradwatch.distributed.sync import DistSync
-from gradwatch.model.optimizers import compensates, group_index, group_lr, group_members
+from gradwatch.model.optimizers import GroupMap, compensates, group_members
 from gradwatch.results import ProbeResult
 from gradwatch.sources import SourceSet, StepState
 
@@ -47,11 +47,27 @@ __all__ = ["FIRST_OBSERVED", "StepPipeline", "open_window"]
 FIRST_OBSERVED = 5
 
 
-def _read(track: Track, i: int, fn: Callable[[Any, torch.Tensor], Any], default: Any) -> Any:
-    """``fn(optimizer, tensor)`` for watched parameter ``i`` of ``track``'s optimizer."""
-    if track.ref is None or i not in track.ids:
-        return default
-    return fn(track.ref(), track.params[track.ids.index(i)])
+class _Lookups:
+    """One step's lookups of a watched parameter by id: its tensor, its param group and lr.
+
+    Each map is built once, on first use (a check that asks for every stale layer's lr asked
+    in O(parameters) each before: O(parameters**2) a step while the finding stood).
+    """
+
+    def __init__(self, track: Track) -> None:
+        self.track = track
+        self.opt = track.ref() if track.ref is not None else None
+        self.groups = GroupMap(self.opt)
+        self._pos: Optional[dict[int, int]] = None
+
+    def read(self, i: int, fn: Callable[[Any, torch.Tensor], Any], default: Any) -> Any:
+        """``fn(optimizer, tensor)`` for watched parameter ``i`` of the track's optimizer."""
+        if self.track.ref is None:
+            return default
+        if self._pos is None:
+            self._pos = {j: k for k, j in reversed(list(enumerate(self.track.ids)))}
+        k = self._pos.get(i)
+        return default if k is None else fn(self.opt, self.track.params[k])
 
 
 def _on_cadence(pipe: StepPipeline, track: Track) -> bool:
@@ -281,6 +297,7 @@ def _step_view(
     """The step's view, built once: the gathered reads, the ranks' exchange, the window."""
     index = self.structure.index
     tracker = self.tracker
+    look = _Lookups(track)
     start = track.start
     wanted = self.hooks.wanted
     numel = [index.params[i].numel for i in g.ids] if observed else []
@@ -321,11 +338,11 @@ def _step_view(
         layers=layer_samples(g, numel, track) if observed else {},
         received=lambda i: tracker.last_seq[i] > 0,
         frozen_changed=g.frozen_changed,
-        group_lr=lambda i: _read(track, i, group_lr, None),
-        group_of=lambda i: _read(track, i, group_index, None),
+        group_lr=lambda i: look.read(i, lambda _, t: look.groups.lr(t), None),
+        group_of=lambda i: look.read(i, lambda _, t: look.groups.index(t), None),
         group_ids=lambda g: group_members(track.ref() if track.ref else None, g, index.lookup),
         moved_frac=g.stats.get("moved_frac") if g.stats is not None else None,
-        compensated=lambda i: _read(track, i, compensates, False),
+        compensated=lambda i: look.read(i, compensates, False),
         forward=ForwardOrder(tracker.fwd_grad, tracker.links),
         window=window,
     )
