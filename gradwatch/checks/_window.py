@@ -43,6 +43,27 @@ class MedianWindow:
         self._order.append(value)
         insort(self._sorted, value)
 
+    def push(self, value: float) -> tuple[int, float, float]:
+        """(count, median, largest) of the values held, 0.0 for none; then ``value`` joins.
+
+        One call where ``exploding_grad`` made four per layer per step (``len``, ``median``,
+        ``quantile(1.0)``, ``append``).
+
+        Example:
+            >>> w = MedianWindow(3)
+            >>> [w.push(v) for v in (5.0, 1.0, 3.0)]
+            [(0, 0.0, 0.0), (1, 5.0, 5.0), (2, 3.0, 5.0)]
+        """
+        s = self._sorted
+        n = len(s)
+        if n:
+            mid = n // 2
+            found = (n, s[mid] if n % 2 else 0.5 * (s[mid - 1] + s[mid]), s[-1])
+        else:
+            found = (0, 0.0, 0.0)
+        self.append(value)
+        return found
+
     def median(self) -> float:
         """The median of the held values (the mean of the middle two for an even count)."""
         s = self._sorted

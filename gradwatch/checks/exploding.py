@@ -101,33 +101,35 @@ class ExplodingGrad(Check):
         fired: list[tuple[str, str]] = []
         n = view.window.samples
         spread = n is not None and n < cfg.small_batch  # per-sample gradients
+        history, rising, step = self._history, self._rise_began, view.step
+        max_norm, warmup, factor = cfg.max_norm, cfg.warmup, cfg.spike_factor
         for layer, sample in view.layers.items():
-            if not isfinite(sample.norm):
+            norm = sample.norm
+            if not isfinite(norm):
                 continue
-            hist = self._history.get(layer)
+            hist = history.get(layer)
             if hist is None:
-                hist = self._history[layer] = MedianWindow(self.watch_config.history)
-            med = hist.median() if len(hist) else 0.0
+                hist = history[layer] = MedianWindow(self.watch_config.history)
+            held, med, top = hist.push(norm)  # the window before this norm, then the norm
             if med > 0:
-                ratios[layer] = (sample.norm / med, sample.norm, med)
-                if sample.norm > _RISE * med:
-                    self._rise_began.setdefault(layer, view.step)
-                else:
-                    self._rise_began.pop(layer, None)
-            reason = None
-            if cfg.max_norm is not None and sample.norm > cfg.max_norm:
-                reason = f"gradient norm {sample.norm:.3g} exceeds max_norm {cfg.max_norm:g}"
-            elif len(hist) >= cfg.warmup:
-                ref = hist.quantile(1.0) if spread else med
-                if ref > 0 and sample.norm > cfg.spike_factor * ref:
+                ratios[layer] = (norm / med, norm, med)
+                if norm > _RISE * med:
+                    rising.setdefault(layer, step)
+                elif rising:
+                    rising.pop(layer, None)
+            if max_norm is not None and norm > max_norm:
+                fired.append((layer, f"gradient norm {norm:.3g} exceeds max_norm {max_norm:g}"))
+            elif held >= warmup:
+                ref = top if spread else med
+                if ref > 0 and norm > factor * ref:
                     what = "largest (per-sample gradients)" if spread else "median"
-                    reason = (
-                        f"gradient norm {sample.norm:.3g} jumped to {sample.norm / ref:.1f}x its "
-                        f"running {what} {ref:.3g}"
+                    fired.append(
+                        (
+                            layer,
+                            f"gradient norm {norm:.3g} jumped to {norm / ref:.1f}x its "
+                            f"running {what} {ref:.3g}",
+                        )
                     )
-            hist.append(sample.norm)
-            if reason is not None:
-                fired.append((layer, reason))
         if fired:
             self._emit(view, log, fired, self._attribution(ratios, view.step))
 

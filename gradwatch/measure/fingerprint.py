@@ -43,6 +43,7 @@ from typing import Optional
 import torch
 from torch._utils import _flatten_dense_tensors
 
+from gradwatch.measure import carry
 from gradwatch.measure._fingerprint_plan import (
     MIN_SAMPLES,
     STRIDE,
@@ -79,6 +80,9 @@ class Fingerprint:
     plan: Plan
     checksums: list[torch.Tensor]  # per group: int32 vector; per big tensor: 0-dim int
     samples: list[torch.Tensor]  # aligned with checksums
+    # per big tensor: whether its checksum was carried from the last after-step reading
+    # (measure/carry.py); None: none was
+    carried: Optional[torch.Tensor] = None
 
 
 def _key(tensors: list[torch.Tensor]) -> tuple[int, ...]:
@@ -110,11 +114,19 @@ def _group_values(
 
 
 def _big_values(t: torch.Tensor, b: Big) -> tuple[torch.Tensor, torch.Tensor]:
+    return _checksum(t), _sample(t, b)
+
+
+def _checksum(t: torch.Tensor) -> torch.Tensor:
     flat = t.detach().view(-1)
     bits = _bits(flat) if flat.element_size() != 2 else flat.view(torch.int16)
     # int32 accumulation wraps (modulo 2**32) and is several times faster than int64 here.
     total = bits.sum(dtype=torch.int32 if bits.element_size() <= 4 else torch.int64)
-    return total.to(torch.int64).reshape(1), _sample(t, b)
+    return total.to(torch.int64).reshape(1)
+
+
+def _sample_key(b: Big) -> tuple[int, int, int]:
+    return b.offset, b.stride, b.m
 
 
 def _sample(t: torch.Tensor, b: Big) -> torch.Tensor:
@@ -136,16 +148,22 @@ def fingerprint(tensors: list[torch.Tensor]) -> Fingerprint:
         tensors = real_views(tensors)
     checksums: list[torch.Tensor] = []
     samples: list[torch.Tensor] = []
+    carried: Optional[torch.Tensor] = None
     with torch.no_grad():
         for g in plan.groups:
             _, c, s = _group_values(tensors, g)
             checksums.append(c)
             samples.append(s)
-        for b in plan.big:
-            c, s = _big_values(tensors[b.position], b)
-            checksums.append(c)
-            samples.append(s.clone())  # a strided view of the tensor: must not alias it
-    return Fingerprint(key, plan, checksums, samples)
+        if plan.big:
+            bigs = [tensors[b.position] for b in plan.big]
+            # a strided view of the tensor: must not alias it
+            taken = [_sample(t, b).clone() for t, b in zip(bigs, plan.big)]
+            kept = carry.take(bigs, [_sample_key(b) for b in plan.big], taken)
+            checksums.extend(_checksum(t) if c is None else c for t, c in zip(bigs, kept))
+            samples.extend(taken)
+            if any(c is not None for c in kept):
+                carried = torch.tensor([c is not None for c in kept], device=plan.device)
+    return Fingerprint(key, plan, checksums, samples, carried)
 
 
 @dataclass
@@ -260,7 +278,19 @@ def _big_changes(
     moved = torch.segment_reduce(nz, "max", lengths=lengths)
     frac = torch.segment_reduce(nz, "mean", lengths=lengths)
     est = torch.segment_reduce(d * d, "sum", lengths=lengths)
-    return (c.to(_F32) + moved).clamp_(max=1), (est * scales).sqrt_(), frac
+    changed, delta = (c.to(_F32) + moved).clamp_(max=1), (est * scales).sqrt_()
+    if before.carried is not None:  # a carried checksum never says "changed" on its own
+        unknown = carry.ambiguous(before.carried, c, moved)
+        changed = changed.masked_fill_(unknown, float("nan"))
+        delta = delta.masked_fill_(unknown, float("nan"))
+    if fused is not None:  # the next step's fingerprint may reuse these checksums
+        carry.remember(
+            [tensors[b.position] for b in plan.big],
+            [_sample_key(b) for b in plan.big],
+            fused[1],
+            [s for _, s in values],
+        )
+    return changed, delta, frac
 
 
 _LAYOUTS: dict[int, tuple[Plan, torch.Tensor, torch.Tensor]] = {}

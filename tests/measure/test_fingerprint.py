@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from gradwatch.measure import carry
 from gradwatch.measure import fingerprint as sketch
 
 
@@ -22,6 +23,7 @@ def test_one_element_change_is_never_missed(dtype: torch.dtype) -> None:
     for k, t in enumerate(ts):
         flat = t.view(-1)
         for pos in (0, flat.numel() // 2 + 1, flat.numel() - 1):
+            carry.forget()  # fresh reads (a carried checksum: tests/measure/test_carry.py)
             fp = sketch.fingerprint(ts)
             old = flat[pos].clone()
             flat[pos] = torch.nextafter(old.float(), torch.tensor(math.inf)).to(dtype)

@@ -49,11 +49,17 @@ _OWN_READS = {
 }
 
 
+# Code that only ever reads CPU tensors: its scalar reads wait for no device. chunked.py
+# declines anything but dense CPU tensors (tests/measure/test_stats_fast_paths.py checks it),
+# carry.py anything off the CPU (tests/measure/test_carry.py).
+_CPU_ONLY = {os.path.join(PKG, "measure", f) for f in ("chunked.py", "carry.py")}
+
+
 def _in_gradwatch() -> bool:
     f = sys._getframe(2)
     while f is not None:
         if f.f_code.co_filename.startswith(PKG):
-            return True
+            return f.f_code.co_filename not in _CPU_ONLY
         f = f.f_back  # type: ignore[assignment]
     return False
 

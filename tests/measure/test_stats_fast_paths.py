@@ -28,6 +28,12 @@ def test_median_window_matches_sorting_the_last_values(values: list[float], maxl
         kept = values[max(0, k + 1 - maxlen) : k + 1]
         assert len(w) == len(kept)
         assert w.median() == median(kept)
+    # push: the window's count, median and largest before the value, then the value joins
+    p = MedianWindow(maxlen)
+    for k, v in enumerate(values):
+        kept = values[max(0, k - maxlen) : k]
+        expected = (len(kept), median(kept), max(kept)) if kept else (0, 0.0, 0.0)
+        assert p.push(v) == expected
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
@@ -62,6 +68,17 @@ def test_abs_stats_propagate_nan_and_inf_and_decline_what_they_do_not_cover() ->
     assert abs_stats([torch.ones(3), torch.ones(3, dtype=torch.float64)]) is None
     assert abs_stats([torch.ones(3).to_sparse()]) is None
     assert abs_stats([]) is None
+    # CPU tensors only (the host sync test exempts this module on that ground)
+    assert abs_stats([torch.ones(3, device="meta")]) is None
+
+
+def test_abs_stats_count_the_zeros_beside_a_nan() -> None:
+    # a NaN makes the chunk's min NaN: the zeros beside it must still be counted
+    c = torch.ones(CHUNK + 100)
+    c[7], c[8:20] = float("nan"), 0.0
+    c[CHUNK + 1 : CHUNK + 4] = -0.0
+    nnz = abs_stats([c])[2]  # type: ignore[index]
+    assert float(nnz[0]) == CHUNK + 100 - 12 - 3
 
 
 def _generic(stats, arrived, gn, numel, groups):  # type: ignore[no-untyped-def]

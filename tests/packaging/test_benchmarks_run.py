@@ -63,9 +63,11 @@ def test_kernel_table_runs_and_names_every_piece() -> None:
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-2000:]
     lines = proc.stdout.splitlines()
-    assert len(lines) == 8 and "3 x 70,000 float32" in lines[0]  # clip, 3 pieces, sum, 2 floors
-    assert "one chunked pass" in lines[2]
-    assert "clip_grad_norm_" in lines[1] and "x clip_grad_norm_" in lines[-3]
+    # clip, 3 pieces, sum, the fingerprint read afresh, 2 floors
+    assert len(lines) == 9 and "3 x 70,000 float32" in lines[0]
+    assert "one chunked pass" in lines[2] and "checksum carried" in lines[3]
+    assert "clip_grad_norm_" in lines[1] and "x clip_grad_norm_" in lines[-4]
+    assert "reading its checksums" in lines[-3]
     assert "floor with L1 instead" in lines[-2] and "L2 norms alone" in lines[-1]
     assert all(float(line.split()[0]) >= 0 for line in lines[1:])
 
