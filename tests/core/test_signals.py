@@ -193,7 +193,10 @@ def test_a_run_interrupted_inside_its_first_step_is_not_observed(tmp_path: Path)
 
 
 _STORM_SCRIPT = """
-import sys, torch, gradwatch
+import signal, sys, torch, gradwatch
+# A terminal's Ctrl-C: Python keeps SIGINT ignored when it starts ignored (pytest run as a
+# background job), and the storm would then stop nothing.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 from torch import nn
 torch.set_num_threads(1)
 m = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 1))
