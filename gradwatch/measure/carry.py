@@ -7,14 +7,15 @@ the same checksum, when nothing had written the tensor in between. On 8 x Linear
 
 The before-reading now reuses the after-reading's checksum when both of these hold:
 
-- the tensor's version counter is unchanged: every in-place write through the tensor (an
-  optimizer's step, ``copy_``, ``load_state_dict``) bumps it;
+- the tensor's version counter is unchanged: an in-place write through the tensor
+  (``copy_``, ``load_state_dict``, a foreach or for-loop optimizer's step) bumps it;
 - its sampled values are, bit for bit, those sampled after the step (a checksum of the
-  sample compares them). An edit through ``.data`` does not bump the counter; the sample
-  sees one that changes any sampled value (about one value in 509 of a large tensor).
+  sample compares them). This catches the writes the counter misses, an edit through
+  ``.data`` and a fused optimizer's step (``Adam(fused=True)`` bumps no counter, checked),
+  wherever they change a sampled value (about one value in 509 of a large tensor).
 
-An edit through ``.data`` of unsampled values only leaves the carried checksum stale, and
-the comparison after the step cannot then tell that edit from the step. So a carried
+A write of unsampled values only leaves the carried checksum stale, and the comparison
+after the step cannot then tell that write from the step. So a carried
 checksum is trusted to say "unchanged", but "changed, and no sampled value moved" becomes
 "unknown" (:func:`ambiguous`), never "changed": a frozen parameter is not accused on a
 carried checksum, and the stale check loses at most that step's evidence.
@@ -44,6 +45,13 @@ def _sample_sums(samples: Sequence[torch.Tensor]) -> list[int]:
     return torch.stack(sums).tolist()
 
 
+def _version(t: torch.Tensor) -> Optional[int]:
+    try:
+        return t._version
+    except RuntimeError:  # an inference tensor keeps no version counter: no carry
+        return None
+
+
 def _on_cpu(tensors: Sequence[torch.Tensor]) -> bool:
     return all(t.device.type == "cpu" for t in tensors)
 
@@ -64,11 +72,13 @@ def remember(
         _CARRY.clear()
     sums = _sample_sums(samples)
     for k, (t, key, s) in enumerate(zip(tensors, keys, sums)):
+        version = _version(t)
         try:
             ref = weakref.ref(t)
         except TypeError:  # a tensor type without weak references: no carry
             continue
-        _CARRY[id(t)] = (ref, t._version, key, checksums[k : k + 1], s)
+        if version is not None:
+            _CARRY[id(t)] = (ref, version, key, checksums[k : k + 1], s)
 
 
 def take(
@@ -87,7 +97,7 @@ def take(
     kept: list[tuple[Any, int, tuple[int, int, int], torch.Tensor, int]] = []
     for k, (t, key) in enumerate(zip(tensors, keys)):
         entry = _CARRY.pop(id(t), None)  # one use: the after-reading renews it
-        if entry is not None and entry[0]() is t and entry[1] == t._version and entry[2] == key:
+        if entry is not None and entry[0]() is t and entry[1] == _version(t) and entry[2] == key:
             candidates.append(k)
             kept.append(entry)
     if candidates:

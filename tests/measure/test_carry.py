@@ -130,3 +130,26 @@ def test_a_frozen_large_layer_edited_through_data_between_steps_is_not_accused()
             opt.step()
             emb.weight.data[step + 1].zero_()  # a new row each time: the values change
     assert not [f for f in w.report().findings if f.check == "frozen_param_updated"]
+
+
+def test_a_fused_optimizer_step_bumps_no_counter_and_is_still_read() -> None:
+    """Unobserved fused steps between two readings: the sample sees them, the tensor is read."""
+    p = nn.Parameter(torch.randn(300, 400))
+    opt = torch.optim.Adam([p], lr=1e-2, fused=True)
+    sketch.measure([p], sketch.fingerprint([p]))
+    version = p._version
+    for _ in range(2):
+        p.grad = torch.randn_like(p)
+        opt.step()
+    assert p._version == version  # what the counter alone would have missed
+    fp = sketch.fingerprint([p])
+    assert fp.carried is None  # read afresh: its sample had moved
+    carry.forget()
+    assert fp.checksums[0].tolist() == sketch.fingerprint([p]).checksums[0].tolist()
+
+
+def test_inference_tensors_are_read_not_carried() -> None:
+    with torch.inference_mode():
+        ts = _tensors()
+    sketch.measure(ts, sketch.fingerprint(ts))  # no version counter: nothing kept, no error
+    assert sketch.fingerprint(ts).carried is None
