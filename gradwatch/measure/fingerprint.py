@@ -8,6 +8,9 @@ an observed optimizer step each tensor gets a :class:`Fingerprint` of a few numb
   ``d`` with ``0 < |d| < 2**32``, so the checksum changes: a one-element change is never
   missed. Several changes could cancel only if their bit differences sum to a multiple of
   2**32 (an exact swap of two values, say) *and* every sampled value below is unchanged.
+  On the CPU a large tensor's checksum may be carried from the last after-step reading
+  (:mod:`gradwatch.measure.carry`); a change that then moved no sampled value is reported
+  as unknown (NaN), not as changed, and never as unchanged.
 - a **fixed random sample** of its values (at least ``MIN_SAMPLES``, about one in
   ``STRIDE`` of a large tensor): the update norm is estimated as
   ``sqrt(n / m * sum(sampled (w1 - w0)**2))``. Differences of sampled values are exact, so
