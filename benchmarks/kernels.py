@@ -31,7 +31,11 @@ from gradwatch.measure.fingerprint import fingerprint, measure
 from gradwatch.measure.stats import foreach_norms
 
 
-def _ms(fn: Callable[[], object], repeat: int, setup: Callable[[], object] = lambda: None) -> float:
+def _nothing() -> None:
+    return None
+
+
+def _ms(fn: Callable[[], object], repeat: int, setup: Callable[[], object] = _nothing) -> float:
     setup()
     fn()  # warm-up: caches, plans, allocator
     times = []
@@ -62,23 +66,20 @@ def main(argv: list[str] | None = None) -> int:
     def after_step() -> object:
         return measure(params, fp)
 
-    def none() -> None:
-        return None
-
     # (name, timed, untimed set-up): on every step, the after-step reading leaves the next
     # fingerprint its checksums (measure/carry.py), so the fingerprint reads samples only
     pieces: list[tuple[str, Callable[[], object], Callable[[], object]]] = [
         (
             "gradient L2, L1, max |g|, non-zero count (one chunked pass)",
             lambda: abs_stats(grads),
-            none,
+            _nothing,
         ),
         (
             "parameter fingerprint before the step (checksum carried, samples)",
             lambda: fingerprint(params),
             after_step,
         ),
-        ("after the step: parameter norms + checksum (one pass), sample", after_step, none),
+        ("after the step: parameter norms + checksum (one pass), sample", after_step, _nothing),
     ]
     n = args.count * args.size
     print(f"{args.count} x {args.size:,} float32 ({n:,} elements), 1 thread, CPU ms (median)")

@@ -73,12 +73,13 @@ def remember(
     sums = _sample_sums(samples)
     for k, (t, key, s) in enumerate(zip(tensors, keys, sums)):
         version = _version(t)
+        if version is None:
+            continue
         try:
             ref = weakref.ref(t)
         except TypeError:  # a tensor type without weak references: no carry
             continue
-        if version is not None:
-            _CARRY[id(t)] = (ref, version, key, checksums[k : k + 1], s)
+        _CARRY[id(t)] = (ref, version, key, checksums[k : k + 1], s)
 
 
 def take(
