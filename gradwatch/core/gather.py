@@ -11,9 +11,11 @@ import torch
 from gradwatch.capture.grads.evidence import Tracker
 from gradwatch.capture.grads.window import Gathered, Track
 from gradwatch.checks.views import LayerSample
-from gradwatch.core.layers import fast_layer_samples
+from gradwatch.core.layers import folded_samples
 from gradwatch.distributed.gather import gather_sharded
-from gradwatch.measure.fingerprint import measure
+from gradwatch.measure import columns
+from gradwatch.measure.columns import layout
+from gradwatch.measure.fingerprint import Measured, measure
 from gradwatch.measure.stats import Chunk, to_host
 from gradwatch.measure.stats import norms as vector_norms
 from gradwatch.model.index import ParamIndex
@@ -66,8 +68,11 @@ def _observed_chunks(
     judged: list[torch.Tensor],
     grad_stats: list[Chunk],
     chunks: list[Chunk],
-) -> tuple[int, list[int], bool]:
-    """Queue gradient statistics, parameter norms, then the update (no parameter copy)."""
+) -> tuple[int, list[int], bool, Optional[Measured]]:
+    """Queue gradient statistics, parameter norms, then the update (no parameter copy).
+
+    Returns (statistics per gradient, measured positions, has update, the measurement).
+    """
     chunks.extend(grad_stats)
     n_stats = len(grad_stats)
     n = len(judged)
@@ -77,7 +82,7 @@ def _observed_chunks(
         pnorm_ks = list(range(n))
     ps = judged if len(pnorm_ks) == n else [judged[j] for j in pnorm_ks]
     if not ps:
-        return n_stats, pnorm_ks, False
+        return n_stats, pnorm_ks, False, None
     fp = track.fingerprint
     whole = fp is not None and ks is track.positions and len(ps) == n
     try:
@@ -89,10 +94,45 @@ def _observed_chunks(
         if m.delta is not None:
             chunks.append(m.delta)
             chunks.append(m.moved_frac if m.moved_frac is not None else m.delta * float("nan"))
-            return n_stats, pnorm_ks, True
+            return n_stats, pnorm_ks, True, m
+        return n_stats, pnorm_ks, False, m
     except (RuntimeError, TypeError, NotImplementedError):  # a tensor type it cannot
         chunks.append(vector_norms(ps, (2.0,))[0])  # read: norms only, no update
-    return n_stats, pnorm_ks, False
+    return n_stats, pnorm_ks, False, None
+
+
+def _observed(
+    track: Track,
+    ks: list[int],
+    judged: list[torch.Tensor],
+    grad_chunks: list[Chunk],
+    chunks: list[Chunk],
+    live: bool,
+) -> tuple[tuple[int, list[int], bool], Optional[torch.Tensor]]:
+    """Queue an observed step's statistics; fold them per layer where every position is
+    ``live`` (arrived, with a gradient) and measured. ``grad_chunks``: empty without any
+    gradient."""
+    n_stats, pnorm_ks, has_delta, m = _observed_chunks(track, ks, judged, grad_chunks[1:], chunks)
+    folded = None
+    if live and len(pnorm_ks) == len(judged):
+        folded = _fold_chunk(track, grad_chunks, m)
+    return (n_stats, pnorm_ks, has_delta), folded
+
+
+def _fold_chunk(
+    track: Track, grad_chunks: list[Chunk], m: Optional[Measured]
+) -> Optional[torch.Tensor]:
+    """The per-layer columns of an observed step where every position is live and measured
+    (measure/columns.py); None where the per-parameter values are folded on the host."""
+    if m is None or len(grad_chunks) != 4:
+        return None
+    parts = [*grad_chunks, m.param_norm, m.delta]
+    if not all(isinstance(x, torch.Tensor) for x in parts[:5]):
+        return None  # per-tensor lists (several devices): the host folds them
+    try:
+        return columns.fold(layout(track.layer_positions), *parts)  # type: ignore[arg-type]
+    except (RuntimeError, TypeError, IndexError):  # mixed devices or an unexpected layout
+        return None
 
 
 def _frozen_chunk(track: Track, chunks: list[Chunk]) -> int:
@@ -236,14 +276,17 @@ def gather(
     if t.pending:
         pending = [j for j in range(n) if arrived[j] and ids[j] in t.pending]
         chunks.append([t.dirty[ids[j]] for j in pending])
-    queued = None  # observed: (statistics per gradient, measured positions, has update)
+    queued, folded = None, None  # observed: (statistics per gradient, measured, has update)
     if observed:
-        queued = _observed_chunks(track, ks, judged, grad_chunks[1:] if pg else [], chunks)
+        live = pg is grads and ks is track.positions and False not in arrived
+        queued, folded = _observed(track, ks, judged, grad_chunks if pg else [], chunks, live)
     n_frozen = _frozen_chunk(track, chunks)
     if scaler_scale is not None:
         chunks.append([scaler_scale])
     if extra:
         chunks.extend(extra)  # device flags of other evidence (the NaN probe): same transfer
+    if folded is not None:
+        chunks.append(folded)  # last: the per-layer columns
     host = to_host(chunks)
     n_extra = sum(x.numel() for x in extra) if extra else 0
     norms, flags, stats, moved, scale, extra_values = _read_back(
@@ -279,6 +322,7 @@ def gather(
         grads,
         extra_values,
         frozen_changed_ids,
+        folded=host[-folded.numel() :] if folded is not None else None,
     )
 
 
@@ -286,10 +330,13 @@ def layer_samples(g: Gathered, numel: list[int], track: Track) -> dict[str, Laye
     """Per-layer values over the parameters that received a gradient (observed steps only)."""
     if g.stats is None:
         return {}
-    if g.ks is track.positions:  # every position live and measured (the usual step)
-        fast = fast_layer_samples(g.stats, g.arrived, g.grad_norm, numel, track.layer_positions)
-        if fast is not None:
-            return fast
+    if (  # every position live, measured and finite (the usual step): folded on the device
+        g.folded is not None
+        and g.ks is track.positions
+        and False not in g.arrived
+        and not any(g.nonfinite)
+    ):
+        return folded_samples(g.folded, layout(track.layer_positions), numel)
     l1, linf, nnz = g.stats.get("l1"), g.stats.get("linf"), g.stats.get("nnz")
     pnorm, delta = g.stats["param_norm"], g.stats["delta"]
     if g.ks is track.positions:  # every tracked parameter judged: the cached grouping holds

@@ -1,11 +1,11 @@
 """Per-layer statistics: one observed step's aggregation, running tracks, the sinks' metrics.
 
-:func:`fast_layer_samples` is the usual step's fast path of
+:func:`folded_samples` is the usual step's fast path of
 :func:`gradwatch.core.gather.layer_samples`: when every tracked parameter arrived, has a
-gradient and was measured, the filters keep everything, and each layer's values are read
-with a cached :func:`operator.itemgetter` (one C call per statistic and layer instead of a
-comprehension; same arithmetic, same results). :class:`LayerTrack` keeps what the report
-shows of a layer; :class:`LayerRecorder` folds observed steps into them and feeds the sinks.
+finite gradient and was measured, the device folded the per-parameter values into per-layer
+columns before the step's transfer (:mod:`gradwatch.measure.columns`), and the samples are
+built from them in one C-level pass. :class:`LayerTrack` keeps what the report shows of a
+layer; :class:`LayerRecorder` folds observed steps into them and feeds the sinks.
 """
 
 from __future__ import annotations
@@ -14,10 +14,12 @@ import math
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from operator import itemgetter
+from math import isnan
+from operator import truediv
 from typing import Any, Callable, Optional
 
 from gradwatch.checks.views import LayerSample, StepView
+from gradwatch.measure.columns import ROWS, Layout
 from gradwatch.results import LayerStats
 
 
@@ -78,62 +80,24 @@ class LayerTrack:
         )
 
 
-_Getter = Callable[[Any], tuple[Any, ...]]
-# id(track.layer_positions) -> (that dict, its rows); set_params replaces the dict.
-_ROWS: dict[int, tuple[dict[str, list[int]], list[tuple[str, list[int], _Getter]]]] = {}
+def folded_samples(values: list[float], lay: Layout, numel: list[int]) -> dict[str, LayerSample]:
+    """Per-layer samples from the step's folded columns (:func:`gradwatch.measure.columns.fold`).
 
-
-def _getter(js: list[int]) -> _Getter:
-    if len(js) > 1:
-        return itemgetter(*js)  # type: ignore[return-value]
-    (j,) = js
-    return lambda seq: (seq[j],)
-
-
-def _rows(groups: dict[str, list[int]]) -> list[tuple[str, list[int], _Getter]]:
-    found = _ROWS.get(id(groups))
-    if found is None or found[0] is not groups:
-        if len(_ROWS) > 64:  # bounded: a few layouts per process
-            _ROWS.clear()
-        found = _ROWS[id(groups)] = (groups, [(k, js, _getter(js)) for k, js in groups.items()])
-    return found[1]
-
-
-def fast_layer_samples(
-    stats: dict[str, list[Optional[float]]],
-    arrived: list[bool],
-    gn: list[Optional[float]],
-    numel: list[int],
-    groups: dict[str, list[int]],
-) -> Optional[dict[str, LayerSample]]:
-    """Per-layer samples when every position is live and measured; None otherwise.
-
-    ``groups`` maps each layer to its positions (every tracked parameter judged this step).
+    Every position live, measured and finite: one C-level pass builds the samples.
     """
-    l1, linf, nnz = stats.get("l1"), stats.get("linf"), stats.get("nnz")
-    pnorm, delta = stats["param_norm"], stats["delta"]
-    if l1 is None or linf is None or nnz is None or False in arrived or None in gn:
-        return None
-    if None in pnorm:
-        return None
-    no_delta = all(d is None for d in delta)
-    if not no_delta and None in delta:
-        return None
-    hypot = math.hypot
-    out: dict[str, LayerSample] = {}
-    for layer, js, get in _rows(groups):
-        size = sum(get(numel)) or 1
-        out[layer] = LayerSample(
-            positions=js,
-            norm=hypot(*get(gn)),
-            mean_abs=sum(get(l1)) / size,
-            max_abs=max(get(linf)),
-            nonzero=sum(get(nnz)),
-            numel=size,
-            param_norm=hypot(*get(pnorm)),
-            delta_norm=None if no_delta else hypot(*get(delta)),
+    n = len(lay.names)
+    norm, pnorm, delta, l1, nnz, top = (values[r * n : (r + 1) * n] for r in range(ROWS))
+    sizes = lay.sizes(numel)
+    mean_abs = list(map(truediv, l1, sizes))
+    updates: list[Optional[float]] = list(delta)
+    if any(map(isnan, delta)):  # NaN: an update unknown (or none measured)
+        updates = [None if v != v else v for v in delta]
+    return dict(
+        zip(
+            lay.names,
+            map(LayerSample, lay.positions, norm, mean_abs, top, nnz, sizes, pnorm, updates),
         )
-    return out
+    )
 
 
 class LayerRecorder:

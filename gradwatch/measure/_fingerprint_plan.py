@@ -48,6 +48,7 @@ class Group:
     sample_idx: torch.Tensor  # positions of the sampled values in the flat vector
     sample_lengths: torch.Tensor  # samples per member
     scale: torch.Tensor  # n / m per member (float32)
+    sample_counts: torch.Tensor  # samples per member (float32)
     uniform: bool = False  # every member has one shape: stacked, reduced along rows
 
 
@@ -128,6 +129,7 @@ def _plan(tensors: list[torch.Tensor]) -> Plan:
                 sample_idx=torch.cat(idx).to(device),
                 sample_lengths=torch.tensor(per, dtype=torch.int64, device=device),
                 scale=torch.tensor([n / m for n, m in zip(lengths, per)], dtype=_F32).to(device),
+                sample_counts=torch.tensor(per, dtype=_F32).to(device),
                 uniform=by_shape,
             )
         )

@@ -219,7 +219,7 @@ def stacked_stats(
             a = m.abs()
             for out, o in zip(per_ord, ords):
                 if o == 2.0:
-                    out.append((a * a).sum(1).sqrt_())
+                    out.append(torch.linalg.vector_norm(m, 2.0, dim=1))
                 elif o == 1.0:
                     out.append(a.sum(1))
                 elif o == math.inf:
@@ -235,5 +235,5 @@ def stacked_stats(
     result: list[Any] = []
     for parts in per_ord:
         v = torch.cat(parts) if len(parts) > 1 else parts[0]
-        result.append(v[index] if index is not None else v)
+        result.append(v.index_select(0, index) if index is not None else v)
     return result

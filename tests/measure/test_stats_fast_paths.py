@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import random
+from typing import Optional
 
 import pytest
 import torch
@@ -11,9 +12,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gradwatch.checks._window import MedianWindow
-from gradwatch.core.layers import fast_layer_samples
+from gradwatch.core.layers import folded_samples
 from gradwatch.measure.chunked import CHUNK, abs_stats, norms_and_checksums
-from gradwatch.measure.stats import foreach_norms, median
+from gradwatch.measure.columns import fold, layout
+from gradwatch.measure.stats import foreach_norms, median, to_host
 
 
 @settings(max_examples=60, deadline=None)
@@ -100,37 +102,47 @@ def _generic(stats, arrived, gn, numel, groups):  # type: ignore[no-untyped-def]
     return out
 
 
-@pytest.mark.parametrize("with_delta", [True, False])
-def test_fast_layer_samples_equal_the_general_path(with_delta: bool) -> None:
+@pytest.mark.parametrize("delta_kind", ["all", "none", "one_unknown"])
+def test_folded_columns_equal_the_general_path(delta_kind: str) -> None:
     rnd = random.Random(1)
     n = 31
     groups: dict[str, list[int]] = {}
     for j in range(n):  # layers of one, two and three parameters, interleaved
         groups.setdefault(f"l{j % 11}", []).append(j)
-    vals = {k: [rnd.uniform(0.0, 3.0) for _ in range(n)] for k in ("l1", "linf", "nnz", "pn")}
-    stats = {
-        "l1": vals["l1"],
-        "linf": vals["linf"],
-        "nnz": vals["nnz"],
-        "param_norm": vals["pn"],
-        "delta": [rnd.uniform(0, 1) for _ in range(n)] if with_delta else [None] * n,
-    }
+    vals = {k: [rnd.uniform(0.0, 3.0) for _ in range(n)] for k in ("l1", "linf", "pn")}
+    nnz = [float(rnd.randint(0, 300)) for _ in range(n)]
+    delta: list[Optional[float]] = [rnd.uniform(0, 1) for _ in range(n)]
+    if delta_kind == "none":
+        delta = [None] * n
+    elif delta_kind == "one_unknown":
+        delta[7] = None  # layer l7: its update unknown; the other layers keep theirs
+    stats = {"l1": vals["l1"], "linf": vals["linf"], "nnz": nnz, "param_norm": vals["pn"]}
+    stats["delta"] = delta  # type: ignore[assignment]
     gn = [rnd.uniform(0.0, 5.0) for _ in range(n)]
     numel = [rnd.randint(1, 300) for _ in range(n)]
-    arrived = [True] * n
-    fast = fast_layer_samples(stats, arrived, gn, numel, groups)  # type: ignore[arg-type]
-    assert fast is not None
-    want = _generic(stats, arrived, gn, numel, groups)
-    assert list(fast) == list(want)
-    for layer, s in fast.items():
-        got = (s.norm, s.mean_abs, s.max_abs, s.nonzero, s.numel, s.param_norm, s.delta_norm)
-        assert got == want[layer]
+    t = lambda xs: torch.tensor([float("nan") if x is None else x for x in xs])  # noqa: E731
+    lay = layout(groups)
+    d = None if delta_kind == "none" else t(delta)
+    folded = fold(lay, t(gn), t(vals["l1"]), t(vals["linf"]), t(nnz), t(vals["pn"]), d)
+    got = folded_samples(to_host([folded]), lay, numel)
+    want = _generic(stats, [True] * n, gn, numel, groups)
+    assert list(got) == list(want)
+    for layer, s in got.items():
+        row = (s.norm, s.mean_abs, s.max_abs, s.nonzero, s.numel, s.param_norm, s.delta_norm)
+        for x, y in zip(row, want[layer]):
+            assert (x is None and y is None) or x == pytest.approx(y, rel=1e-6)
         assert s.positions == groups[layer]
-    # anything not live or not measured takes the general path
-    assert fast_layer_samples(stats, [False, *arrived[1:]], gn, numel, groups) is None  # type: ignore[arg-type]
-    assert fast_layer_samples(stats, arrived, [None, *gn[1:]], numel, groups) is None  # type: ignore[arg-type]
-    partial = {**stats, "delta": [None, *[0.5] * (n - 1)]}
-    assert fast_layer_samples(partial, arrived, gn, numel, groups) is None  # type: ignore[arg-type]
+    assert (got["l7"].delta_norm is None) == (delta_kind != "all")
+    assert (got["l8"].delta_norm is None) == (delta_kind == "none")
+
+
+def test_folded_norms_keep_float32_overflow_out_of_a_layer() -> None:
+    """Squares in float64: two norms of 1e20 make a layer norm of 1.41e20, not inf."""
+    lay = layout({"a": [0, 1]})
+    v = torch.tensor([1e20, 1e20])
+    got = folded_samples(to_host([fold(lay, v, v, v, v, v, v)]), lay, [4, 4])["a"]
+    assert got.norm == pytest.approx(2**0.5 * 1e20, rel=1e-6)
+    assert got.param_norm == pytest.approx(2**0.5 * 1e20, rel=1e-6)
 
 
 def test_stacked_stats_equal_the_flattened_segments() -> None:

@@ -87,3 +87,6 @@ class Gathered:
     """Sharded: this rank's shard values for the cross-rank combine (``distributed/sharded.py``)."""
     shard_frozen: list[int] = field(default_factory=list)
     """Sharded: the frozen parameters whose changed flags end ``shard`` (ORed across ranks)."""
+    folded: Optional[list[float]] = None
+    """Observed, every position live and measured: the per-layer columns of
+    ``Track.layer_positions`` (:mod:`gradwatch.measure.columns`)."""
