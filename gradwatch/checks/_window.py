@@ -56,12 +56,16 @@ class MedianWindow:
         """
         s = self._sorted
         n = len(s)
-        if n:
-            mid = n // 2
-            found = (n, s[mid] if n % 2 else 0.5 * (s[mid - 1] + s[mid]), s[-1])
-        else:
-            found = (0, 0.0, 0.0)
-        self.append(value)
+        if not n:
+            self.append(value)
+            return (0, 0.0, 0.0)
+        mid = n // 2
+        found = (n, s[mid] if n % 2 else 0.5 * (s[mid - 1] + s[mid]), s[-1])
+        order = self._order  # append, inline: this runs per layer on every observed step
+        if n >= self.maxlen:
+            del s[bisect_left(s, order.popleft())]
+        order.append(value)
+        insort(s, value)
         return found
 
     def median(self) -> float:

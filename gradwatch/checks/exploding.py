@@ -97,7 +97,7 @@ class ExplodingGrad(Check):
 
     def on_step(self, view: StepView, log: FindingLog) -> None:
         cfg = self.config
-        ratios: dict[str, tuple[float, float, float]] = {}  # layer -> (ratio, norm, median)
+        medians: dict[str, float] = {}  # layer -> its running median before this step, if > 0
         fired: list[tuple[str, str]] = []
         n = view.window.samples
         spread = n is not None and n < cfg.small_batch  # per-sample gradients
@@ -112,7 +112,7 @@ class ExplodingGrad(Check):
                 hist = history[layer] = MedianWindow(self.watch_config.history)
             held, med, top = hist.push(norm)  # the window before this norm, then the norm
             if med > 0:
-                ratios[layer] = (norm / med, norm, med)
+                medians[layer] = med
                 if norm > _RISE * med:
                     rising.setdefault(layer, step)
                 elif rising:
@@ -131,12 +131,15 @@ class ExplodingGrad(Check):
                         )
                     )
         if fired:
-            self._emit(view, log, fired, self._attribution(ratios, view.step))
+            self._emit(view, log, fired, self._attribution(view, medians))
 
-    def _attribution(
-        self, ratios: dict[str, tuple[float, float, float]], step: int
-    ) -> dict[str, Any]:
+    def _attribution(self, view: StepView, medians: dict[str, float]) -> dict[str, Any]:
         """The layers that rose most above their own running median, and when it began."""
+        step, layers = view.step, view.layers
+        ratios = {
+            layer: (layers[layer].norm / med, layers[layer].norm, med)
+            for layer, med in medians.items()
+        }
         ranked = sorted(
             (item for item in ratios.items() if item[1][0] > _RISE), key=lambda kv: -kv[1][0]
         )[:_FIRST_LAYERS]

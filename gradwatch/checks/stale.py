@@ -80,14 +80,29 @@ class StaleParam(Check):
     def on_step(self, view: StepView, log: FindingLog) -> None:
         if view.optimizer is None:
             return
+        layers, limit = view.layers, self.config.precision_moved
+        # A layer's moved share is a mean of its parameters': with none below the limit no
+        # layer rounds its update away, and the usual step makes no call per layer.
+        frac = view.moved_frac
+        low = frac is not None and min((f for f in frac if f is not None), default=1.0) < limit
+        stale: dict[str, Optional[float]] = {}  # layer -> moved share (precision) or None
+        if low:
+            for layer, s in layers.items():
+                moved = _rounded_away(view, s, limit) if _judged(s) else None
+                if moved is not None or (s.delta_norm == 0.0 and 0 < s.norm < inf):
+                    stale[layer] = moved
+        else:
+            stale = {
+                layer: None
+                for layer, s in layers.items()
+                if s.delta_norm == 0.0 and 0 < s.norm < inf
+            }
+        streaks = self._streaks.advance(stale, lambda layer: _judged(layers.get(layer)))
         grouped: dict[tuple[Optional[int], str], list[tuple[str, list[int], dict[str, Any]]]] = {}
-        for layer, s in view.layers.items():
-            if s.delta_norm is None or not 0 < s.norm < inf:  # finite, non-zero gradients
+        for layer, moved in stale.items():
+            if streaks[layer] < self.config.patience:
                 continue
-            moved = _rounded_away(view, s, self.config.precision_moved)
-            stale = s.delta_norm == 0.0 or moved is not None
-            if self._streaks.hit(layer, stale) < self.config.patience:
-                continue
+            s = layers[layer]
             ids = [view.ids[k] for k in s.positions]
             details: dict[str, Any] = {"grad_norm": s.norm}
             if all(view.group_lr(i) == 0.0 for i in ids):
@@ -183,6 +198,11 @@ def _low_precision(view: StepView, ids: list[int]) -> Optional[str]:
             return None
         found = _LOW[p.dtype]
     return found
+
+
+def _judged(s: Optional[LayerSample]) -> bool:
+    """Whether the step judged a layer: an update measured, finite non-zero gradients."""
+    return s is not None and s.delta_norm is not None and 0 < s.norm < inf
 
 
 def _rounded_away(view: StepView, s: LayerSample, limit: float) -> Optional[float]:
