@@ -206,7 +206,7 @@ def measure(tensors: list[torch.Tensor], before: Optional[Fingerprint] = None) -
     frac_parts: list[torch.Tensor] = []
     j = len(plan.groups)
     with torch.no_grad():
-        for g in plan.groups:
+        for k, g in enumerate(plan.groups):
             flat, c, s = _group_values(tensors, g)
             f = flat if flat.dtype is _F32 else flat.to(_F32)
             if g.uniform:  # rows of one length: a row reduction beats a segment reduction
@@ -214,7 +214,6 @@ def measure(tensors: list[torch.Tensor], before: Optional[Fingerprint] = None) -
             else:
                 norm_parts.append(torch.segment_reduce(f * f, "sum", lengths=g.lengths).sqrt_())
             if before is not None:
-                k = len(norm_parts) - 1
                 changed, delta, frac = _group_changes(
                     g, c, s, before.checksums[k], before.samples[k]
                 )

@@ -30,7 +30,8 @@ class Mixed(nn.Module):
         return self.head(self.norm(self.proj(torch.tanh(self.blocks(h)))))
 
 
-def _train(fold: bool, monkeypatch: pytest.MonkeyPatch, steps: int = 6) -> dict[str, tuple]:
+def _count_folds(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
+    """Counts the steps whose layer samples came from the device's fold."""
     calls = {"folded": 0}
     real = layers.folded_samples
 
@@ -39,6 +40,11 @@ def _train(fold: bool, monkeypatch: pytest.MonkeyPatch, steps: int = 6) -> dict[
         return real(*a, **k)  # type: ignore[arg-type]
 
     monkeypatch.setattr(gather, "folded_samples", counting)
+    return calls
+
+
+def _train(fold: bool, monkeypatch: pytest.MonkeyPatch, steps: int = 6) -> dict[str, tuple]:
+    calls = _count_folds(monkeypatch)
     if not fold:
         monkeypatch.setattr(gather, "_fold_chunk", lambda *a, **k: None)
     torch.manual_seed(0)
@@ -84,14 +90,7 @@ def test_the_folded_values_are_the_gradients_and_parameters(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Against a direct computation at the last step (SGD: the update is -lr * grad)."""
-    calls = {"folded": 0}
-    real = layers.folded_samples
-
-    def counting(*a: object, **k: object) -> object:
-        calls["folded"] += 1
-        return real(*a, **k)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(gather, "folded_samples", counting)
+    calls = _count_folds(monkeypatch)
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(5, 7), nn.ReLU(), nn.Linear(7, 2))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
