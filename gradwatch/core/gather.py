@@ -85,9 +85,11 @@ def _observed_chunks(
         return n_stats, pnorm_ks, False, None
     fp = track.fingerprint
     whole = fp is not None and ks is track.positions and len(ps) == n
+    # the track's own list: its small tensors' reading may serve the next step's fingerprint
+    step = track.steps if ps is track.params else None
     try:
         try:
-            m = measure(ps, fp if whole else None)
+            m = measure(ps, fp if whole else None, step)
         except ValueError:  # the tracked list changed under the fingerprint
             m = measure(ps)
         chunks.append(m.param_norm)

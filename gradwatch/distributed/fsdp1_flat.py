@@ -261,11 +261,12 @@ def fingerprint_track(track: Track) -> None:
         track.frozen_fp = _fingerprint(track.frozen)
     if not track.params or ParamIndex.any_uninitialized(track.params):
         return  # no update ratio while a lazy parameter has no values yet
-    track.fingerprint = _fingerprint(track.params)
+    # this step's number: the last step's after-reading serves where nothing wrote since
+    track.fingerprint = _fingerprint(track.params, track.steps)
 
 
-def _fingerprint(params: list[torch.Tensor]) -> Optional[Fingerprint]:
+def _fingerprint(params: list[torch.Tensor], step: Optional[int] = None) -> Optional[Fingerprint]:
     try:
-        return fingerprint(params)
-    except (RuntimeError, TypeError, NotImplementedError):
+        return fingerprint(params, step)
+    except (ValueError, RuntimeError, TypeError, NotImplementedError):
         return None  # a tensor type it cannot read (a sharded subclass): no update ratio

@@ -49,6 +49,7 @@ class Group:
     sample_lengths: torch.Tensor  # samples per member
     scale: torch.Tensor  # n / m per member (float32)
     sample_counts: torch.Tensor  # samples per member (float32)
+    total: int = 0  # elements of all members (a resize since the plan is refused)
     uniform: bool = False  # every member has one shape: stacked, reduced along rows
 
 
@@ -130,6 +131,7 @@ def _plan(tensors: list[torch.Tensor]) -> Plan:
                 sample_lengths=torch.tensor(per, dtype=torch.int64, device=device),
                 scale=torch.tensor([n / m for n, m in zip(lengths, per)], dtype=_F32).to(device),
                 sample_counts=torch.tensor(per, dtype=_F32).to(device),
+                total=start,
                 uniform=by_shape,
             )
         )

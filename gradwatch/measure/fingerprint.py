@@ -46,7 +46,7 @@ from typing import Optional
 import torch
 from torch._utils import _flatten_dense_tensors
 
-from gradwatch.measure import carry
+from gradwatch.measure import carry, carry_groups
 from gradwatch.measure._fingerprint_plan import (
     MIN_SAMPLES,
     STRIDE,
@@ -106,10 +106,14 @@ def _group_values(
     members = [tensors[k] for k in g.members]
     if g.uniform and len(members) > 1:  # one shape: the same layout as a flatten, faster
         flat = torch.stack(members).view(-1)
+        if flat.numel() != g.total:  # a member resized through ``.data`` since the plan
+            raise ValueError("the tensors changed size since they were planned")
         # int32 accumulation wraps (modulo 2**32, all a checksum needs): 2.5x faster than int64
         sums = _bits(flat).view(len(members), -1).sum(1, dtype=torch.int32)
         return flat, sums, flat.index_select(0, g.sample_idx).to(_F32)
     flat = _flatten_dense_tensors(members) if len(members) > 1 else members[0].reshape(-1)
+    if flat.numel() != g.total:
+        raise ValueError("the tensors changed size since they were planned")
     # Per-member sums of the bit patterns: a wrapping cumulative sum read at each member's
     # end (differences of a wrapping sum are exact modulo 2**32).
     cs = _bits(flat).cumsum(0, dtype=torch.int64).index_select(0, g.ends)
@@ -139,26 +143,34 @@ def _sample(t: torch.Tensor, b: Big) -> torch.Tensor:
     return flat[b.offset : b.offset + (b.m - 1) * b.stride + 1 : b.stride].to(_F32)
 
 
-def fingerprint(tensors: list[torch.Tensor]) -> Fingerprint:
+def fingerprint(tensors: list[torch.Tensor], step: Optional[int] = None) -> Fingerprint:
     """Fingerprint ``tensors`` before a step (see the module docstring for what it holds).
+
+    ``step``: the caller's count of this list's steps; given, the small tensors' readings
+    after the previous step are reused where nothing wrote them since
+    (:mod:`gradwatch.measure.carry_groups`).
 
     Example:
         >>> fp = fingerprint([torch.zeros(3)])
         >>> len(fp.checksums)
         1
     """
-    plan = cached_plan(tensors)
     key = _key(tensors)
+    found = carry_groups.take(key, tensors, step) if step is not None else None
+    plan = found[0] if found is not None else cached_plan(tensors)
     if plan.has_complex:
         tensors = real_views(tensors)
     checksums: list[torch.Tensor] = []
     samples: list[torch.Tensor] = []
     carried: Optional[torch.Tensor] = None
     with torch.no_grad():
-        for g in plan.groups:
-            _, c, s = _group_values(tensors, g)
-            checksums.append(c)
-            samples.append(s)
+        if found is not None:
+            checksums, samples = found[1], found[2]
+        else:
+            for g in plan.groups:
+                _, c, s = _group_values(tensors, g)
+                checksums.append(c)
+                samples.append(s)
         if plan.big:
             bigs = [tensors[b.position] for b in plan.big]
             # a strided view of the tensor: must not alias it
@@ -182,11 +194,16 @@ class Measured:
     moved_frac: Optional[torch.Tensor] = None
 
 
-def measure(tensors: list[torch.Tensor], before: Optional[Fingerprint] = None) -> Measured:
+def measure(
+    tensors: list[torch.Tensor], before: Optional[Fingerprint] = None, step: Optional[int] = None
+) -> Measured:
     """Parameter norms (exact) and, given ``before``, what changed since then and by how much.
 
     One flatten per group of small tensors serves the norms, the checksums and the samples.
     ``before`` must come from :func:`fingerprint` on the same list (else ``ValueError``).
+    ``step``: the caller's count of the step just taken; given, the small tensors' checksums
+    and samples are kept for the fingerprint before the next one
+    (:mod:`gradwatch.measure.carry_groups`).
 
     Example:
         >>> w = torch.ones(10)
@@ -195,11 +212,14 @@ def measure(tensors: list[torch.Tensor], before: Optional[Fingerprint] = None) -
         >>> m.param_norm.tolist(), m.changed.tolist()
         ([3.1622776985168457], [0.0])
     """
-    if before is not None and _key(tensors) != before.key:
+    key = _key(tensors)
+    if before is not None and key != before.key:
         raise ValueError("measure() needs the tensors that were fingerprinted")
     plan = before.plan if before is not None else cached_plan(tensors)
+    given = tensors
     if plan.has_complex:
         tensors = real_views(tensors)
+    kept: tuple[list[torch.Tensor], list[torch.Tensor]] = ([], [])
     norm_parts: list[torch.Tensor] = []
     changed_parts: list[torch.Tensor] = []
     delta_parts: list[torch.Tensor] = []
@@ -208,6 +228,8 @@ def measure(tensors: list[torch.Tensor], before: Optional[Fingerprint] = None) -
     with torch.no_grad():
         for k, g in enumerate(plan.groups):
             flat, c, s = _group_values(tensors, g)
+            kept[0].append(c)
+            kept[1].append(s)
             f = flat if flat.dtype is _F32 else flat.to(_F32)
             if g.uniform:  # rows of one length: a row reduction beats a segment reduction
                 norm_parts.append(torch.linalg.vector_norm(f.view(len(g.members), -1), dim=1))
@@ -230,6 +252,8 @@ def measure(tensors: list[torch.Tensor], before: Optional[Fingerprint] = None) -
             changed_parts.append(changed)
             delta_parts.append(delta)
             frac_parts.append(frac)
+        if step is not None and plan.groups:
+            carry_groups.remember(key, given, plan, step + 1, *kept)
         skipped_norms = [_dense_norm(tensors[k]) for k in plan.skipped]
         pn = _assemble(plan, norm_parts, skipped_norms)
         if before is None:
@@ -253,7 +277,9 @@ def _group_changes(
     d = s - old
     if g.uniform:  # rows of one length: row sums beat a segment reduction (measured)
         rows = d.view(len(g.members), -1)
-        moved = (rows != 0).sum(1, dtype=_F32)
+        # |d|'s bit pattern is 0 exactly where d is 0 (NaN's is not): clamped to 1 and
+        # summed, several times faster than summing ``rows != 0`` (measured, 200 x 64)
+        moved = rows.abs().view(torch.int32).clamp_(max=1).sum(1, dtype=torch.int32).to(_F32)
         est = (rows * rows).sum(1)
     else:
         moved = torch.segment_reduce((d != 0).to(_F32), "sum", lengths=g.sample_lengths)

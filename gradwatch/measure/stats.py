@@ -205,6 +205,9 @@ def to_host(chunks: Sequence[Chunk]) -> list[float]:
                 vectors.extend(torch.stack([v]) for v in chunk)
     if not vectors:
         return []
+    device = vectors[0].device
+    if all(v.device == device for v in vectors):  # the usual case: already in order
+        return (torch.cat(vectors) if len(vectors) > 1 else vectors[0]).tolist()
     by_dev: dict[torch.device, list[int]] = defaultdict(list)
     for k, v in enumerate(vectors):
         by_dev[v.device].append(k)

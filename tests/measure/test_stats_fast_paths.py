@@ -169,6 +169,21 @@ def test_stacked_stats_equal_the_flattened_segments() -> None:
     assert stacked_stats(unique, ords) is None
 
 
+def test_stacked_non_zero_counts_are_count_nonzero_at_the_edges() -> None:
+    """The stacked count reads |x|'s bit pattern: -0.0 is zero, NaN, Inf and the smallest
+    subnormal are not (as ``count_nonzero``), in float32, float64 and bfloat16 rows."""
+    from gradwatch.measure.chunked import stacked_stats
+
+    edge = [float("nan"), float("inf"), -0.0, 0.0, 1e-45, -3.0, float("-inf"), 0.0]
+    for dtype in (torch.float32, torch.float64, torch.bfloat16):
+        ts = [torch.tensor(edge, dtype=dtype).roll(k) for k in range(6)]
+        ts[2] = torch.zeros(8, dtype=dtype)
+        got = stacked_stats(ts, (0.0,))
+        assert got is not None
+        want = [float(torch.count_nonzero(t.float())) for t in ts]
+        assert got[0].tolist() == want, dtype
+
+
 def test_stacked_fingerprints_see_one_changed_element_of_many_same_shape_tensors() -> None:
     from gradwatch.measure.fingerprint import fingerprint, measure
 
