@@ -10,7 +10,9 @@ an observed optimizer step each tensor gets a :class:`Fingerprint` of a few numb
   2**32 (an exact swap of two values, say) *and* every sampled value below is unchanged.
   On the CPU a large tensor's checksum may be carried from the last after-step reading
   (:mod:`gradwatch.measure.carry`); a change that then moved no sampled value is reported
-  as unknown (NaN), not as changed, and never as unchanged.
+  as unknown (NaN), not as changed, and never as unchanged. The small tensors' checksums
+  and samples read after a step serve the very next step's fingerprint while every
+  version counter is unchanged (:mod:`gradwatch.measure.carry_groups`).
 - a **fixed random sample** of its values (at least ``MIN_SAMPLES``, about one in
   ``STRIDE`` of a large tensor): the update norm is estimated as
   ``sqrt(n / m * sum(sampled (w1 - w0)**2))``. Differences of sampled values are exact, so
