@@ -34,7 +34,6 @@ from gradwatch.distributed.fsdp1_flat import FlatLayout, fingerprint_track
 from gradwatch.distributed.gather import merge_shards
 from gradwatch.distributed.layout import adopt_engine, forward_arrival
 from gradwatch.distributed.sync import DistSync
-from gradwatch.measure import carry_groups
 from gradwatch.model.optimizers import GroupMap, compensates, group_members
 from gradwatch.results import ProbeResult
 from gradwatch.sources import SourceSet, StepState
@@ -290,7 +289,6 @@ class StepPipeline:
         self.model = None
         self.nesting.clear()
         self.structure.release()
-        carry_groups.forget()  # readings of this run's tensors: of no use after it
 
 
 def _step_view(

@@ -18,6 +18,7 @@ from gradwatch.capture.grads.evidence import Tracker
 from gradwatch.capture.grads.hooks import HookSet
 from gradwatch.capture.grads.window import Track
 from gradwatch.checks.views import StructureView
+from gradwatch.measure import carry_groups
 from gradwatch.model import registry
 from gradwatch.model.index import ParamIndex
 from gradwatch.model.library import library_owned
@@ -175,6 +176,7 @@ class Structure:
 
     def release(self) -> None:
         """Drop every reference to parameters and their copies (the watcher closed)."""
+        carry_groups.forget()  # readings of this run's tensors: of no use after it
         self.optimizers = []
         self._frozen = []
         for track in self.tracks:

@@ -46,17 +46,22 @@ from dataclasses import dataclass
 from typing import Optional
 
 import torch
-from torch._utils import _flatten_dense_tensors
 
 from gradwatch.measure import carry, carry_groups
 from gradwatch.measure._fingerprint_plan import (
     MIN_SAMPLES,
     STRIDE,
-    Big,
-    Group,
     Plan,
     cached_plan,
     real_views,
+)
+from gradwatch.measure._reads import (
+    big_values,
+    checksum,
+    group_changes,
+    group_values,
+    sample,
+    sample_key,
 )
 from gradwatch.measure.chunked import norms_and_checksums
 from gradwatch.measure.stats import foreach_norms
@@ -94,57 +99,6 @@ def _key(tensors: list[torch.Tensor]) -> tuple[int, ...]:
     return tuple(map(id, tensors))
 
 
-def _bits(flat: torch.Tensor) -> torch.Tensor:
-    """The values' bit patterns as integers (exact: upcasting a float is injective)."""
-    if flat.element_size() == 2:
-        flat = flat.to(_F32)
-    return flat.view(torch.int64 if flat.element_size() == 8 else torch.int32)
-
-
-def _group_values(
-    tensors: list[torch.Tensor], g: Group
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(the flat vector, per-member checksums, sampled values) of one group."""
-    members = [tensors[k] for k in g.members]
-    if g.uniform and len(members) > 1:  # one shape: the same layout as a flatten, faster
-        flat = torch.stack(members).view(-1)
-        if flat.numel() != g.total:  # a member resized through ``.data`` since the plan
-            raise ValueError("the tensors changed size since they were planned")
-        # int32 accumulation wraps (modulo 2**32, all a checksum needs): 2.5x faster than int64
-        sums = _bits(flat).view(len(members), -1).sum(1, dtype=torch.int32)
-        return flat, sums, flat.index_select(0, g.sample_idx).to(_F32)
-    flat = _flatten_dense_tensors(members) if len(members) > 1 else members[0].reshape(-1)
-    if flat.numel() != g.total:
-        raise ValueError("the tensors changed size since they were planned")
-    # Per-member sums of the bit patterns: a wrapping cumulative sum read at each member's
-    # end (differences of a wrapping sum are exact modulo 2**32).
-    cs = _bits(flat).cumsum(0, dtype=torch.int64).index_select(0, g.ends)
-    sums = torch.diff(cs, prepend=cs.new_zeros(1))
-    # index_select copies (no alias), 3.5x faster than indexing with a tensor (measured)
-    return flat, sums, flat.index_select(0, g.sample_idx).to(_F32)
-
-
-def _big_values(t: torch.Tensor, b: Big) -> tuple[torch.Tensor, torch.Tensor]:
-    return _checksum(t), _sample(t, b)
-
-
-def _checksum(t: torch.Tensor) -> torch.Tensor:
-    flat = t.detach().view(-1)
-    bits = _bits(flat) if flat.element_size() != 2 else flat.view(torch.int16)
-    # int32 accumulation wraps (modulo 2**32) and is several times faster than int64 here.
-    total = bits.sum(dtype=torch.int32 if bits.element_size() <= 4 else torch.int64)
-    return total.to(torch.int64).reshape(1)
-
-
-def _sample_key(b: Big) -> tuple[int, int, int]:
-    return b.offset, b.stride, b.m
-
-
-def _sample(t: torch.Tensor, b: Big) -> torch.Tensor:
-    flat = t.detach().view(-1)
-    return flat[b.offset : b.offset + (b.m - 1) * b.stride + 1 : b.stride].to(_F32)
-
-
 def fingerprint(tensors: list[torch.Tensor], step: Optional[int] = None) -> Fingerprint:
     """Fingerprint ``tensors`` before a step (see the module docstring for what it holds).
 
@@ -170,15 +124,15 @@ def fingerprint(tensors: list[torch.Tensor], step: Optional[int] = None) -> Fing
             checksums, samples = found[1], found[2]
         else:
             for g in plan.groups:
-                _, c, s = _group_values(tensors, g)
+                _, c, s = group_values(tensors, g)
                 checksums.append(c)
                 samples.append(s)
         if plan.big:
             bigs = [tensors[b.position] for b in plan.big]
             # a strided view of the tensor: must not alias it
-            taken = [_sample(t, b).clone() for t, b in zip(bigs, plan.big)]
-            kept = carry.take(bigs, [_sample_key(b) for b in plan.big], taken)
-            checksums.extend(_checksum(t) if c is None else c for t, c in zip(bigs, kept))
+            taken = [sample(t, b).clone() for t, b in zip(bigs, plan.big)]
+            kept = carry.take(bigs, [sample_key(b) for b in plan.big], taken)
+            checksums.extend(checksum(t) if c is None else c for t, c in zip(bigs, kept))
             samples.extend(taken)
             if any(c is not None for c in kept):
                 carried = torch.tensor([c is not None for c in kept], device=plan.device)
@@ -229,7 +183,7 @@ def measure(
     j = len(plan.groups)
     with torch.no_grad():
         for k, g in enumerate(plan.groups):
-            flat, c, s = _group_values(tensors, g)
+            flat, c, s = group_values(tensors, g)
             kept[0].append(c)
             kept[1].append(s)
             f = flat if flat.dtype is _F32 else flat.to(_F32)
@@ -238,7 +192,7 @@ def measure(
             else:
                 norm_parts.append(torch.segment_reduce(f * f, "sum", lengths=g.lengths).sqrt_())
             if before is not None:
-                changed, delta, frac = _group_changes(
+                changed, delta, frac = group_changes(
                     g, c, s, before.checksums[k], before.samples[k]
                 )
                 changed_parts.append(changed)
@@ -269,27 +223,6 @@ def measure(
         return Measured(pn, changed, delta, _assemble(plan, frac_parts, nan))
 
 
-def _group_changes(
-    g: Group, c: torch.Tensor, s: torch.Tensor, was: torch.Tensor, old: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(changed, update-norm estimate, moved share) of one group's members.
-
-    ``c``, ``s``: the checksums and samples now; ``was``, ``old``: the fingerprint's.
-    """
-    d = s - old
-    if g.uniform:  # rows of one length: row sums beat a segment reduction (measured)
-        rows = d.view(len(g.members), -1)
-        # |d|'s bit pattern is 0 exactly where d is 0 (NaN's is not): clamped to 1 and
-        # summed, several times faster than summing ``rows != 0`` (measured, 200 x 64)
-        moved = rows.abs().view(torch.int32).clamp_(max=1).sum(1, dtype=torch.int32).to(_F32)
-        est = (rows * rows).sum(1)
-    else:
-        moved = torch.segment_reduce((d != 0).to(_F32), "sum", lengths=g.sample_lengths)
-        est = torch.segment_reduce(d * d, "sum", lengths=g.sample_lengths)
-    changed = ((c != was) | (moved > 0)).to(_F32)
-    return changed, est.mul_(g.scale).sqrt_(), moved.div_(g.sample_counts)
-
-
 def _big_changes(
     tensors: list[torch.Tensor],
     plan: Plan,
@@ -305,10 +238,10 @@ def _big_changes(
     """
     if fused is not None:
         values = [
-            (fused[1][i : i + 1], _sample(tensors[b.position], b)) for i, b in enumerate(plan.big)
+            (fused[1][i : i + 1], sample(tensors[b.position], b)) for i, b in enumerate(plan.big)
         ]
     else:
-        values = [_big_values(tensors[b.position], b) for b in plan.big]
+        values = [big_values(tensors[b.position], b) for b in plan.big]
     if not plan.single_device:  # model parallel: the small results on one device
         values = [(c.to(plan.device), s.to(plan.device)) for c, s in values]
         olds = [x.to(plan.device) for x in before.samples[j:]]
@@ -330,7 +263,7 @@ def _big_changes(
     if fused is not None:  # the next step's fingerprint may reuse these checksums
         carry.remember(
             [tensors[b.position] for b in plan.big],
-            [_sample_key(b) for b in plan.big],
+            [sample_key(b) for b in plan.big],
             fused[1],
             [s for _, s in values],
         )
