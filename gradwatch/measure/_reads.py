@@ -11,6 +11,7 @@ import torch
 from torch._utils import _flatten_dense_tensors
 
 from gradwatch.measure._fingerprint_plan import Big, Group
+from gradwatch.measure.chunked import row_nonzeros
 
 __all__ = ["big_values", "checksum", "group_changes", "group_values", "sample", "sample_key"]
 
@@ -82,9 +83,7 @@ def group_changes(
     d = s - old
     if g.uniform:  # rows of one length: row sums beat a segment reduction (measured)
         rows = d.view(len(g.members), -1)
-        # |d|'s bit pattern is 0 exactly where d is 0 (NaN's is not): clamped to 1 and
-        # summed, several times faster than summing ``rows != 0`` (measured, 200 x 64)
-        moved = rows.abs().view(torch.int32).clamp_(max=1).sum(1, dtype=torch.int32).to(_F32)
+        moved = row_nonzeros(rows.abs())  # 2 x faster than summing ``rows != 0`` (200 x 64)
         est = (rows * rows).sum(1)
     else:
         moved = torch.segment_reduce((d != 0).to(_F32), "sum", lengths=g.sample_lengths)

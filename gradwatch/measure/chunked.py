@@ -27,10 +27,25 @@ from typing import Any, Optional
 
 import torch
 
-__all__ = ["CHUNK", "abs_stats", "norms_and_checksums", "stacked_stats"]
+__all__ = ["CHUNK", "abs_stats", "norms_and_checksums", "row_nonzeros", "stacked_stats"]
 
 CHUNK = 1 << 18  # elements per chunk (1 MiB of float32): best of 16K-256K measured
 _INT_OF = {torch.float32: torch.int32, torch.float64: torch.int64}
+
+
+def row_nonzeros(absolute: torch.Tensor) -> torch.Tensor:
+    """Non-zero values per row of a float32 matrix of absolute values, as float32.
+
+    |x|'s bit pattern is 0 exactly where x is 0 (-0.0 included; NaN's is not): clamped to 1
+    and summed in int32, 4 x faster than ``count_nonzero`` on 200 x 256 (measured), and
+    the same counts.
+
+    Example:
+        >>> row_nonzeros(torch.tensor([[0.0, float("nan"), 2.0], [0.0, 0.0, 1e-45]])).tolist()
+        [2.0, 1.0]
+    """
+    bits = absolute.view(torch.int32).clamp(max=1)
+    return bits.sum(1, dtype=torch.int32).to(torch.float32)
 
 
 def _dense_cpu(tensors: Sequence[torch.Tensor]) -> Optional[torch.dtype]:
@@ -224,10 +239,8 @@ def stacked_stats(
                     out.append(a.sum(1))
                 elif o == math.inf:
                     out.append(a.amax(1))
-                elif o == 0.0:  # |x|'s bit pattern is 0 exactly at a zero (NaN's is not):
-                    # clamped to 1 and summed, 4x faster than count_nonzero (200 x 256)
-                    bits = a.view(torch.int32).clamp(max=1)
-                    out.append(bits.sum(1, dtype=torch.int32).to(torch.float32))
+                elif o == 0.0:
+                    out.append(row_nonzeros(a))
                 else:
                     return None
     except (RuntimeError, TypeError):  # mixed devices, sparse or other layouts
