@@ -14,6 +14,10 @@ class Streaks:
     def __init__(self) -> None:
         self._count: dict[Hashable, int] = {}
 
+    def __bool__(self) -> bool:
+        """Whether any key is on a streak (none: a step without hits changes nothing)."""
+        return bool(self._count)
+
     def hit(self, key: Hashable, condition: bool) -> int:
         """Update ``key``: +1 when ``condition`` holds, else reset. Return the streak."""
         if condition:

@@ -20,7 +20,7 @@ from gradwatch.checks._grouping import by_flow
 from gradwatch.checks._patience import Streaks
 from gradwatch.checks.base import Check, CheckConfig, severity_field
 from gradwatch.checks.docs import CheckDoc
-from gradwatch.checks.views import StepView, StructureView
+from gradwatch.checks.views import LayerTable, StepView, StructureView
 
 if TYPE_CHECKING:
     from gradwatch.checks.base import FindingLog
@@ -90,6 +90,14 @@ class DeadParam(Check):
         dead_layers: list[str] = []
         # samples behind each observed step (unknown: enough, as the steps alone decided)
         per_step = view.window.samples or self.config.min_samples
+        table = LayerTable.of(view.layers)
+        if (
+            not (any_zero or self._counting or self._layers)
+            and table.finite
+            and 0 not in table.nonzero
+        ):
+            self._alive.update(table.names)  # every layer finite and alive, no streak to end
+            return
         for layer, s in view.layers.items():
             finite = isfinite(s.norm)
             dead = finite and s.nonzero == 0 and layer not in self._padded

@@ -14,16 +14,18 @@ compares with the largest norm of the kept history, the top of that spread, not 
 
 from __future__ import annotations
 
+from itertools import compress, repeat
 from math import isfinite
+from operator import gt, mul
 from typing import TYPE_CHECKING, Any, Optional
 
 from pydantic import Field, StrictFloat, StrictInt
 
 from gradwatch._severity import Severity
-from gradwatch.checks._window import MedianWindow
+from gradwatch.checks._window import MedianWindow, WindowColumns
 from gradwatch.checks.base import Check, CheckConfig, severity_field
 from gradwatch.checks.docs import CheckDoc
-from gradwatch.checks.views import StepView
+from gradwatch.checks.views import LayerTable, StepView
 
 if TYPE_CHECKING:
     from gradwatch.checks.base import FindingLog
@@ -94,44 +96,84 @@ class ExplodingGrad(Check):
         super().__init__(config, watch_config)
         self._history: dict[str, MedianWindow] = {}
         self._rise_began: dict[str, int] = {}  # layers now rising: the step it began
+        self._columns: Optional[WindowColumns] = None  # the windows of the last layout
+
+    def _windows(self, names: list[str]) -> WindowColumns:
+        """The windows of ``names``, cached for the last list of layers (a layout's own list:
+        the same object each step; a list built per step: compared)."""
+        cols = self._columns
+        if cols is None or (cols.keys is not names and cols.keys != names):
+            history, size = self._history, self.watch_config.history
+            for x in names:
+                if x not in history:
+                    history[x] = MedianWindow(size)
+            windows = [history[x] for x in names]
+            cols = self._columns = WindowColumns(names, windows)  # type: ignore[arg-type]
+        return cols
 
     def on_step(self, view: StepView, log: FindingLog) -> None:
         cfg = self.config
-        medians: dict[str, float] = {}  # layer -> its running median before this step, if > 0
-        fired: list[tuple[str, str]] = []
+        table = LayerTable.of(view.layers)
+        names, norms = table.names, table.norm
+        if not names:
+            return
+        if not table.finite:  # a non-finite norm is nonfinite_grad's: not pushed, not judged
+            rows = [r for r, v in enumerate(norms) if isfinite(v)]
+            names, norms = [names[r] for r in rows], [norms[r] for r in rows]
+            if not names:
+                return
+        cols = self._windows(names)
+        held, meds, tops = cols.push(norms)  # each window before its norm, then the norm
+        self._rising(names, norms, meds, cols.row, view.step)
         n = view.window.samples
         spread = n is not None and n < cfg.small_batch  # per-sample gradients
-        history, rising, step = self._history, self._rise_began, view.step
-        max_norm, warmup, factor = cfg.max_norm, cfg.warmup, cfg.spike_factor
-        for layer, sample in view.layers.items():
-            norm = sample.norm
-            if not isfinite(norm):
-                continue
-            hist = history.get(layer)
-            if hist is None:
-                hist = history[layer] = MedianWindow(self.watch_config.history)
-            held, med, top = hist.push(norm)  # the window before this norm, then the norm
-            if med > 0:
-                medians[layer] = med
-                if norm > _RISE * med:
-                    rising.setdefault(layer, step)
-                elif rising:
-                    rising.pop(layer, None)
+        refs = tops if spread else meds
+        max_norm, factor = cfg.max_norm, cfg.spike_factor
+        # One C-level screen over every layer; the exact rule below runs where it may fire.
+        if not (
+            (max_norm is not None and max(norms) > max_norm)
+            or any(map(gt, norms, map(mul, refs, repeat(factor))))
+        ):
+            return
+        fired: list[tuple[str, str]] = []
+        what = "largest (per-sample gradients)" if spread else "median"
+        for layer, norm, count, ref in zip(names, norms, held, refs):
             if max_norm is not None and norm > max_norm:
                 fired.append((layer, f"gradient norm {norm:.3g} exceeds max_norm {max_norm:g}"))
-            elif held >= warmup:
-                ref = top if spread else med
-                if ref > 0 and norm > factor * ref:
-                    what = "largest (per-sample gradients)" if spread else "median"
-                    fired.append(
-                        (
-                            layer,
-                            f"gradient norm {norm:.3g} jumped to {norm / ref:.1f}x its "
-                            f"running {what} {ref:.3g}",
-                        )
+            elif count >= cfg.warmup and ref > 0 and norm > factor * ref:
+                fired.append(
+                    (
+                        layer,
+                        f"gradient norm {norm:.3g} jumped to {norm / ref:.1f}x its "
+                        f"running {what} {ref:.3g}",
                     )
+                )
         if fired:
+            medians = {x: m for x, m in zip(names, meds) if m > 0}
             self._emit(view, log, fired, self._attribution(view, medians))
+
+    def _rising(
+        self,
+        names: list[str],
+        norms: list[float],
+        meds: list[float],
+        row: dict[Any, int],
+        step: int,
+    ) -> None:
+        """Layers above _RISE x their running median (over 0) are rising from the step it
+        began; one at or below it stops; a layer without a median keeps its state."""
+        rising = self._rise_began
+        over = compress(range(len(norms)), map(gt, norms, map(mul, meds, repeat(_RISE))))
+        up = [names[r] for r in over if meds[r] > 0]
+        for layer in up:
+            rising.setdefault(layer, step)
+        if len(rising) == len(up):
+            return  # only this step's risers are held
+        ups = set(up)
+        for layer in [x for x in rising if x not in ups]:
+            r = row.get(layer)
+            if r is not None and meds[r] > 0:
+                del rising[layer]
 
     def _attribution(self, view: StepView, medians: dict[str, float]) -> dict[str, Any]:
         """The layers that rose most above their own running median, and when it began."""

@@ -14,7 +14,7 @@ from gradwatch.checks._never_stepped import emit_never_stepped
 from gradwatch.checks._patience import Streaks
 from gradwatch.checks.base import Check, CheckConfig, severity_field
 from gradwatch.checks.docs import CheckDoc
-from gradwatch.checks.views import LayerSample, RunView, StepView
+from gradwatch.checks.views import LayerSample, LayerTable, RunView, StepView
 
 if TYPE_CHECKING:
     from gradwatch.checks.base import FindingLog
@@ -91,7 +91,7 @@ class StaleParam(Check):
                 moved = _rounded_away(view, s, limit) if _judged(s) else None
                 if moved is not None or (s.delta_norm == 0.0 and 0 < s.norm < inf):
                     stale[layer] = moved
-        else:
+        elif 0.0 in LayerTable.of(layers).delta_norm:  # a C-level scan: None is not 0.0
             stale = {
                 layer: None
                 for layer, s in layers.items()

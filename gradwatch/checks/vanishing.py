@@ -10,6 +10,9 @@ parameter norm (no optimizer). Without a healthy layer to compare, the absolute 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from itertools import repeat
+from operator import lt
 from typing import TYPE_CHECKING, Optional
 
 from pydantic import Field, StrictFloat, StrictInt
@@ -18,7 +21,7 @@ from gradwatch._severity import Severity
 from gradwatch.checks._patience import Streaks
 from gradwatch.checks.base import Check, CheckConfig, severity_field
 from gradwatch.checks.docs import CheckDoc
-from gradwatch.checks.views import LayerSample, StepView
+from gradwatch.checks.views import LayerSample, LayerTable, StepView
 
 if TYPE_CHECKING:
     from gradwatch.checks.base import FindingLog
@@ -26,7 +29,7 @@ if TYPE_CHECKING:
 MIN_LAYERS = 3  # update ratios of fewer layers: fall back to the gradient ratio
 
 
-def relative_scales(layers: dict[str, LayerSample]) -> tuple[str, dict[str, float]]:
+def relative_scales(layers: Mapping[str, LayerSample]) -> tuple[str, dict[str, float]]:
     """Per layer, its scale-free size on this step: ``("update", ...)`` or ``("grad", ...)``.
 
     The update ratio when at least ``MIN_LAYERS`` layers have one (an optimizer stepped and
@@ -113,6 +116,10 @@ class VanishingGrad(Check):
 
     def on_step(self, view: StepView, log: FindingLog) -> None:
         limit = self.config.min_mean_abs
+        if not self._streaks and not any(
+            map(lt, LayerTable.of(view.layers).mean_abs, repeat(limit))
+        ):
+            return  # no layer below the limit and none on a streak: nothing changes
         tiny = {
             layer: s for layer, s in view.layers.items() if s.finite and 0.0 < s.mean_abs < limit
         }

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from operator import attrgetter
 from typing import Callable, Optional
 
@@ -45,21 +46,6 @@ def _judged(
         if p.requires_grad and min_hooked_at.get(i, 0) <= start
     ]
     return ks, [track.ids[k] for k in ks], [params[k] for k in ks]
-
-
-def _arrivals(
-    t: Tracker, ids: list[int], start: int, arrival: Optional[Callable[[int], bool]]
-) -> list[bool]:
-    """Which judged gradients arrived in this window, counted into the ghost evidence."""
-    ls = t.last_seq
-    arrived = [ls[i] > start for i in ids] if arrival is None else [arrival(i) for i in ids]
-    seen, missing = t.seen, t.missing
-    for i, a in zip(ids, arrived):
-        if a:
-            seen[i] += 1
-        else:
-            missing[i] += 1
-    return arrived
 
 
 def _observed_chunks(
@@ -258,7 +244,7 @@ def gather(
     params = track.params
     ks, ids, judged = _judged(track, min_hooked_at, last_hooked)
     n = len(ids)
-    arrived = _arrivals(t, ids, track.start, arrival)
+    arrived = t.count_arrivals(ids, track.start, arrival)
     grads = [p.grad for p in judged]
     if track.sharded is not None:
         return gather_sharded(
@@ -328,7 +314,7 @@ def gather(
     )
 
 
-def layer_samples(g: Gathered, numel: list[int], track: Track) -> dict[str, LayerSample]:
+def layer_samples(g: Gathered, numel: list[int], track: Track) -> Mapping[str, LayerSample]:
     """Per-layer values over the parameters that received a gradient (observed steps only)."""
     if g.stats is None:
         return {}

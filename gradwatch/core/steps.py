@@ -18,6 +18,7 @@ from gradwatch.capture.forward.forward_scout import ForwardScout
 from gradwatch.capture.grads.evidence import Tracker, make_cause
 from gradwatch.capture.grads.hooks import HookSet
 from gradwatch.capture.grads.in_backward import note_hand_written
+from gradwatch.capture.grads.spans import pick
 from gradwatch.capture.grads.step_reading import StepReading
 from gradwatch.capture.grads.window import Gathered, Track
 from gradwatch.capture.loop.scaler import ScalerWatch
@@ -40,10 +41,9 @@ from gradwatch.sources import SourceSet, StepState
 
 __all__ = ["FIRST_OBSERVED", "StepPipeline", "open_window"]
 
-# Every step of a run's first steps is observed, whatever ``every_n_steps``: the statistics
-# checks (patience 3) and ``nonfinite_param`` fire within about five steps, in a 5-step
-# ``gradwatch check`` probe or a short fine-tune. The steady state keeps the cadence, and the
-# sinks' metrics (``LayerRecorder``) keep it from the start.
+# A run's first steps are all observed, whatever ``every_n_steps``: the statistics checks
+# (patience 3) and ``nonfinite_param`` fire within about five steps, in a 5-step ``gradwatch
+# check`` probe or a short fine-tune. The cadence holds after, and for the sinks throughout.
 FIRST_OBSERVED = 5
 
 
@@ -300,7 +300,7 @@ def _step_view(
     look = _Lookups(track)
     start = track.start
     wanted = self.hooks.wanted
-    numel = [index.params[i].numel for i in g.ids] if observed else []
+    numel = [p.numel for p in pick(index.params, g.ids)] if observed else []
     cause = make_cause(index, tracker, start, wanted)
 
     ranks = None
@@ -326,8 +326,8 @@ def _step_view(
         backward_in_window=self.backward_passes > track.backward_at_start,
         observed=observed,
         cause=ex.cause if ex is not None else cause,
-        seen=[tracker.seen[i] for i in g.ids],
-        missing=[tracker.missing[i] for i in g.ids],
+        seen=pick(tracker.seen, g.ids),
+        missing=pick(tracker.missing, g.ids),
         dirty=g.dirty,
         cleared=g.cleared,
         written=g.written,
