@@ -18,18 +18,14 @@ from __future__ import annotations
 
 import itertools
 import weakref
-from itertools import repeat
-from operator import add, attrgetter, gt, is_, not_
 from typing import Any, Callable, Optional
 
 import torch
 
 from gradwatch.capture.forward.flow import upstream_layers
-from gradwatch.capture.grads.spans import span
 from gradwatch.model.locations import call_site
 
 DirtyFlag = Any  # bool | torch.Tensor
-_version = attrgetter("_version")
 
 
 def dead_ref() -> None:
@@ -118,12 +114,6 @@ class Tracker:
         """Which of ``ids`` got a gradient since event ``start`` (``arrival`` decides where
         the hooks cannot see them: FSDP1), counted into the ghost evidence (seen, missing)."""
         ls, seen, missing = self.last_seq, self.seen, self.missing
-        run = span(ids)
-        if run is not None and arrival is None:  # one run of ids: slices (spans.py)
-            arrived = list(map(gt, ls[run], repeat(start)))
-            seen[run] = map(add, seen[run], arrived)
-            missing[run] = map(add, missing[run], map(not_, arrived))
-            return arrived
         arrived = [ls[i] > start for i in ids] if arrival is None else [arrival(i) for i in ids]
         for i, a in zip(ids, arrived):
             if a:
@@ -136,23 +126,13 @@ class Tracker:
         """Record each ``.grad`` as its optimizer's step left it (identity and version)."""
         sref, sver, fresh, dirty = self.snap_ref, self.snap_ver, self.fresh, self.dirty
         ref = weakref.ref
-        run = span(ids)
-        if run is not None and not any(map(is_, grads, repeat(None))):
-            # one run of ids, every .grad there: slices (a weak reference to a tensor that
-            # has one without callback is that one, not a new object)
-            sref[run] = map(ref, grads)
-            sver[run] = map(_version, grads)
-            n = len(ids)
-            fresh[run] = repeat(True, n)
-            dirty[run] = repeat(False, n)
-        else:
-            for i, g in zip(ids, grads):
-                if g is None:
-                    sref[i], sver[i] = dead_ref, -1
-                else:
-                    sref[i], sver[i] = ref(g), g._version
-                fresh[i] = True
-                dirty[i] = False
+        for i, g in zip(ids, grads):
+            if g is None:
+                sref[i], sver[i] = dead_ref, -1
+            else:
+                sref[i], sver[i] = ref(g), g._version
+            fresh[i] = True
+            dirty[i] = False
         if self.pending:
             self.pending.difference_update(ids)
         if self.dropping:
