@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from gradwatch.capture.forward.forward_scout import count_after
 from gradwatch.capture.grads.discarded import discarded_passes, hear_other_steps
 from gradwatch.sources.base import EvidenceSource, StepState
 
@@ -48,5 +49,5 @@ def _training_batches(scout: Any, start: int) -> Optional[int]:
     ``loss.backward()`` fills ``delta.grad`` and the weights' ``.grad`` alike, and the reset
     before the training backward drops only what that backward left (Wong et al. 2020)."""
     batches = scout.batches_since(start)
-    wanted_input_grad = sum(1 for seq in scout.input_grad_starts if seq > start)
+    wanted_input_grad = count_after(scout.input_grad_starts, start)
     return None if batches is None else batches - wanted_input_grad

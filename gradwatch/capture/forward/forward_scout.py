@@ -283,7 +283,7 @@ class ForwardScout(NanProbe):
         ``batch_starts``); ``None`` while its entry hooks are not on (nothing counted)."""
         if not self.installed:
             return None
-        return sum(1 for seq in self.batch_starts if seq > start)
+        return count_after(self.batch_starts, start)
 
     def fed(self, t: torch.Tensor) -> bool:
         """Whether ``t`` (a leaf requiring grad) was an argument of the model's forward."""
@@ -328,6 +328,22 @@ def _new_batch(scout: ForwardScout, args: Any) -> None:
     scout.rows = _rows(args)
     if any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
         scout.input_grad_starts.append(scout.batch_starts[-1])
+
+
+def count_after(seqs: deque[int], start: int) -> int:
+    """How many of ``seqs`` (event numbers in the order they happened) are after ``start``,
+    counted from the newest: a step's window holds one or a few of the 256 kept.
+
+    Example:
+        >>> count_after(deque([3, 5, 8, 9]), 5), count_after(deque(), 0)
+        (2, 0)
+    """
+    n = 0
+    for seq in reversed(seqs):
+        if seq <= start:
+            break
+        n += 1
+    return n
 
 
 def _rows(args: Any) -> Optional[int]:

@@ -143,8 +143,10 @@ class LrWrites:
             return []
         out = []
         for h, v in now.items():
+            if snap[0].get(h) == v:
+                continue  # unchanged since the last step (the usual case): no group read
             used = tuple(_plain(g.get(h)) for g in opt.param_groups)
-            if snap[0].get(h) != v and all(u != v for u in used):
+            if all(u != v for u in used):
                 out.append(IgnoredWrite(k, "defaults", h, v, used))
         return out
 
