@@ -14,9 +14,10 @@ import math
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import reduce
 from itertools import repeat
 from math import inf, isnan
-from operator import mul, truediv
+from operator import add, mul, truediv
 from typing import Any, Callable, Optional
 
 from gradwatch.checks.views import LayerSample, LayerTable, StepView
@@ -107,7 +108,7 @@ class _Block:
     keeps its table. Every ``_BATCH`` steps, and when the tracks are read, the rows are
     folded in with one pass per field over all of them (``min`` of 65 values costs little
     more than of 2), in step order: the running values that one update per step gives
-    (``min`` keeps the earliest of equals, ``sum`` adds in order). The buffer's rows are
+    (``min`` keeps the earliest of equals, totals add one value at a time). The buffer's rows are
     overwritten, never dropped: what the block holds does not depend on the batch's phase.
     """
 
@@ -173,7 +174,8 @@ class _Block:
         self.ratio = self.ratios()
         self.min = list(map(min, self.min, *rows))  # the earliest of equals: as update
         self.max = list(map(max, self.max, *rows))
-        self.count = [(c + k, sum(v, t)) for (c, t), v in zip(self.count, zip(*rows))]
+        # reduce(add): one addition at a time, as update (sum() compensates from Python 3.12)
+        self.count = [(c + k, reduce(add, v, t)) for (c, t), v in zip(self.count, zip(*rows))]
         _run(map(deque.extend, self.history, map(zip, repeat(steps), zip(*rows))))
         self.pending = 0
 
@@ -282,7 +284,7 @@ class LayerRecorder:
             block.update(view.step, table)
             norms = table.norm
             self._latest[id(block)] = (block.keys, norms)  # live blocks' keys are disjoint
-            return sum(map(mul, norms, norms)), block.keys, norms
+            return reduce(add, map(mul, norms, norms), 0.0), block.keys, norms
         self._drop(list(self._blocks))  # one layer at a time: no block holds newer values
         keys, total = self._keys, 0.0
         norms = []
