@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from gradwatch.capture.forward.forward_scout import count_after
 from gradwatch.capture.grads.discarded import discarded_passes, hear_other_steps
+from gradwatch.capture.grads.spans import count_after
 from gradwatch.sources.base import EvidenceSource, StepState
 
 __all__ = ["DiscardedSource"]

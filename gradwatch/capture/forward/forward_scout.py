@@ -32,6 +32,7 @@ from torch.utils.hooks import RemovableHandle
 
 from gradwatch.capture.forward.nan_probe import NanProbe, _not_eager, _Owned
 from gradwatch.capture.grads.evidence import Tracker
+from gradwatch.capture.grads.spans import count_after
 from gradwatch.model.locations import call_site
 
 __all__ = ["BUILT_IN_FORWARD", "ForwardScout", "container_paths"]
@@ -328,22 +329,6 @@ def _new_batch(scout: ForwardScout, args: Any) -> None:
     scout.rows = _rows(args)
     if any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
         scout.input_grad_starts.append(scout.batch_starts[-1])
-
-
-def count_after(seqs: deque[int], start: int) -> int:
-    """How many of ``seqs`` (event numbers in the order they happened) are after ``start``,
-    counted from the newest: a step's window holds one or a few of the 256 kept.
-
-    Example:
-        >>> count_after(deque([3, 5, 8, 9]), 5), count_after(deque(), 0)
-        (2, 0)
-    """
-    n = 0
-    for seq in reversed(seqs):
-        if seq <= start:
-            break
-        n += 1
-    return n
 
 
 def _rows(args: Any) -> Optional[int]:

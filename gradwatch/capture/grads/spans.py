@@ -1,4 +1,4 @@
-"""Per-parameter lists read a slice at a time.
+"""Per-parameter lists read a slice at a time, and event runs counted from the newest.
 
 The tracker's and the index's lists are indexed by parameter id, and a track's ids are
 usually one run (``lo, lo + 1, ..., hi - 1``: one optimizer's parameters, registered in
@@ -9,9 +9,10 @@ and a tensor's properties cost the same from either.)
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Optional, TypeVar
 
-__all__ = ["pick", "span"]
+__all__ = ["count_after", "pick", "span"]
 
 T = TypeVar("T")
 
@@ -47,3 +48,19 @@ def pick(values: list[T], ids: list[int]) -> list[T]:
     """
     run = span(ids)
     return values[run] if run is not None else [values[i] for i in ids]
+
+
+def count_after(seqs: deque[int], start: int) -> int:
+    """How many of ``seqs`` (event numbers in the order they happened) are after ``start``,
+    counted from the newest: a step's window holds one or a few of the 256 kept.
+
+    Example:
+        >>> count_after(deque([3, 5, 8, 9]), 5), count_after(deque(), 0)
+        (2, 0)
+    """
+    n = 0
+    for seq in reversed(seqs):
+        if seq <= start:
+            break
+        n += 1
+    return n
