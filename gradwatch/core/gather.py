@@ -11,7 +11,7 @@ import torch
 
 from gradwatch.capture.grads.evidence import Tracker
 from gradwatch.capture.grads.window import Gathered, Track
-from gradwatch.checks.views import LayerSample
+from gradwatch.checks.views import LayerSample, LayerTable
 from gradwatch.core.layers import folded_samples
 from gradwatch.distributed.gather import gather_sharded
 from gradwatch.measure import columns
@@ -356,4 +356,4 @@ def layer_samples(g: Gathered, numel: list[int], track: Track) -> Mapping[str, L
             param_norm=hypot(*pn) if pn else None,  # type: ignore[arg-type]
             delta_norm=hypot(*dn) if len(dn) == len(js) else None,  # type: ignore[arg-type]
         )
-    return out
+    return LayerTable.of(out)  # columns built once, not by each check that reads them
