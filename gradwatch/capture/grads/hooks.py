@@ -44,6 +44,7 @@ class HookSet:
         self._on_error = on_error
         self.other: list[RemovableHandle] = []  # optimizer step hooks
         self.param: dict[int, RemovableHandle] = {}
+        self._off: dict[int, RemovableHandle] = {}  # removed post hooks, put back by rehook_post
         self.pre: dict[int, RemovableHandle] = {}
         self._pre_fns: dict[int, Any] = {}
         self._post_fns: dict[int, Any] = {}
@@ -96,6 +97,7 @@ class HookSet:
         handle = self.param.pop(i, None)
         if handle is not None:
             handle.remove()
+            self._off[i] = handle
             self.unhooked.add(i)
 
     def rehook_post(self, i: int) -> None:
@@ -105,7 +107,7 @@ class HookSet:
             self.unhooked.discard(i)  # gone with its tensor
         elif p.requires_grad:  # a frozen one gets its hook back when it trains again
             self.unhooked.discard(i)
-            self.param[i] = p.register_post_accumulate_grad_hook(self._post_fns[i])
+            self.param[i] = _put_back(p, self._off.pop(i, None), self._post_fns[i])
 
     def restore_pre_hooks(self, index: ParamIndex) -> None:
         """Value checks back on for the parameters whose resets the version cannot tell."""
@@ -234,6 +236,7 @@ class HookSet:
         self.other.clear()
         self.forward.clear()
         self.param.clear()
+        self._off.clear()
         self.pre.clear()
         self._pre_fns.clear()
         self._post_fns.clear()
@@ -246,6 +249,30 @@ class HookSet:
         for cls, covered in classes.items():
             if covered:
                 uncover_class(cls)
+
+
+def _put_back(
+    p: torch.Tensor, handle: Optional[RemovableHandle], fn: Callable[[torch.Tensor], None]
+) -> RemovableHandle:
+    """``fn`` back on as ``p``'s post-accumulate hook, under its removed ``handle`` if any.
+
+    torch keeps a tensor's post-accumulate hook dict (its C++ side calls it, empty, after
+    the last hook is removed: see :func:`release_pre_hooks`), so the hook can go back in
+    with one dict store, where a new registration costs a few Python calls (16 hooks
+    rotated a step: 45 against 7 us, measured). The order is a new registration's: last.
+    A tensor subclass goes through torch's registration, which it may override.
+    """
+    hooks = p._post_accumulate_grad_hooks
+    if (
+        handle is not None
+        and hooks is not None
+        and handle.hooks_dict_ref() is hooks
+        and handle.id not in hooks
+        and not torch._C._has_torch_function_unary(p)
+    ):
+        hooks[handle.id] = fn
+        return handle
+    return p.register_post_accumulate_grad_hook(fn)
 
 
 def release_pre_hooks(p: Optional[torch.Tensor]) -> None:

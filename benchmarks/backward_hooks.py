@@ -1,0 +1,149 @@
+"""What hooks cost a backward pass on model (a), and what a removed hook still costs.
+
+torch keeps calling a tensor's hook dict from C++ after its last hook is removed (empty),
+once per parameter per backward. gradwatch clears a tensor pre-hook dict when it is empty
+(``release_pre_hooks``); torch's setter cannot clear a post-accumulate dict, so a parameter
+whose post hook came off (a read one, ``capture/grads/step_reading.py``) keeps costing about
+as much as a Python no-op hook. A hook on the parameter's ``AccumulateGrad`` node goes with
+the node once nothing holds it. The last lines split gradwatch's own steady-state step into
+its phases.
+
+Each line: a hooked copy and a bare copy of the same model alternate backward passes (or
+whole steps) in one process; the figure is the median of the hooked minus the bare one, in
+CPU microseconds (``time.process_time_ns``), so the machine's load falls on both alike::
+
+    .venv/bin/python benchmarks/backward_hooks.py            # about two minutes
+    .venv/bin/python benchmarks/backward_hooks.py --passes 400
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+import torch
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _models import hook_bound
+
+import gradwatch
+
+_BATCHES = hook_bound.batches()
+_now = time.process_time_ns
+
+
+def _noop(*args: object) -> None:
+    return None
+
+
+def _hook_all(model: nn.Module, how: str) -> None:
+    """Put ``how``'s hook on every parameter of ``model`` (and take it off, for "removed")."""
+    params = list(model.parameters())
+    if how in ("post", "post removed"):
+        handles = [p.register_post_accumulate_grad_hook(_noop) for p in params]
+    elif how in ("pre", "pre removed", "pre released"):
+        handles = [p.register_hook(_noop) for p in params]
+    else:  # the AccumulateGrad node's hook, the node dropped with it
+        nodes = [p.view_as(p).grad_fn.next_functions[0][0] for p in params]  # type: ignore[union-attr]
+        handles = [node.register_hook(_noop) for node in nodes]  # type: ignore[union-attr]
+        del nodes
+    if how.endswith("removed") or how.endswith("released") or how.startswith("node"):
+        for h in handles:
+            h.remove()
+    if how == "pre released":
+        for p in params:
+            p._backward_hooks = None  # type: ignore[assignment]  # as release_pre_hooks
+
+
+def _backward(model: nn.Module, i: int) -> int:
+    x, y = _BATCHES[i % len(_BATCHES)]
+    for p in model.parameters():
+        p.grad = None
+    loss = hook_bound.loss(model, x, y)
+    t = _now()
+    loss.backward()
+    return _now() - t
+
+
+X = TypeVar("X")
+R = TypeVar("R")
+
+
+def _paired(run: Callable[[X, int], R], a: X, b: X, n: int) -> list[list[R]]:
+    """Alternate ``run`` on ``a`` and ``b`` (ABBA); per pass, what each returned."""
+    out: list[list[R]] = [[], []]
+    for i in range(n):
+        order = ((0, a), (1, b)) if i % 2 else ((1, b), (0, a))
+        for k, x in order:
+            out[k].append(run(x, i))
+    return out
+
+
+def _added(pair: list[list[int]]) -> float:
+    return (statistics.median(pair[0]) - statistics.median(pair[1])) / 1e3
+
+
+def hooks(passes: int) -> list[tuple[str, float]]:
+    """Backward added per hook state, 400 parameters."""
+    rows = []
+    for how in ("post", "post removed", "pre", "pre removed", "pre released", "node removed"):
+        (hooked, _), (bare, _) = hook_bound.instances(2)
+        _hook_all(hooked, how)
+        _paired(_backward, hooked, bare, 40)  # warm-up
+        rows.append((how, _added(_paired(_backward, hooked, bare, passes))))
+    return rows
+
+
+def _step(pair: tuple[nn.Module, torch.optim.Optimizer], i: int) -> tuple[int, ...]:
+    model, opt = pair
+    x, y = _BATCHES[i % len(_BATCHES)]
+    t0 = _now()
+    opt.zero_grad()
+    t1 = _now()
+    loss = hook_bound.loss(model, x, y)
+    t2 = _now()
+    loss.backward()
+    t3 = _now()
+    opt.step()
+    return t1 - t0, t2 - t1, t3 - t2, _now() - t3
+
+
+def phases(steps: int, every_n_steps: int) -> list[tuple[str, float]]:
+    """gradwatch's steady state, step by phase: added CPU us against a bare copy."""
+    watched, bare = hook_bound.instances(2)
+    cfg = gradwatch.GradWatchConfig(every_n_steps=every_n_steps)
+    with gradwatch.watch(*watched, config=cfg):
+        _paired(_step, watched, bare, 150)  # past the first steps and the hook trim
+        got = _paired(_step, watched, bare, steps)
+    names = ("zero_grad", "forward", "backward", "step (gradwatch's decision)")
+    rows = []
+    for k, name in enumerate(names):
+        a = statistics.median(t[k] for t in got[0])
+        b = statistics.median(t[k] for t in got[1])
+        rows.append((name, (a - b) / 1e3))
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--passes", type=int, default=600, help="paired passes per line")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    print("backward added, 400 parameters of model (a), us (hooked - bare, medians):")
+    for how, us in hooks(args.passes):
+        print(f"  {how:14s} {us:8.1f}   {us / 400:5.2f} a parameter")
+    for every in (1, 10):
+        print(f"gradwatch, every_n_steps={every}, added us by phase (medians):")
+        for name, us in phases(args.passes, every):
+            print(f"  {name:28s} {us:8.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
