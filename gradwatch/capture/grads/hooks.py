@@ -105,6 +105,7 @@ class HookSet:
         p = self._refs[i]() if i in self.unhooked else None
         if p is None:
             self.unhooked.discard(i)  # gone with its tensor
+            self._off.pop(i, None)
         elif p.requires_grad:  # a frozen one gets its hook back when it trains again
             self.unhooked.discard(i)
             self.param[i] = _put_back(p, self._off.pop(i, None), self._post_fns[i])
