@@ -19,6 +19,7 @@ CPU microseconds (``time.process_time_ns``), so the machine's load falls on both
 from __future__ import annotations
 
 import argparse
+import collections
 import statistics
 import sys
 import time
@@ -31,6 +32,7 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _models import hook_bound
+from breakdown import Timings, _step
 
 import gradwatch
 
@@ -53,7 +55,7 @@ def _hook_all(model: nn.Module, how: str) -> None:
         nodes = [p.view_as(p).grad_fn.next_functions[0][0] for p in params]  # type: ignore[union-attr]
         handles = [node.register_hook(_noop) for node in nodes]  # type: ignore[union-attr]
         del nodes
-    if how.endswith("removed") or how.endswith("released") or how.startswith("node"):
+    if how not in ("post", "pre"):  # every other state takes its hooks off
         for h in handles:
             h.remove()
     if how == "pre released":
@@ -100,18 +102,11 @@ def hooks(passes: int) -> list[tuple[str, float]]:
     return rows
 
 
-def _step(pair: tuple[nn.Module, torch.optim.Optimizer], i: int) -> tuple[int, ...]:
-    model, opt = pair
-    x, y = _BATCHES[i % len(_BATCHES)]
-    t0 = _now()
-    opt.zero_grad()
-    t1 = _now()
-    loss = hook_bound.loss(model, x, y)
-    t2 = _now()
-    loss.backward()
-    t3 = _now()
-    opt.step()
-    return t1 - t0, t2 - t1, t3 - t2, _now() - t3
+def _phases_of(pair: tuple[nn.Module, torch.optim.Optimizer], i: int) -> Timings:
+    """One step's seconds by phase (``breakdown.py``'s step timer, one step at a time)."""
+    into: Timings = collections.defaultdict(float)
+    _step(hook_bound, *pair, _BATCHES[i % len(_BATCHES)], into)
+    return into
 
 
 def phases(steps: int, every_n_steps: int) -> list[tuple[str, float]]:
@@ -119,14 +114,14 @@ def phases(steps: int, every_n_steps: int) -> list[tuple[str, float]]:
     watched, bare = hook_bound.instances(2)
     cfg = gradwatch.GradWatchConfig(every_n_steps=every_n_steps)
     with gradwatch.watch(*watched, config=cfg):
-        _paired(_step, watched, bare, 150)  # past the first steps and the hook trim
-        got = _paired(_step, watched, bare, steps)
-    names = ("zero_grad", "forward", "backward", "step (gradwatch's decision)")
+        _paired(_phases_of, watched, bare, 150)  # past the first steps and the hook trim
+        got = _paired(_phases_of, watched, bare, steps)
+    names = {"step": "step (gradwatch's decision)"}
     rows = []
-    for k, name in enumerate(names):
-        a = statistics.median(t[k] for t in got[0])
-        b = statistics.median(t[k] for t in got[1])
-        rows.append((name, (a - b) / 1e3))
+    for key in ("zero_grad", "forward", "backward", "step"):
+        a = statistics.median(t[key] for t in got[0])
+        b = statistics.median(t[key] for t in got[1])
+        rows.append((names.get(key, key), (a - b) * 1e6))
     return rows
 
 
