@@ -141,3 +141,18 @@ def test_backward_hooks_names_every_hook_state_and_phase() -> None:
         assert f"  {state} " in out, state
     assert out.count("step (gradwatch's decision)") == 2
     assert "every_n_steps=1," in out and "every_n_steps=10," in out
+
+
+def test_median_windows_compares_both_layouts_warm_and_evicted() -> None:
+    """``benchmarks/median_windows.py``, a short run: both layouts agree value for value
+    (it asserts so) and each cache state gets a line."""
+    cmd = [
+        sys.executable,
+        str(ROOT / "benchmarks" / "median_windows.py"),
+        *("--layers", "20", "--history", "16", "--steps", "60"),
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = [line.split() for line in proc.stdout.splitlines()[2:]]
+    assert [r[0] for r in rows] == ["warm", "evicted"]
+    assert all(float(v) > 0 for r in rows for v in r[1:])
