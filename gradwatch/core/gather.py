@@ -233,19 +233,22 @@ def gather(
     scaler_scale: Optional[torch.Tensor],
     extra: Optional[list[torch.Tensor]] = None,
     arrival: Optional[Callable[[int], bool]] = None,
+    read: Optional[tuple[list[torch.Tensor], list[Optional[torch.Tensor]]]] = None,
 ) -> Gathered:
     """Read this step's gradients and compute what the checks need, with one host transfer.
 
     Hot path: list comprehensions over the track's parameters, no per-parameter function
     calls; the per-parameter lists are only built in full where a check can use them.
     ``arrival`` replaces the hooks' evidence where they cannot see gradients (FSDP1).
+    ``read``: (parameters, their ``.grad``) as the step's reading found them just before
+    (capture/grads/step_reading.py); taken where the judged list is those parameters.
     """
     t = tracker
     params = track.params
     ks, ids, judged = _judged(track, min_hooked_at, last_hooked)
     n = len(ids)
     arrived = t.count_arrivals(ids, track.start, arrival)
-    grads = [p.grad for p in judged]
+    grads = read[1] if read is not None and read[0] is judged else [p.grad for p in judged]
     if track.sharded is not None:
         return gather_sharded(
             track, t, ks, ids, arrived, judged, grads, observed, scaler_scale, extra

@@ -232,7 +232,6 @@ class StepPipeline:
             self.sync(step=track.steps)
             track = structure.track_of(track.index) or track
         readable = self.reading.before_gather(self, track)
-        device_values = self.sources.device_values(track)
         with torch.profiler.record_function("gradwatch::step"), torch.no_grad():
             g = gather(
                 track,
@@ -242,7 +241,8 @@ class StepPipeline:
                 last_hooked=self.hooks.last_hooked,
                 scaler_scale=self.scaler.scale_tensor(),
                 arrival=forward_arrival(self.sharded, structure.index, self.tracker, track.start),
-                extra=device_values,
+                extra=self.sources.device_values(track),
+                read=self.reading.take_grads(),
             )
         state = StepState(track, g)
         self.sources.read(state, g.extra)

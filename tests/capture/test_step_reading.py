@@ -361,3 +361,36 @@ def test_a_layout_change_leaves_read_parameters_unhooked() -> None:
         counts = {n: len(p._post_accumulate_grad_hooks or {}) for n, p in model.named_parameters()}
         assert max(counts.values()) == 1
         assert sum(counts.values()) == len(hooks.param)
+
+
+def test_the_gather_takes_the_readings_gradients_and_nothing_keeps_them() -> None:
+    """The step's gather takes the ``.grad`` list the reading made (one read of each), and
+    nothing holds it afterwards: the next ``zero_grad`` frees those gradients."""
+    import gc
+    import weakref
+
+    torch.manual_seed(0)
+    model = Deep()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    x, y = torch.randn(16, 8), torch.randn(16, 1)
+    taken: list[bool] = []
+    with gradwatch.watch(model, opt, config={"every_n_steps": 1}) as w:
+        reading = w._pipe.reading
+        real = reading.take_grads
+
+        def spy() -> Any:
+            got = real()
+            taken.append(got is not None and got[0] is w._pipe.structure.tracks[0].params)
+            return got
+
+        reading.take_grads = spy  # type: ignore[method-assign]
+        for _ in range(20):
+            opt.zero_grad()
+            nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+        assert w._hooks.unhooked, "the step reads arrivals"
+        assert taken[-1] and reading.grads is None
+        left = [weakref.ref(p.grad) for p in model.parameters()]
+        opt.zero_grad()
+        gc.collect()
+        assert all(r() is None for r in left)

@@ -33,6 +33,7 @@ DDP and sharded engines (bucket views, reducer writes), ``torch.compile`` and a 
 from __future__ import annotations
 
 import weakref
+from operator import attrgetter
 from typing import Any, Optional
 
 import torch
@@ -43,6 +44,8 @@ from gradwatch.capture.grads.in_backward import read_in_backward
 from gradwatch.capture.grads.window import Gathered, Track
 
 __all__ = ["MIN_READ", "StepReading", "shared_ids"]
+
+_grad = attrgetter("grad")
 
 MIN_READ = 64  # fewer readable tensors: their hooks cost too little to be worth it
 SENTINELS = 16  # spread sample per optimizer that keeps its hooks
@@ -60,6 +63,9 @@ class StepReading:
         self._turn: dict[Optional[int], int] = {}
         self._tried: set[Optional[int]] = set()  # optimizers already considered
         self.read_now: set[int] = set()  # parameters whose arrival this step read
+        # (the track's parameters, their ``.grad``) as this step's reading found them: the
+        # step's gather takes the list (``take_grads``) instead of reading each ``.grad`` again
+        self.grads: Optional[tuple[list[torch.Tensor], list[Optional[torch.Tensor]]]] = None
         self.off = False  # gave up for good
 
     def reading(self, i: int, g: Optional[torch.Tensor]) -> Optional[bool]:
@@ -87,6 +93,7 @@ class StepReading:
         first (``capture/grads/in_backward.py``).
         """
         read_in_backward(self.tracker, track, pipe.hooks.note_arrival)
+        self.grads = None
         readable = (
             track.index is not None
             and pipe.dist is None
@@ -98,6 +105,12 @@ class StepReading:
         if self.hooks.unhooked:
             self.read_arrivals(track, pipe.backward_passes > track.backward_at_start, readable)
         return readable
+
+    def take_grads(self) -> Optional[tuple[list[torch.Tensor], list[Optional[torch.Tensor]]]]:
+        """This step's (parameters, ``.grad`` list), once: held no longer, since the next
+        ``zero_grad`` must be able to free those gradients."""
+        grads, self.grads = self.grads, None
+        return grads
 
     def after_gather(self, g: Gathered, track: Track, readable: bool, tracks: list[Track]) -> None:
         """Complete what only a hook sees; at the first step after the trim, choose."""
@@ -162,9 +175,10 @@ class StepReading:
         unclear: list[int] = []
         doubt = not readable
         snap_ref = t.snap_ref
-        for i, p in zip(track.ids, track.params):
+        all_grads = list(map(_grad, track.params))  # one C-level pass; gather takes it too
+        self.grads = (track.params, all_grads)
+        for i, g in zip(track.ids, all_grads):
             if i in unhooked:
-                g = p.grad
                 if g is None:  # the usual cases first, inline: this runs on every step
                     read.append(i)
                 elif g._base is None and snap_ref[i]() is not g:
@@ -180,7 +194,7 @@ class StepReading:
                     if plain:
                         arrived.append(i)
                         grads.append(g)
-            elif i in watched and self.reading(i, p.grad) is not (t.last_seq[i] > start):
+            elif i in watched and self.reading(i, g) is not (t.last_seq[i] > start):
                 doubt = True
         if doubt or (arrived and not backward_ran):
             self.give_up()
