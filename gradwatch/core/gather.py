@@ -10,6 +10,7 @@ from typing import Callable, Optional
 import torch
 
 from gradwatch.capture.grads.evidence import Tracker
+from gradwatch.capture.grads.step_reading import ReadGrads
 from gradwatch.capture.grads.window import Gathered, Track
 from gradwatch.checks.views import LayerSample, LayerTable
 from gradwatch.core.layers import folded_samples
@@ -233,18 +234,16 @@ def gather(
     scaler_scale: Optional[torch.Tensor],
     extra: Optional[list[torch.Tensor]] = None,
     arrival: Optional[Callable[[int], bool]] = None,
-    read: Optional[tuple[list[torch.Tensor], list[Optional[torch.Tensor]]]] = None,
+    read: Optional[ReadGrads] = None,
 ) -> Gathered:
     """Read this step's gradients and compute what the checks need, with one host transfer.
 
     Hot path: list comprehensions over the track's parameters, no per-parameter function
     calls; the per-parameter lists are only built in full where a check can use them.
-    ``arrival`` replaces the hooks' evidence where they cannot see gradients (FSDP1).
-    ``read``: (parameters, their ``.grad``) as the step's reading found them just before
-    (capture/grads/step_reading.py); taken where the judged list is those parameters.
+    ``arrival`` replaces the hooks' evidence where they cannot see gradients (FSDP1);
+    ``read``, the step reading's (parameters, ``.grad`` list), spares a second read of each.
     """
-    t = tracker
-    params = track.params
+    t, params = tracker, track.params
     ks, ids, judged = _judged(track, min_hooked_at, last_hooked)
     n = len(ids)
     arrived = t.count_arrivals(ids, track.start, arrival)

@@ -43,13 +43,30 @@ from gradwatch.capture.grads.hooks import HookSet
 from gradwatch.capture.grads.in_backward import read_in_backward
 from gradwatch.capture.grads.window import Gathered, Track
 
-__all__ = ["MIN_READ", "StepReading", "shared_ids"]
+__all__ = ["MIN_READ", "ReadGrads", "StepReading", "reading", "shared_ids"]
 
 _grad = attrgetter("grad")
+ReadGrads = tuple[list[torch.Tensor], list[Optional[torch.Tensor]]]  # params, their .grad
 
 MIN_READ = 64  # fewer readable tensors: their hooks cost too little to be worth it
 SENTINELS = 16  # spread sample per optimizer that keeps its hooks
 ROTATE = 16  # read parameters hooked in turn each step, to compare hook and reading
+
+
+def reading(t: Tracker, i: int, g: Optional[torch.Tensor]) -> Optional[bool]:
+    """Did a gradient arrive at parameter ``i`` since the last step (``None``: ``.grad``
+    cannot tell)?"""
+    if g is None:
+        return False
+    if g._base is not None:
+        return None  # a view: its version counter is shared
+    if t.snap_ref[i]() is not g:
+        return True
+    if g._version == t.snap_ver[i]:
+        return False
+    # The same tensor, changed: accumulated into, or edited in place. A value check at
+    # the backward's start (capture/grads/resets.py) says it was not reset: an accumulation.
+    return True if i in t.pending else None
 
 
 class StepReading:
@@ -65,23 +82,8 @@ class StepReading:
         self.read_now: set[int] = set()  # parameters whose arrival this step read
         # (the track's parameters, their ``.grad``) as this step's reading found them: the
         # step's gather takes the list (``take_grads``) instead of reading each ``.grad`` again
-        self.grads: Optional[tuple[list[torch.Tensor], list[Optional[torch.Tensor]]]] = None
+        self.grads: Optional[ReadGrads] = None
         self.off = False  # gave up for good
-
-    def reading(self, i: int, g: Optional[torch.Tensor]) -> Optional[bool]:
-        """Did a gradient arrive since the last step (``None``: ``.grad`` cannot tell)?"""
-        t = self.tracker
-        if g is None:
-            return False
-        if g._base is not None:
-            return None  # a view: its version counter is shared
-        if t.snap_ref[i]() is not g:
-            return True
-        if g._version == t.snap_ver[i]:
-            return False
-        # The same tensor, changed: accumulated into, or edited in place. A value check at
-        # the backward's start (capture/grads/resets.py) says it was not reset: an accumulation.
-        return True if i in t.pending else None
 
     # -- the pipeline's two calls ----------------------------------------------------------
 
@@ -106,7 +108,7 @@ class StepReading:
             self.read_arrivals(track, pipe.backward_passes > track.backward_at_start, readable)
         return readable
 
-    def take_grads(self) -> Optional[tuple[list[torch.Tensor], list[Optional[torch.Tensor]]]]:
+    def take_grads(self) -> Optional[ReadGrads]:
         """This step's (parameters, ``.grad`` list), once: held no longer, since the next
         ``zero_grad`` must be able to free those gradients."""
         grads, self.grads = self.grads, None
@@ -138,7 +140,7 @@ class StepReading:
             for i, a, gr in zip(g.ids, g.arrived, g.grads)
             if i not in keep and not t.has_pre[i] and i in hooks.param
         ]
-        made = [i for i, a, gr in open_ if a and self.reading(i, gr) is True]
+        made = [i for i, a, gr in open_ if a and reading(t, i, gr) is True]
         if len(made) < MIN_READ:
             return
         sample = set(made[:: max(1, len(made) // SENTINELS)])
@@ -186,7 +188,7 @@ class StepReading:
                     arrived.append(i)
                     grads.append(g)
                 else:
-                    plain = self.reading(i, g)
+                    plain = reading(t, i, g)
                     if plain is None:
                         unclear.append(i)
                         continue
@@ -194,7 +196,7 @@ class StepReading:
                     if plain:
                         arrived.append(i)
                         grads.append(g)
-            elif i in watched and self.reading(i, g) is not (t.last_seq[i] > start):
+            elif i in watched and reading(t, i, g) is not (t.last_seq[i] > start):
                 doubt = True
         if doubt or (arrived and not backward_ran):
             self.give_up()
