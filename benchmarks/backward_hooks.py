@@ -5,8 +5,9 @@ once per parameter per backward. gradwatch clears a tensor pre-hook dict when it
 (``release_pre_hooks``); torch's setter cannot clear a post-accumulate dict, so a parameter
 whose post hook came off (a read one, ``capture/grads/step_reading.py``) keeps costing about
 as much as a Python no-op hook. A hook on the parameter's ``AccumulateGrad`` node goes with
-the node once nothing holds it. The last lines split gradwatch's own steady-state step into
-its phases.
+the node once nothing holds it, but a loop that keeps its last ``loss`` until the next
+forward keeps the node too (the new graph finds it alive and reuses it): "node kept" runs
+that loop. The last lines split gradwatch's own steady-state step into its phases.
 
 Each line: a hooked copy and a bare copy of the same model alternate backward passes (or
 whole steps) in one process; the figure is the median of the hooked minus the bare one, in
@@ -44,14 +45,16 @@ def _noop(*args: object) -> None:
     return None
 
 
-def _hook_all(model: nn.Module, how: str) -> None:
-    """Put ``how``'s hook on every parameter of ``model`` (and take it off, for "removed")."""
+def _hook_all(model: nn.Module, how: str, kept: torch.Tensor | None = None) -> None:
+    """Put ``how``'s hook on every parameter of ``model`` (and take it off, for "removed";
+    "node kept": on the nodes of the graph ``kept`` that the loop still holds)."""
     params = list(model.parameters())
     if how in ("post", "post removed"):
         handles = [p.register_post_accumulate_grad_hook(_noop) for p in params]
     elif how in ("pre", "pre removed", "pre released"):
         handles = [p.register_hook(_noop) for p in params]
-    else:  # the AccumulateGrad node's hook, the node dropped with it
+    else:  # the AccumulateGrad node's hook, dropped: the node goes unless a graph holds it
+        assert how == "node removed" or kept is not None
         nodes = [p.view_as(p).grad_fn.next_functions[0][0] for p in params]  # type: ignore[union-attr]
         handles = [node.register_hook(_noop) for node in nodes]  # type: ignore[union-attr]
         del nodes
@@ -63,14 +66,24 @@ def _hook_all(model: nn.Module, how: str) -> None:
             p._backward_hooks = None  # type: ignore[assignment]  # as release_pre_hooks
 
 
-def _backward(model: nn.Module, i: int) -> int:
+_LAST_LOSS: dict[int, torch.Tensor] = {}  # per model: the loss a loop keeps until the next one
+
+
+def _backward(model: nn.Module, i: int, keep: bool = False) -> int:
     x, y = _BATCHES[i % len(_BATCHES)]
     for p in model.parameters():
         p.grad = None
     loss = hook_bound.loss(model, x, y)
     t = _now()
     loss.backward()
-    return _now() - t
+    took = _now() - t
+    if keep:  # as ``for x, y in data: loss = ...``: the last graph lives through the forward
+        _LAST_LOSS[id(model)] = loss
+    return took
+
+
+def _backward_kept(model: nn.Module, i: int) -> int:
+    return _backward(model, i, keep=True)
 
 
 X = TypeVar("X")
@@ -94,11 +107,16 @@ def _added(pair: list[list[int]]) -> float:
 def hooks(passes: int) -> list[tuple[str, float]]:
     """Backward added per hook state, 400 parameters."""
     rows = []
-    for how in ("post", "post removed", "pre", "pre removed", "pre released", "node removed"):
+    states = ("post", "post removed", "pre", "pre removed", "pre released", "node removed")
+    for how in (*states, "node kept"):
         (hooked, _), (bare, _) = hook_bound.instances(2)
-        _hook_all(hooked, how)
-        _paired(_backward, hooked, bare, 40)  # warm-up
-        rows.append((how, _added(_paired(_backward, hooked, bare, passes))))
+        run = _backward_kept if how == "node kept" else _backward
+        if how == "node kept":
+            run(hooked, 0)  # the graph the loop keeps: its nodes get the hooks
+        _hook_all(hooked, how, _LAST_LOSS.get(id(hooked)))
+        _paired(run, hooked, bare, 40)  # warm-up
+        rows.append((how, _added(_paired(run, hooked, bare, passes))))
+    _LAST_LOSS.clear()
     return rows
 
 

@@ -130,14 +130,15 @@ def test_check_flags_a_ratio_past_its_tolerance(tmp_path: Path) -> None:
     assert ok and "cannot read" in lines[0]
 
 
-@pytest.mark.slow  # a subprocess: six hook states and two watched runs of model (a), ~15 s
+@pytest.mark.slow  # a subprocess: seven hook states and two watched runs of model (a), ~15 s
 def test_backward_hooks_names_every_hook_state_and_phase() -> None:
     """``benchmarks/backward_hooks.py``, a short run: each hook state, each phase, twice."""
     cmd = [sys.executable, str(ROOT / "benchmarks" / "backward_hooks.py"), "--passes", "6"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = proc.stdout
-    for state in ("post", "post removed", "pre removed", "pre released", "node removed"):
+    states = ("post", "post removed", "pre removed", "pre released", "node removed", "node kept")
+    for state in states:
         assert f"  {state} " in out, state
     assert out.count("step (gradwatch's decision)") == 2
     assert "every_n_steps=1," in out and "every_n_steps=10," in out
