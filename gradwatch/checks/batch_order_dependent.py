@@ -64,7 +64,11 @@ class BatchOrderDependent(Check):
         "of viewing them.",
         silence=(
             "Train-mode batch norm is order-free (its statistics are sums over the batch) "
-            "and is not reported. Dropout is switched off and every other random draw is "
+            "and is not reported. Batch norm over parts of the batch (ghost batch norm, "
+            "TabNet's virtual batches, a forward run in chunks) and experts of limited "
+            "capacity couple samples by design: when the order stops mattering with the "
+            "norms' running statistics, or a module has `expert_capacity`, the record says "
+            "the property was not judged (`details.reason: coupled_on_purpose`). Dropout is switched off and every other random draw is "
             "replayed with its sample; a forward whose randomness cannot be aligned with "
             "the samples is judged in eval mode, and the record says so.",
         ),

@@ -9,7 +9,10 @@ hook on every module fingerprints its per-sample outputs (two fixed weighted sum
 sample), so the first module whose output moved names where the order got in.
 
 Train-mode batch norm needs no exception: its statistics are sums over the batch, the same in
-any order (up to rounding, which the tolerance allows). Experts of limited capacity (Switch,
+any order (up to rounding, which the tolerance allows). Batch norm over *parts* of the batch
+(ghost batch norm, TabNet's virtual batches, a forward run in chunks) gives each sample the
+statistics of the part it lands in, by design: when the order stops mattering once those
+norms use their running statistics, the move is said as not judged. Experts of limited capacity (Switch,
 GShard: a module with ``expert_capacity`` or ``capacity_factor``) drop tokens by their place
 in the batch by design: a move there is said as not judged. A forward that draws random
 numbers the replay cannot align with the samples is judged with the copy in eval mode, and
@@ -30,6 +33,7 @@ from typing import Any, Optional
 
 import torch
 from torch import Tensor, nn
+from torch.nn.modules.batchnorm import _BatchNorm
 
 from gradwatch.probes._axes import TimeMajor
 from gradwatch.probes._graph import declared_graph
@@ -220,6 +224,9 @@ def order_dependence(
     if result.moved:
         result.module, result.last_same = _first_moved(first, second, perm, rtol)
         _time_major(copy, batch, loss_fn, n, state, dict(orig.outputs).get(result.output or ""))
+        parts = _norms_over_parts(copy, batch, loss_fn, n, perm, state, rtol)
+        if parts:
+            raise CannotJudge("coupled_on_purpose", parts, partial=result)
         capped = _capacity_routing(copy)
         if capped:  # tokens past an expert's capacity are dropped by their place in the batch
             raise CannotJudge(
@@ -230,6 +237,54 @@ def order_dependence(
                 partial=result,
             )
     return result
+
+
+def _norms_over_parts(
+    copy: nn.Module, batch: Any, loss_fn: LossFn, n: int, perm: Tensor, state: State, rtol: float
+) -> str:
+    """Why the move is by design when it comes from train-mode batch norms that normalise
+    parts of the batch (a call with fewer than ``n`` samples) and the order stops mattering
+    once they use their running statistics; ``""`` otherwise."""
+    norms = {
+        name: m
+        for name, m in copy.named_modules()
+        if isinstance(m, _BatchNorm) and m.training and m.track_running_stats
+    }
+    if not norms:
+        return ""
+    fewest: dict[str, int] = {}
+
+    def seen(name: str) -> Any:
+        def pre(module: nn.Module, args: Any) -> None:
+            x = args[0] if args else None
+            if isinstance(x, Tensor) and x.dim() > 0:
+                fewest[name] = min(fewest.get(name, n), int(x.shape[0]))
+
+        return pre
+
+    handles = [m.register_forward_pre_hook(seen(name)) for name, m in norms.items()]
+    for m in norms.values():
+        m.eval()
+    try:
+        orig, _, moved, _, _ = _pair(copy, batch, loss_fn, n, perm, state)
+    finally:
+        for h in handles:
+            h.remove()
+        for m in norms.values():
+            m.train()
+    parts = sorted(name for name, k in fewest.items() if k < n)
+    still = len(moved.outputs) != len(orig.outputs) or any(
+        len(_compare(a, b, perm, rtol)[1]) for (_, a), (_, b) in zip(orig.outputs, moved.outputs)
+    )
+    if not parts or still:
+        return ""
+    return (
+        f"the outputs moved with the batch order, but only through batch norm over parts of "
+        f"the batch ({parts[0] or 'the model'} normalised {fewest[parts[0]]} of {n} samples "
+        "at a time: ghost batch norm, or a forward run in chunks), which gives each sample "
+        "the statistics of its part by design; with running statistics the order does not "
+        "matter: not judged"
+    )
 
 
 def _time_major(

@@ -112,6 +112,9 @@ def reproducibility(
     after = State(copy).saved
     ignored = _norm_stats(copy) if copy.training else set()
     changed = [k for k in start.changed(after) if k not in ignored]
+    for name in [k for k in changed if isinstance(_attr(copy, k), torch.Generator)]:
+        _set(copy, name, start.saved.get(name))  # a module's own generator: seeded alike
+        changed.remove(name)
     kinds = _owners(copy, changed)
     result.reset = [k for k in changed if _recomputed(k, kinds)]
     for name in result.reset:  # re-estimated at every call by design: both forwards alike
@@ -184,6 +187,15 @@ def _read(
             read.append(name)
     start.restore()
     return read
+
+
+def _attr(model: nn.Module, name: str) -> Any:
+    """The attribute a state entry names (``None`` when its module is gone)."""
+    owner, _, key = name.rpartition(".")
+    try:
+        return getattr(model.get_submodule(owner) if owner else model, key, None)
+    except AttributeError:
+        return None
 
 
 def _set(model: nn.Module, name: str, value: Any) -> None:

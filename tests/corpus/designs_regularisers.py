@@ -1,5 +1,6 @@
 """Canonical designs that change how a step is taken: SAM's two passes, DP-SGD (opacus),
-a spectrally normalised discriminator, deep supervision, stochastic depth, center loss."""
+a spectrally normalised discriminator, deep supervision, stochastic depth, center loss; ghost
+batch norm and noise drawn from a module's own generator."""
 
 from __future__ import annotations
 
@@ -285,6 +286,60 @@ def _wgan_clip() -> Built:
     return Built({"G": net_g, "D": critic}, {"G": opt_g, "D": opt_c}, real, step)
 
 
+class GhostBatchNorm(nn.Module):
+    """Hoffer et al. 2017 (TabNet's GBN): batch norm over virtual batches of ``size`` samples
+    in training; each sample gets its virtual batch's statistics, so its place matters."""
+
+    def __init__(self, d: int, size: int = 4) -> None:
+        super().__init__()
+        self.size, self.bn = size, nn.BatchNorm1d(d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training:
+            return self.bn(x)
+        return torch.cat([self.bn(part) for part in x.split(self.size)])
+
+
+def _ghost_batch_norm() -> Built:
+    model = nn.Sequential(nn.Linear(16, 32), GhostBatchNorm(32), nn.ReLU(), nn.Linear(32, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+
+    def step(model: nn.Module, opt: Any, batch: Any, i: int) -> None:
+        opt.zero_grad()
+        _ce(model, batch).backward()
+        opt.step()
+
+    return Built(model, opt, classes(4, 16, 16, 4, seed=57), step, _ce, probe_optimizer=opt)
+
+
+class NoisyHidden(nn.Module):
+    """Gaussian noise on the hidden layer, drawn from the module's own ``torch.Generator``
+    (a seeded stream apart from the global one)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gen = torch.Generator().manual_seed(123)
+        self.a, self.b = nn.Linear(16, 32), nn.Linear(32, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.a(x))
+        if self.training:
+            h = h + 0.1 * torch.randn(h.shape, generator=self.gen)
+        return self.b(h)
+
+
+def _noise_from_own_generator() -> Built:
+    model = NoisyHidden()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+
+    def step(model: nn.Module, opt: Any, batch: Any, i: int) -> None:
+        opt.zero_grad()
+        _ce(model, batch).backward()
+        opt.step()
+
+    return Built(model, opt, classes(4, 16, 16, 4, seed=58), step, _ce, probe_optimizer=opt)
+
+
 PROGRAMS = [
     Program("sam_two_pass", "sharpness-aware", _sam,
             "Foret et al. 2021 SAM; davda54/sam first_step / second_step"),
@@ -304,4 +359,8 @@ PROGRAMS = [
             "Salimans & Kingma 2016 weight normalisation (torch parametrizations.weight_norm)"),
     Program("wgan_weight_clipping", "gan", _wgan_clip,
             "Arjovsky et al. 2017 WGAN Algorithm 1 (RMSprop, critic weights clipped to 0.01)"),
+    Program("ghost_batch_norm", "normalisation", _ghost_batch_norm,
+            "Hoffer et al. 2017 ghost batch norm; Arik & Pfister 2021 TabNet (virtual batches)"),
+    Program("noise_from_own_generator", "regularisation", _noise_from_own_generator,
+            "Gaussian noise injection from a module-held torch.Generator (a seeded stream)"),
 ]  # fmt: skip

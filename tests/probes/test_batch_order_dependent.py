@@ -259,6 +259,45 @@ def test_experts_of_limited_capacity_are_said_not_judged() -> None:
     assert report.probes[0].details["reason"] == "coupled_on_purpose"
 
 
+class GhostBatchNorm(nn.Module):
+    """Batch norm over virtual batches of 4 in training (Hoffer et al. 2017, TabNet's GBN); with
+    ``position_bias`` also a bias indexed by the sample's place in the batch (the bug)."""
+
+    def __init__(self, position_bias: bool = False, whole: bool = False) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.a, self.bn, self.head = nn.Linear(4, 8), nn.BatchNorm1d(8), nn.Linear(8, 10)
+        self.pos = nn.Parameter(torch.randn(64, 8)) if position_bias else None
+        self.whole = whole
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = self.a(x)
+        if self.training and not self.whole:
+            h = torch.cat([self.bn(part) for part in h.split(4)])
+        else:
+            h = self.bn(h)
+        if self.pos is not None:
+            h = h + self.pos[: x.shape[0]]
+        return self.head(F.relu(h))
+
+
+def test_batch_norm_over_parts_of_the_batch_is_said_not_judged() -> None:
+    report = _probe(GhostBatchNorm(), data())
+    assert verdicts(report) == {CHECK: "not_observed"} and not findings(report, CHECK)
+    details = report.probes[0].details
+    assert details["reason"] == "coupled_on_purpose"
+    assert "4 of 16 samples" in report.probes[0].note
+
+
+@pytest.mark.parametrize("whole", [False, True])
+def test_a_position_bug_next_to_batch_norm_is_still_found(whole: bool) -> None:
+    """The running statistics leave the position bias moving: judged, found (and a
+    whole-batch norm is never a part)."""
+    report = _probe(GhostBatchNorm(position_bias=True, whole=whole), data())
+    assert verdicts(report) == {CHECK: "finding"}
+    assert findings(report, CHECK)[0].severity == "error"
+
+
 class PairwiseLogits(nn.Module):
     """CLIP-like: image and text towers, logits between every image and every text."""
 

@@ -133,6 +133,33 @@ class KvCache(nn.Module):
         return self.head(k + self.kv_cache)
 
 
+class OwnGenerator(nn.Module):
+    """Noise drawn from a ``torch.Generator`` the module holds (a seeded stream of its own):
+    random, as dropout is, not state; ``keep`` also keeps a sum of the inputs (the bug)."""
+
+    def __init__(self, keep: bool = False) -> None:
+        super().__init__()
+        self.gen = torch.Generator().manual_seed(7)
+        self.a, self.b, self.keep = nn.Linear(4, 16), nn.Linear(16, 10), keep
+        self.seen: Optional[Tensor] = None
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = torch.tanh(self.a(x)) + 0.1 * torch.randn(x.shape[0], 16, generator=self.gen)
+        if self.keep:
+            self.seen = h.detach() if self.seen is None else self.seen + h.detach()
+            h = h + self.seen
+        return self.b(h)
+
+
+def test_a_modules_own_generator_is_seeded_alike_and_the_rest_judged() -> None:
+    """Both forwards draw the same noise: the generator is set back, as the global ones are
+    seeded; state kept beside it is still found, and only it is named."""
+    torch.manual_seed(0)
+    assert verdicts(_probe(OwnGenerator(), data())) == {CHECK: "passed"}
+    (finding,) = findings(_probe(OwnGenerator(keep=True), data()), CHECK)
+    assert finding.details["read"] == ["seen"] and "gen" not in finding.details["state"]
+
+
 @pytest.mark.parametrize(
     "make, batch",
     [
