@@ -68,7 +68,11 @@ class BatchOrderDependent(Check):
             "TabNet's virtual batches, a forward run in chunks) and experts of limited "
             "capacity couple samples by design: when the order stops mattering with the "
             "norms' running statistics, or a module has `expert_capacity`, the record says "
-            "the property was not judged (`details.reason: coupled_on_purpose`). Dropout is switched off and every other random draw is "
+            "the property was not judged (`details.reason: coupled_on_purpose`). When only "
+            "`loss_fn`'s value moves (the outputs permute exactly), a batch laid out on "
+            "purpose gives the same evidence (a few-shot episode's support then queries, "
+            "pairs or triplets by position): the finding is a warning at most, and "
+            "`compare_loss: false` declares the layout. Dropout is switched off and every other random draw is "
             "replayed with its sample; a forward whose randomness cannot be aligned with "
             "the samples is judged in eval mode, and the record says so.",
         ),

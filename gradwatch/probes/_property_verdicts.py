@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from gradwatch._severity import RANK
 from gradwatch.checks.batch_order_dependent import BatchOrderDependent
 from gradwatch.checks.dependence_outside_receptive_field import DependenceOutsideReceptiveField
 from gradwatch.checks.forward_not_reproducible import ForwardNotReproducible
@@ -63,11 +64,20 @@ def order_verdict(res: OrderResult, record: ProbeResult, severity: str) -> Optio
             f"{res.samples[0]}) changed by {res.change:.3g} of its scale when the batch was "
             "permuted, beyond the permutation itself"
         )
+        structured = ""
     else:
         assert res.loss is not None
         what = (
             f"the outputs only permuted, but loss_fn's value went from {res.loss[0]:.6g} "
             f"to {res.loss[1]:.6g}: the loss weighs samples by their place"
+        )
+        # A batch laid out on purpose (a few-shot episode's support then queries, pairs or
+        # triplets by position) gives this too: a warning at most, and how to say so.
+        severity = min(severity, "warning", key=RANK.__getitem__)
+        structured = (
+            " A batch laid out on purpose (a few-shot episode's support and queries, pairs "
+            "or triplets by position) weighs samples by place: set "
+            "checks.batch_order_dependent.compare_loss: false."
         )
     return _finding(
         BatchOrderDependent.id,
@@ -76,7 +86,8 @@ def order_verdict(res: OrderResult, record: ProbeResult, severity: str) -> Optio
         f"copy): {what}{where}.",
         "A result must not depend on a sample's position in the batch: look for a tensor "
         "indexed by the batch position, outputs sorted (pack_padded_sequence) and never "
-        "unsorted, a recurrence or view over the batch axis, a loss over the first samples.",
+        "unsorted, a recurrence or view over the batch axis, a loss over the first samples."
+        + structured,
         module=res.module if res.module and res.module != "(the model)" else None,
         details=details,
     )

@@ -1,5 +1,5 @@
 """Canonical adaptation designs: second-order MAML, LoRA (by hand and with peft),
-uncertainty-weighted multi-task learning."""
+uncertainty-weighted multi-task learning, prototypical networks' episodes."""
 
 from __future__ import annotations
 
@@ -164,6 +164,46 @@ def _multitask() -> Built:
     return Built(model, opt, batches, step, _multitask_loss, probe_optimizer=opt)
 
 
+N_WAY, N_SUPPORT, N_QUERY = 3, 3, 2
+
+
+def _episodes(n: int, seed: int) -> list[tuple[torch.Tensor]]:
+    """One tensor per episode, laid out as jakesnell/prototypical-networks does: every
+    class's support samples, then every class's queries (the loss splits it by position)."""
+    g = gen(seed)
+    centers = 2 * torch.randn(10, 16, generator=g)
+    out = []
+    for _ in range(n):
+        ways = torch.randperm(10, generator=g)[:N_WAY]
+        xs = [centers[c] + torch.randn(N_SUPPORT, 16, generator=g) for c in ways]
+        xq = [centers[c] + torch.randn(N_QUERY, 16, generator=g) for c in ways]
+        out.append((torch.cat([*xs, *xq]),))
+    return out
+
+
+def _proto_loss(model: nn.Module, batch: Any) -> torch.Tensor:
+    z = model(batch[0])
+    support = z[: N_WAY * N_SUPPORT].view(N_WAY, N_SUPPORT, -1).mean(1)  # one prototype a class
+    queries = z[N_WAY * N_SUPPORT :]
+    target = torch.arange(N_WAY).repeat_interleave(N_QUERY)
+    return F.cross_entropy(-(torch.cdist(queries, support) ** 2), target)
+
+
+def _prototypical() -> Built:
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 16))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+
+    def step(model: nn.Module, opt: Any, batch: Any, i: int) -> None:
+        opt.zero_grad()
+        _proto_loss(model, batch).backward()
+        opt.step()
+
+    # The episode's layout is positional by design: a probe given this loss is told so
+    # (batch_order_dependent's hint); the loss-free probes inside watch() need nothing.
+    declared = {"checks": {"batch_order_dependent": {"compare_loss": False}}}
+    return Built(model, opt, _episodes(6, 3), step, _proto_loss, config=declared)
+
+
 PROGRAMS = [
     Program("maml_second_order", "maml", _maml,
             "Finn et al. 2017 MAML, sinusoid regression, second order (create_graph=True)"),
@@ -172,4 +212,7 @@ PROGRAMS = [
     Program("lora_peft", "lora", _lora_peft, "huggingface/peft get_peft_model with LoraConfig"),
     Program("uncertainty_weighted_multitask", "multi-task", _multitask,
             "Kendall et al. 2018 multi-task weighting by learned homoscedastic uncertainty"),
+    Program("prototypical_networks", "few-shot", _prototypical,
+            "Snell et al. 2017; jakesnell/prototypical-networks (support then queries, split "
+            "by position; compare_loss declared off)"),
 ]  # fmt: skip

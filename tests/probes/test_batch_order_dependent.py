@@ -205,6 +205,8 @@ def test_a_loss_that_weighs_samples_by_place_is_found_and_can_be_declared() -> N
 
     (finding,) = findings(_probe(mlp(), data(), first_half), CHECK)
     assert finding.details["output"] is None and len(finding.details["loss"]) == 2
+    # a correct episode or pair layout gives the same evidence: a warning, not an error
+    assert finding.severity == "warning" and "compare_loss: false" in finding.hint
     cfg = {"checks": {**CFG["checks"], CHECK: {"compare_loss": False}}}
     assert not findings(gradwatch.probe(mlp(), data(), first_half, config=cfg), CHECK)
 
