@@ -23,6 +23,12 @@ def _ce(model: nn.Module, batch: Any) -> torch.Tensor:
     return F.cross_entropy(model(batch[0]), batch[1])
 
 
+def _plain_step(model: nn.Module, opt: Any, batch: Any, i: int) -> None:
+    opt.zero_grad()
+    _ce(model, batch).backward()
+    opt.step()
+
+
 def _sam() -> Built:
     model = _mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
@@ -170,12 +176,7 @@ def _stochastic_depth() -> Built:
     model = ResidualMLP()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.05)
 
-    def step(model: nn.Module, opt: Any, batch: Any, i: int) -> None:
-        opt.zero_grad()
-        _ce(model, batch).backward()
-        opt.step()
-
-    return Built(model, opt, classes(4, 16, 16, 4, seed=54), step, _ce, probe_optimizer=opt)
+    return Built(model, opt, classes(4, 16, 16, 4, seed=54), _plain_step, _ce, probe_optimizer=opt)
 
 
 class CenterLoss(nn.Module):
@@ -242,12 +243,7 @@ def _qat() -> Built:
         torch.ao.quantization.prepare_qat(model, inplace=True)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
 
-    def step(model: nn.Module, opt: Any, batch: Any, i: int) -> None:
-        opt.zero_grad()
-        _ce(model, batch).backward()
-        opt.step()
-
-    return Built(model, opt, classes(4, 16, 16, 4, seed=56), step, _ce, probe_optimizer=opt)
+    return Built(model, opt, classes(4, 16, 16, 4, seed=56), _plain_step, _ce, probe_optimizer=opt)
 
 
 def _weight_norm() -> Built:
@@ -256,12 +252,7 @@ def _weight_norm() -> Built:
     model = nn.Sequential(weight_norm(nn.Linear(16, 32)), nn.ReLU(), weight_norm(nn.Linear(32, 4)))
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)  # Salimans & Kingma 2016
 
-    def step(model: nn.Module, opt: Any, batch: Any, i: int) -> None:
-        opt.zero_grad()
-        _ce(model, batch).backward()
-        opt.step()
-
-    return Built(model, opt, classes(4, 16, 16, 4, seed=57), step, _ce, probe_optimizer=opt)
+    return Built(model, opt, classes(4, 16, 16, 4, seed=57), _plain_step, _ce, probe_optimizer=opt)
 
 
 def _wgan_clip() -> Built:
@@ -304,12 +295,7 @@ def _ghost_batch_norm() -> Built:
     model = nn.Sequential(nn.Linear(16, 32), GhostBatchNorm(32), nn.ReLU(), nn.Linear(32, 4))
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
 
-    def step(model: nn.Module, opt: Any, batch: Any, i: int) -> None:
-        opt.zero_grad()
-        _ce(model, batch).backward()
-        opt.step()
-
-    return Built(model, opt, classes(4, 16, 16, 4, seed=57), step, _ce, probe_optimizer=opt)
+    return Built(model, opt, classes(4, 16, 16, 4, seed=59), _plain_step, _ce, probe_optimizer=opt)
 
 
 class NoisyHidden(nn.Module):
@@ -332,12 +318,7 @@ def _noise_from_own_generator() -> Built:
     model = NoisyHidden()
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
 
-    def step(model: nn.Module, opt: Any, batch: Any, i: int) -> None:
-        opt.zero_grad()
-        _ce(model, batch).backward()
-        opt.step()
-
-    return Built(model, opt, classes(4, 16, 16, 4, seed=58), step, _ce, probe_optimizer=opt)
+    return Built(model, opt, classes(4, 16, 16, 4, seed=60), _plain_step, _ce, probe_optimizer=opt)
 
 
 PROGRAMS = [
