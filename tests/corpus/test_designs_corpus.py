@@ -15,6 +15,7 @@ from pathlib import Path
 import designs_adaptation
 import designs_generative
 import designs_language
+import designs_mechanics
 import designs_recipes
 import designs_regularisers
 import designs_representation
@@ -47,6 +48,7 @@ MODULES = (
     designs_semisupervised,
     designs_language,
     designs_recipes,
+    designs_mechanics,
 )
 PROGRAMS: list[Program] = [p for m in MODULES for p in m.PROGRAMS]
 #: The false alarms the designs still get (issue 50, open): a new one fails the test.
