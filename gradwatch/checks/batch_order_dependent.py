@@ -72,9 +72,10 @@ class BatchOrderDependent(Check):
             "`loss_fn`'s value moves (the outputs permute exactly), a batch laid out on "
             "purpose gives the same evidence (a few-shot episode's support then queries, "
             "pairs or triplets by position): the finding is a warning at most, and "
-            "`compare_loss: false` declares the layout. Dropout is switched off and every other random draw is "
-            "replayed with its sample; a forward whose randomness cannot be aligned with "
-            "the samples is judged in eval mode, and the record says so.",
+            "`compare_loss: false` declares the layout. Dropout is switched off and every "
+            "other random draw is replayed with its sample; a forward whose randomness "
+            "cannot be aligned with the samples is judged in eval mode, and the record says "
+            "so.",
         ),
         detail="a probe (on a copy, loss-free): the batch and a derangement of it, with dropout "
         "off and every other random draw replayed with its sample (stochastic depth, noise; a "

@@ -12,11 +12,11 @@ Train-mode batch norm needs no exception: its statistics are sums over the batch
 any order (up to rounding, which the tolerance allows). Batch norm over *parts* of the batch
 (ghost batch norm, TabNet's virtual batches, a forward run in chunks) gives each sample the
 statistics of the part it lands in, by design: when the order stops mattering once those
-norms use their running statistics, the move is said as not judged. Experts of limited capacity (Switch,
-GShard: a module with ``expert_capacity`` or ``capacity_factor``) drop tokens by their place
-in the batch by design: a move there is said as not judged. A forward that draws random
-numbers the replay cannot align with the samples is judged with the copy in eval mode, and
-says so.
+norms use their running statistics, the move is said as not judged. Experts of limited
+capacity (Switch, GShard: a module with ``expert_capacity`` or ``capacity_factor``) drop
+tokens by their place in the batch by design: a move there is said as not judged. A forward
+that draws random numbers the replay cannot align with the samples is judged with the copy in
+eval mode, and says so.
 
 What it cannot judge: a dependence on the position that the derangement leaves in place (a
 bug that depends only on the batch size, or on a sample's neighbours' content and not
