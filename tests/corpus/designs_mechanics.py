@@ -1,7 +1,8 @@
 """Correct programs that train through torch's less common mechanics: a closure optimizer,
 a parametrization, attention's learned bias key and value, packed sequences,
 one task per batch, a layer shared across depth, a multiplier trained by ascent, a rare
-positive class, causal convolutions and a predicted variance. Written outside the corpus
+positive class, causal convolutions, a predicted variance and per-sample gradients with
+``torch.func``. Written outside the corpus
 first (the ninth session of issue 49), where every one of them trained without a finding."""
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import torch.nn.functional as F
 from _designs import classes, gen, regression, token_classes
 from _harness import Built, Program
 from torch import nn
+from torch.func import functional_call, grad, vmap
 from torch.nn.utils.parametrizations import orthogonal
 from torch.nn.utils.rnn import pack_padded_sequence
 
@@ -266,6 +268,31 @@ def _heteroscedastic() -> Built:
     return Built(model, opt, batches, _plain_step(_gaussian_nll), _gaussian_nll)
 
 
+def _per_sample_dp() -> Built:
+    """DP-SGD by hand, as torch.func's per-sample-gradients tutorial: ``vmap(grad(...))``
+    runs the model once per sample (gradwatch's forward hooks see batched tensors there);
+    each sample's gradient is clipped, the sum noised and written to ``.grad``."""
+    model = nn.Sequential(nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def one(params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(functional_call(model, params, (x[None],)), y[None])
+
+    def step(model: nn.Module, opt: Any, batch: Any, i: int) -> None:
+        x, y = batch
+        params = {k: v.detach() for k, v in model.named_parameters()}
+        per_sample = vmap(grad(one), in_dims=(None, 0, 0))(params, x, y)
+        norms = torch.stack([g.flatten(1).norm(dim=1) for g in per_sample.values()]).norm(dim=0)
+        scale = (1.0 / (norms + 1e-6)).clamp(max=1.0)  # each sample's gradient at most 1
+        for name, p in model.named_parameters():
+            g = torch.einsum("n,n...->...", scale, per_sample[name])
+            p.grad = (g + 0.5 * torch.randn_like(g)) / x.shape[0]
+        opt.step()
+        opt.zero_grad()
+
+    return Built(model, opt, classes(6, 16, 16, 4, seed=81), step, _ce)
+
+
 PROGRAMS = [
     Program("lbfgs_closure", "closure optimizer", _lbfgs,
             "torch.optim.LBFGS docs: opt.step(closure), zero_grad and backward in the closure"),
@@ -287,4 +314,7 @@ PROGRAMS = [
             "van den Oord et al. 2016 WaveNet dilated causal convolutions (left padding)"),
     Program("heteroscedastic_regression", "regression", _heteroscedastic,
             "Nix & Weigend 1994; F.gaussian_nll_loss with a predicted variance (softplus)"),
+    Program("per_sample_dp_torch_func", "differential privacy", _per_sample_dp,
+            "Abadi et al. 2016 DP-SGD by hand; torch.func per-sample-gradients tutorial "
+            "(vmap(grad(functional_call)))"),
 ]  # fmt: skip

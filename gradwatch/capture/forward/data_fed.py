@@ -47,6 +47,14 @@ class Fed:
     labels: list[tuple[int, int]] = field(default_factory=list)  # (min, max) of int 1-D args
 
 
+# A forward under ``torch.func`` (``vmap(grad(...))`` for per-sample gradients) sees one
+# sample's slice as a batched tensor, where random draws and ``.tolist()`` raise: not the
+# data as fed, so not read.
+_transformed: Callable[[], bool] = getattr(
+    torch._C, "_are_functorch_transforms_active", lambda: False
+)
+
+
 def _tensors(args: Any, kwargs: Any) -> list[torch.Tensor]:
     out: list[torch.Tensor] = []
     for v in [*args, *(kwargs or {}).values()]:
@@ -81,7 +89,7 @@ class DataFedWatch:
 
         def pre(module: nn.Module, args: Any, *rest: Any) -> None:
             me = wself()
-            if me is None or torch.compiler.is_compiling():
+            if me is None or torch.compiler.is_compiling() or _transformed():
                 return
             try:
                 me._see(module, args, pre_kwargs(rest))
