@@ -45,16 +45,15 @@ def _noop(*args: object) -> None:
     return None
 
 
-def _hook_all(model: nn.Module, how: str, kept: torch.Tensor | None = None) -> None:
+def _hook_all(model: nn.Module, how: str) -> None:
     """Put ``how``'s hook on every parameter of ``model`` (and take it off, for "removed";
-    "node kept": on the nodes of the graph ``kept`` that the loop still holds)."""
+    "node kept": on the nodes of the last graph, which the loop still holds)."""
     params = list(model.parameters())
     if how in ("post", "post removed"):
         handles = [p.register_post_accumulate_grad_hook(_noop) for p in params]
     elif how in ("pre", "pre removed", "pre released"):
         handles = [p.register_hook(_noop) for p in params]
     else:  # the AccumulateGrad node's hook, dropped: the node goes unless a graph holds it
-        assert how == "node removed" or kept is not None
         nodes = [p.view_as(p).grad_fn.next_functions[0][0] for p in params]  # type: ignore[union-attr]
         handles = [node.register_hook(_noop) for node in nodes]  # type: ignore[union-attr]
         del nodes
@@ -113,7 +112,7 @@ def hooks(passes: int) -> list[tuple[str, float]]:
         run = _backward_kept if how == "node kept" else _backward
         if how == "node kept":
             run(hooked, 0)  # the graph the loop keeps: its nodes get the hooks
-        _hook_all(hooked, how, _LAST_LOSS.get(id(hooked)))
+        _hook_all(hooked, how)
         _paired(run, hooked, bare, 40)  # warm-up
         rows.append((how, _added(_paired(run, hooked, bare, passes))))
     _LAST_LOSS.clear()

@@ -212,15 +212,7 @@ def order_dependence(
             )
     if len(moved.outputs) != len(orig.outputs):
         raise CannotJudge("forward_changed", "the permuted batch gave another set of outputs")
-    for (path, a), (_, b) in zip(orig.outputs, moved.outputs):
-        change, samples = _compare(a, b, perm, rtol)
-        if len(samples):
-            result.output, result.samples, result.change = path, samples.tolist(), change
-            break
-    if result.output is None and orig.loss is not None and moved.loss is not None:
-        scale = max(abs(orig.loss), 1e-30)
-        if abs(orig.loss - moved.loss) > max(rtol, 1e-4) * scale:
-            result.loss = (orig.loss, moved.loss)
+    _what_moved(orig, moved, perm, rtol, result)
     if result.moved:
         result.module, result.last_same = _first_moved(first, second, perm, rtol)
         _time_major(copy, batch, loss_fn, n, state, dict(orig.outputs).get(result.output or ""))
@@ -236,6 +228,24 @@ def order_dependence(
                 "by design: not judged",
                 partial=result,
             )
+    return result
+
+
+def _what_moved(
+    orig: Forward, moved: Forward, perm: Tensor, rtol: float, into: Optional[OrderResult] = None
+) -> OrderResult:
+    """The first output that did not permute with the batch (its samples, its change), else
+    a mean or sum loss that changed: written into ``into`` (a fresh record by default)."""
+    result = into if into is not None else OrderResult()
+    for (path, a), (_, b) in zip(orig.outputs, moved.outputs):
+        change, samples = _compare(a, b, perm, rtol)
+        if len(samples):
+            result.output, result.samples, result.change = path, samples.tolist(), change
+            return result
+    if orig.loss is not None and moved.loss is not None:
+        scale = max(abs(orig.loss), 1e-30)
+        if abs(orig.loss - moved.loss) > max(rtol, 1e-4) * scale:
+            result.loss = (orig.loss, moved.loss)
     return result
 
 
@@ -275,8 +285,9 @@ def _norms_over_parts(
         for m in norms.values():
             m.train()
     parts = sorted(name for name, k in fewest.items() if k < n)
-    still = len(moved.outputs) != len(orig.outputs) or any(
-        len(_compare(a, b, perm, rtol)[1]) for (_, a), (_, b) in zip(orig.outputs, moved.outputs)
+    # outputs only: whether the loss may move is the caller's (``compare_loss``)
+    still = len(moved.outputs) != len(orig.outputs) or (
+        _what_moved(orig, moved, perm, rtol).output is not None
     )
     if not parts or still:
         return ""

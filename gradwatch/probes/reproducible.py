@@ -148,14 +148,8 @@ def _recomputed(name: str, kinds: dict[str, str]) -> bool:
 
 def _owners(model: nn.Module, names: list[str]) -> dict[str, str]:
     """The class name of the module that holds each state entry."""
-    out = {}
-    for name in names:
-        owner = name.rpartition(".")[0]
-        try:
-            out[name] = type(model.get_submodule(owner) if owner else model).__name__
-        except AttributeError:
-            out[name] = ""
-    return out
+    owners = {name: _owner(model, name)[0] for name in names}
+    return {name: type(mod).__name__ if mod is not None else "" for name, mod in owners.items()}
 
 
 def _read(
@@ -189,13 +183,19 @@ def _read(
     return read
 
 
-def _attr(model: nn.Module, name: str) -> Any:
-    """The attribute a state entry names (``None`` when its module is gone)."""
+def _owner(model: nn.Module, name: str) -> tuple[Optional[nn.Module], str]:
+    """The module that holds a state entry (``None`` when it is gone), and the entry's key."""
     owner, _, key = name.rpartition(".")
     try:
-        return getattr(model.get_submodule(owner) if owner else model, key, None)
+        return (model.get_submodule(owner) if owner else model), key
     except AttributeError:
-        return None
+        return None, key
+
+
+def _attr(model: nn.Module, name: str) -> Any:
+    """The attribute a state entry names (``None`` when its module is gone)."""
+    mod, key = _owner(model, name)
+    return getattr(mod, key, None) if mod is not None else None
 
 
 def _set(model: nn.Module, name: str, value: Any) -> None:
