@@ -16,7 +16,7 @@ from torch import nn
 
 import gradwatch
 
-__all__ = ["VARIANTS", "Variant", "make_variants"]
+__all__ = ["AB_VARIANTS", "VARIANTS", "Variant", "make_variants"]
 
 STAT_CHECKS = ("exploding_grad", "vanishing_grad", "dead_param", "stale_param")
 NEW_CHECKS = ("loss_disconnected", "double_update", "unregistered_param", "clipped_while_scaled")
@@ -33,7 +33,11 @@ VARIANTS: dict[str, str] = {
     "gradwatch_hooks_only": "gradwatch with the statistic checks off and every_n_steps=10**9",
     "gradwatch_without_new": "gradwatch default minus the second-round checks (loss_disconnected, "
     "double_update, unregistered_param, clipped_while_scaled, NaN origin tracing)",
+    "gradwatch_post_hooks": "gradwatch default with post-accumulate arrival hooks only (no light "
+    "ones: capture/grads/deferred.py), as before issue 49's tenth session",
 }
+# Named with --variants only (an A/B against the default), never part of a default run.
+AB_VARIANTS = ("gradwatch_post_hooks",)
 
 
 @dataclass
@@ -110,14 +114,17 @@ def _gradwatch(
     model: nn.Module, opt: torch.optim.Optimizer, name: str
 ) -> Callable[[], Callable[[], None]]:
     def install() -> Callable[[], None]:
-        return gradwatch.watch(model, opt, config=gradwatch_config(name)).attach().close
+        watcher = gradwatch.watch(model, opt, config=gradwatch_config(name))
+        if name == "gradwatch_post_hooks":
+            watcher._hooks.light = False
+        return watcher.attach().close
 
     return install
 
 
 def gradwatch_config(name: str) -> dict[str, Any]:
     """The gradwatch config of a gradwatch variant."""
-    if name == "gradwatch_default":
+    if name in ("gradwatch_default", "gradwatch_post_hooks"):
         return {}
     if name == "gradwatch_every_step":
         return {"every_n_steps": 1}

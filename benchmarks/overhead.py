@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _check import COMMITTED, compare
 from _models import MODELS, ModelCase
-from _variants import VARIANTS, make_variants
+from _variants import AB_VARIANTS, VARIANTS, make_variants
 
 import gradwatch
 
@@ -279,7 +279,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--models", default=None, help="models to run, e.g. 'ab' (default: ab; --quick: a)"
     )
-    ap.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated variant names")
+    ap.add_argument(
+        "--variants",
+        default=",".join(n for n in VARIANTS if n not in AB_VARIANTS),
+        help="comma-separated variant names",
+    )
     ap.add_argument("--blocks", type=int, default=None, help="measured blocks per variant")
     ap.add_argument("--warmup", type=int, default=None, help="warm-up blocks per variant")
     ap.add_argument("--block", type=int, default=DEFAULT_EVERY, help="steps per block")

@@ -27,7 +27,7 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from gradwatch.capture.grads.evidence import Tracker
-from gradwatch.capture.grads.hooks import ForwardStamp
+from gradwatch.capture.grads.stamps import ForwardStamp
 
 __all__ = ["OutputReach", "reach_of"]
 

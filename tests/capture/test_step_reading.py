@@ -40,7 +40,7 @@ class Deep(nn.Module):
 
 
 def _run(
-    loop: Optional[Loop], *, every_hook: bool, steps: int = STEPS, **cfg: Any
+    loop: Optional[Loop], *, every_hook: bool, steps: int = STEPS, light: bool = True, **cfg: Any
 ) -> tuple[gradwatch.Report, list[float], Deep, int]:
     torch.manual_seed(0)
     model = Deep()
@@ -50,7 +50,10 @@ def _run(
     config = {"trim_hooks_after": None, **cfg} if every_hook else cfg
     losses: list[float] = []
     read = 0
-    with gradwatch.watch(model, opt, config=config) as w:
+    watcher = gradwatch.watch(model, opt, config=config)
+    # light=False: post hooks only, no deferred ones (capture/grads/deferred.py)
+    watcher._hooks.light = watcher._hooks.light and light
+    with watcher as w:
         for s in range(steps):
             x, y = data[s % len(data)]
             if loop is None:
@@ -328,6 +331,17 @@ def test_findings_match_every_hook_on(name: str) -> None:
         assert t.details["phase"] == "backward"  # the NaN was written into .grad after backward
 
 
+@pytest.mark.parametrize("name", sorted(LOOPS))
+def test_deferred_arrival_hooks_find_what_post_hooks_find(name: str) -> None:
+    """Every hook on all run long: the arrival hooks light (tensor pre-hooks whose work waits
+    for the next hook or the backward's end, ``capture/grads/deferred.py``) or post hooks."""
+    post, post_losses, _, _ = _run(LOOPS[name], every_hook=True, light=False)
+    light, losses, _, _ = _run(LOOPS[name], every_hook=True)
+    assert losses == post_losses
+    assert _findings(light) == _findings(post)
+    assert light.steps == post.steps and light.backward_passes == post.backward_passes
+
+
 def test_the_bugs_fire_at_all() -> None:
     """The ground truth itself: each bug loop has its finding (the comparison is not empty)."""
     expect = {
@@ -360,7 +374,8 @@ def test_a_layout_change_leaves_read_parameters_unhooked() -> None:
         assert len(hooks.unhooked) >= MIN_READ - 16
         counts = {n: len(p._post_accumulate_grad_hooks or {}) for n, p in model.named_parameters()}
         assert max(counts.values()) == 1
-        assert sum(counts.values()) == len(hooks.param)
+        # the ones hooked in turn carry a light (pre-)hook instead: capture/grads/deferred.py
+        assert sum(counts.values()) + len(hooks._light) == len(hooks.param)
 
 
 def test_the_gather_takes_the_readings_gradients_and_nothing_keeps_them() -> None:

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from gradwatch.capture.grads.hooks import _INERT_REDUCE
+from gradwatch.capture.grads.stamps import _INERT_REDUCE
 from gradwatch.measure.stats import foreach_norms
 from gradwatch.model.engines import clean_name, local
 from gradwatch.model.hook_args import pre_kwargs

@@ -39,6 +39,8 @@ class BackwardEnds:
         self._queued: set[int] = set()  # graph tasks with an end callback queued
         self._handles: list[RemovableHandle] = []  # post hooks on outer nodes (nesting)
         self._ended_task = -1  # the graph task whose outermost end ran last
+        # Runs the deferred arrival hooks' work first (capture/grads/deferred.py).
+        self.flush: Callable[[int], None] = _nothing
 
     def arrived(self) -> None:
         """A gradient arrived in a graph task not seen yet: queue that task's end callback."""
@@ -68,6 +70,10 @@ class BackwardEnds:
         return end
 
     def _ended(self, gid: int) -> None:
+        try:
+            self.flush(gid)  # while this task is still queued: an arrival there queues no end
+        except Exception as exc:
+            self._on_error("backward end", exc)
         self._queued.discard(gid)
         node = _current_node()
         if node is not None:
@@ -104,3 +110,7 @@ class BackwardEnds:
             h.remove()
         self._handles.clear()
         self._queued.clear()
+
+
+def _nothing(gid: int) -> None:
+    return None

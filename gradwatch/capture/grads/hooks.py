@@ -7,19 +7,22 @@ owns their handles so that leaving a watcher removes each one, also on error.
 from __future__ import annotations
 
 import functools
-import sys
 import weakref
+from collections import OrderedDict
+from collections.abc import Collection, Iterable
 from typing import Any, Callable, Optional
 
 import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from gradwatch.capture.grads.evidence import Tracker, make_forward_hook, make_param_hooks
+from gradwatch.capture.grads.deferred import Deferred
+from gradwatch.capture.grads.evidence import Tracker, make_forward_hook, make_param_hooks, task_id
+from gradwatch.capture.grads.stamps import ForwardStamp, caller_recorder
+from gradwatch.capture.grads.tensor_hooks import put_back, register_light, release_pre_hooks
 from gradwatch.capture.loop.copies import cover_class, uncover_class
 from gradwatch.model.engines import clean_name
 from gradwatch.model.index import ParamIndex
-from gradwatch.model.locations import call_site
 
 __all__ = ["COMPILED_WRAPPER", "ForwardStamp", "HookSet", "release_pre_hooks"]
 
@@ -31,9 +34,12 @@ OnError = Callable[[str, BaseException], None]
 class HookSet:
     """Every handle of one watcher: parameter, forward and optimizer hooks.
 
-    Per parameter: a post-accumulate hook (until the step can read its arrival itself,
+    Per parameter: an arrival hook (until the step can read its arrival itself,
     ``capture/grads/step_reading.py``) and a pre-accumulation value-check hook (every parameter until
-    :meth:`trim`, afterwards only where the tracker asks for it).
+    :meth:`trim`, afterwards only where the tracker asks for it). The arrival hook is a
+    post-accumulate hook, or, where :attr:`light` and only while the step may come to read
+    the parameter (the first steps, a read parameter hooked in turn), a tensor pre-hook that
+    defers its work (``capture/grads/deferred.py``): torch can drop that one for good.
     Per layer (a module that owns parameters): a forward hook that stamps its grad mode,
     trimmed to the layers with a ghost finding after ``trim_hooks_after`` steps.
     """
@@ -66,6 +72,13 @@ class HookSet:
         # line that calls them (``tracker.want_call``); ``None``: not found in the model.
         self._callers: dict[str, Optional[RemovableHandle]] = {}
         self._root: Optional[weakref.ref[nn.Module]] = None
+        # One device, no engine, not compiled: arrival hooks that may come off are light.
+        self.light = False
+        self.deferred = Deferred(on_error)
+        self.deferred.settle_first = functools.partial(self.settle, first=True)
+        self._light: set[int] = set()  # parameters whose arrival hook is light now
+        self._light_fns: dict[int, Any] = {}
+        self._unreleased: set[int] = set()  # emptied pre-hook dicts to drop outside backward
 
     def add(self, handle: RemovableHandle) -> None:
         """Keep ``handle`` (e.g. an optimizer step hook) for removal."""
@@ -83,32 +96,90 @@ class HookSet:
         pre, post = make_param_hooks(self.tracker, i, ref, self._on_arrival, self._on_error)
         # Tensor hooks are never saved with a pickled parameter: say so, without a warning.
         torch.utils.hooks.unserializable_hook(pre)
-        self.param[i] = p.register_post_accumulate_grad_hook(post)
         self._pre_fns[i] = pre
         self._post_fns[i] = post
         self._refs[i] = ref
         if not self.trimmed:  # every hook on until trim_hooks_after
             self.pre[i] = p.register_hook(pre)
             self.tracker.has_pre[i] = True
+        self._hook_arrival(i, p, self.light and not p._post_accumulate_grad_hooks)
         self.hooked_at[i] = self.last_hooked = self.tracker.now()
+
+    def _hook_arrival(self, i: int, p: torch.Tensor, light: bool) -> None:
+        """Parameter ``i``'s arrival hook: light (a deferring pre-hook) or a post hook."""
+        if light:
+            fn = self._light_fns.get(i)
+            if fn is None:
+                fn = self._light_fns[i] = self.deferred.make(i, self._refs[i], self._post_fns[i])
+            self.param[i] = register_light(p, fn)
+            self._light.add(i)
+            self._unreleased.discard(i)
+        else:
+            self.param[i] = p.register_post_accumulate_grad_hook(self._post_fns[i])
+
+    def settle(self, i: int, first: bool = False) -> None:
+        """Parameter ``i``'s light arrival hook becomes a post hook for good (``first``: ahead
+        of the others' post hooks, from inside its own pre-hook: it fires this time)."""
+        if i not in self._light or i not in self.param:
+            return
+        self._light.discard(i)
+        self.param.pop(i).remove()
+        self._release(i)
+        p = self._refs[i]()
+        if p is None:
+            return
+        self.param[i] = p.register_post_accumulate_grad_hook(self._post_fns[i])
+        hooks = p._post_accumulate_grad_hooks
+        if first and isinstance(hooks, OrderedDict):
+            hooks.move_to_end(self.param[i].id, last=False)
+
+    def settle_all(self, ids: Iterable[int], keep: Collection[int] = ()) -> None:
+        """Every light arrival hook of ``ids`` but ``keep``'s becomes a post hook."""
+        extra = self._light.difference(keep)
+        if extra:
+            for i in extra.intersection(ids):
+                self.settle(i)
+
+    def _release(self, i: int) -> None:
+        """Drop parameter ``i``'s emptied pre-hook dict; inside a backward pass, later (the
+        engine may be walking that very list)."""
+        if task_id() >= 0:
+            self._unreleased.add(i)
+            return
+        for j in (i, *self._unreleased):
+            if j not in self.pre and j not in self._light:
+                release_pre_hooks(self._refs[j]() if j in self._refs else None)
+        self._unreleased.clear()
 
     def unhook_post(self, i: int) -> None:
         """Parameter ``i``'s post hook off: the step reads its arrival instead."""
         handle = self.param.pop(i, None)
         if handle is not None:
             handle.remove()
-            self._off[i] = handle
             self.unhooked.add(i)
+            if i in self._light:
+                self._light.discard(i)
+                self._release(i)
+            else:
+                self._off[i] = handle
 
-    def rehook_post(self, i: int) -> None:
-        """Parameter ``i``'s post hook back on (whole windows count from the next one)."""
+    def rehook_post(self, i: int, light: bool = False) -> None:
+        """Parameter ``i``'s arrival hook back on (whole windows count from the next one):
+        ``light`` where it comes off again soon (hooked in turn), else a post hook."""
+        if i in self.param:
+            if not light:
+                self.settle(i)
+            return
         p = self._refs[i]() if i in self.unhooked else None
         if p is None:
             self.unhooked.discard(i)  # gone with its tensor
             self._off.pop(i, None)
         elif p.requires_grad:  # a frozen one gets its hook back when it trains again
             self.unhooked.discard(i)
-            self.param[i] = _put_back(p, self._off.pop(i, None), self._post_fns[i])
+            if light and self.light and not p._post_accumulate_grad_hooks:
+                self._hook_arrival(i, p, True)
+            else:
+                self.param[i] = put_back(p, self._off.pop(i, None), self._post_fns[i])
 
     def restore_pre_hooks(self, index: ParamIndex) -> None:
         """Value checks back on for the parameters whose resets the version cannot tell."""
@@ -200,7 +271,7 @@ class HookSet:
                 self._callers[name] = None
                 continue
 
-            record = _caller_recorder(tracker, self._callers, name, self._on_error)
+            record = caller_recorder(tracker, self._callers, name, self._on_error)
             self._callers[name] = mod.register_forward_hook(ForwardStamp(record, mod))
 
     def trim(self, keep_layers: set[str]) -> None:
@@ -222,14 +293,19 @@ class HookSet:
             release_pre_hooks(self._refs[i]() if i in self._refs else None)
             tracker.has_pre[i] = False
         tracker.want_pre.clear()
+        self.settle(tracker.leader)  # the reset sweep runs at its arrival: a post hook's time
         self.trimmed = True
 
     def remove_all(self) -> None:
         """Remove every handle (idempotent)."""
         for h in [*self.other, *self.forward.values(), *self.param.values(), *self.pre.values()]:
             h.remove()
-        for i in self.pre:
+        for i in {*self.pre, *self._light, *self._unreleased}:
             release_pre_hooks(self._refs[i]() if i in self._refs else None)
+        self.deferred.clear()
+        self._light.clear()
+        self._light_fns.clear()
+        self._unreleased.clear()
         for c in self._callers.values():
             if c is not None:
                 c.remove()
@@ -250,107 +326,3 @@ class HookSet:
         for cls, covered in classes.items():
             if covered:
                 uncover_class(cls)
-
-
-def _put_back(
-    p: torch.Tensor, handle: Optional[RemovableHandle], fn: Callable[[torch.Tensor], None]
-) -> RemovableHandle:
-    """``fn`` back on as ``p``'s post-accumulate hook, under its removed ``handle`` if any.
-
-    torch keeps a tensor's post-accumulate hook dict (its C++ side calls it, empty, after
-    the last hook is removed: see :func:`release_pre_hooks`), so the hook can go back in
-    with one dict store, where a new registration costs a few Python calls (16 hooks
-    rotated a step: 45 against 7 us, measured). The order is a new registration's: last.
-    A tensor subclass goes through torch's registration, which it may override.
-    """
-    hooks = p._post_accumulate_grad_hooks
-    if (
-        handle is not None
-        and hooks is not None
-        and handle.hooks_dict_ref() is hooks
-        and handle.id not in hooks
-        and not torch._C._has_torch_function_unary(p)
-    ):
-        hooks[handle.id] = fn
-        return handle
-    return p.register_post_accumulate_grad_hook(fn)
-
-
-def release_pre_hooks(p: Optional[torch.Tensor]) -> None:
-    """Drop ``p``'s tensor pre-hook dict once its last hook is removed.
-
-    torch keeps calling a tensor's hook dict from C++ after its last handle is removed, empty:
-    a Python call per parameter per backward for nothing (+0.35 ms a step on 400 small
-    parameters, after the trim and after exit alike). ``None`` is what torch's own setter
-    clears its C++ hooks with. A dict holding anyone's hook is left alone. (The
-    post-accumulate dict cannot be cleared so: torch's setter ignores ``None`` there.)
-    """
-    try:
-        if p is not None and p._backward_hooks is not None and not p._backward_hooks:
-            p._backward_hooks = None
-    except (AttributeError, RuntimeError, TypeError):  # a tensor subclass without the slot
-        pass
-
-
-class ForwardStamp:
-    """A layer's forward hook that stays with the module it was put on.
-
-    Modules keep their hooks in their ``__dict__``, so ``copy.deepcopy`` (``AveragedModel``,
-    EMA copies) and pickling (``torch.save(model)``, ``mp.spawn``, spawn-start DataLoaders)
-    would carry it along. A copy gets a :class:`_Detached` hook that removes itself at its
-    first call; a pickle gets a no-op from the standard library, so it loads where gradwatch
-    is not installed. A call from another module (a shallow copy) records nothing.
-    """
-
-    __slots__ = ("__weakref__", "fn", "owner")
-
-    def __init__(self, fn: Callable[..., None], module: nn.Module) -> None:
-        self.fn = fn
-        self.owner = weakref.ref(module)
-
-    def __call__(self, module: nn.Module, args: Any, output: Any) -> None:
-        if module is self.owner():
-            self.fn(module, args, output)
-
-    def __deepcopy__(self, memo: dict[int, Any]) -> _Detached:
-        return _Detached()
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return _INERT_REDUCE
-
-
-class _Detached:
-    """What a deep copy of a watched module holds: leaves the copy's hooks at its first call."""
-
-    def __call__(self, module: nn.Module, args: Any, output: Any) -> None:
-        hooks = module._forward_hooks
-        for key in [k for k, h in hooks.items() if h is self]:
-            del hooks[key]
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return _INERT_REDUCE
-
-
-# ``sys.audit("...", module, args, output)`` returns None and does nothing unless an audit
-# hook listens: a picklable no-op that needs nothing but the standard library to load.
-_INERT_REDUCE = (functools.partial, (sys.audit, "gradwatch.detached_forward_hook"))
-
-
-def _caller_recorder(
-    tracker: Any, callers: dict[str, Any], name: str, on_error: Callable[[str, BaseException], None]
-) -> Callable[..., None]:
-    """A one-shot forward hook: the line that called module ``name``, then it removes itself."""
-
-    def record(module: nn.Module, args: Any, output: Any) -> None:
-        try:
-            site = call_site()
-            if site is not None:
-                tracker.called_at[name] = site
-            tracker.want_call.discard(name)
-            handle = callers.get(name)
-            if handle is not None:
-                handle.remove()
-        except Exception as exc:
-            on_error("forward hook", exc)
-
-    return record

@@ -10,8 +10,10 @@ finds in ``.grad`` says whether a gradient arrived since the last step:
 - another tensor: the reset dropped the old one and an accumulation made this one.
 
 At the first step after ``trim_hooks_after`` (every hook still on), a parameter whose hook
-and reading agree, with a gradient made anew since the last step, is *read*: its post hook
-comes off, and each step writes the evidence the hook would have (``read_arrivals``).
+and reading agree, with a gradient made anew since the last step, is *read*: its arrival hook
+comes off, and each step writes the evidence the hook would have (``read_arrivals``). Where the
+arrival hooks are light (``capture/grads/deferred.py``), the ones that stay on become post
+hooks then, and the ones hooked in turn stay light: torch keeps no hook on a read one.
 Hooks stay on the parameter that arrives first (it counts backward passes; the reset sweep
 runs at its arrival), on value-checked, shared and pending ones, and on sentinels: a spread
 sample plus a few read ones in turn (``ROTATE``), whose hook and reading are compared each
@@ -94,6 +96,7 @@ class StepReading:
         module imports this one). A step inside a backward pass reads its new gradients
         first (``capture/grads/in_backward.py``).
         """
+        self.hooks.deferred.flush()
         read_in_backward(self.tracker, track, pipe.hooks.note_arrival)
         self.grads = None
         readable = (
@@ -117,14 +120,19 @@ class StepReading:
     def after_gather(self, g: Gathered, track: Track, readable: bool, tracks: list[Track]) -> None:
         """Complete what only a hook sees; at the first step after the trim, choose."""
         self.complete(g)
+        hooks = self.hooks
+        if not hooks.trimmed:
+            return
         if (
             readable
-            and self.hooks.trimmed
             and track.index not in self._tried
             and g.ks is track.positions
             and not any(g.nonfinite)
         ):
             self.choose(track, g, shared_ids(tracks))
+        if not readable or track.index in self._tried:
+            # Hooks that stay on for good are post hooks (light ones cost two calls).
+            hooks.settle_all(track.ids, self.rotating.get(track.index, ()))
 
     # -- choosing ---------------------------------------------------------------------------
 
@@ -269,7 +277,7 @@ class StepReading:
         now = read[turn : turn + ROTATE]
         self._turn[k] = turn + ROTATE
         for i in now:
-            hooks.rehook_post(i)
+            hooks.rehook_post(i, light=True)
         self.rotating[k] = now
 
     def give_up(self) -> None:

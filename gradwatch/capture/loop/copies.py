@@ -11,7 +11,7 @@ multiprocessing's pickler consult before ``__reduce_ex__``. The entry reduces th
 usual and leaves gradwatch's hooks out of the state: the copy has none. It changes nothing
 for a module without gradwatch's hooks, and is removed when the last watcher of that class
 closes. A class that already has an entry of its own is left alone (its copies fall back to
-the inert hooks of :class:`~gradwatch.capture.grads.hooks.ForwardStamp`).
+the inert hooks of :class:`~gradwatch.capture.grads.stamps.ForwardStamp`).
 
 Example:
     >>> cover_class(type(model))  # doctest: +SKIP
