@@ -116,7 +116,7 @@ def _gradwatch(
     def install() -> Callable[[], None]:
         watcher = gradwatch.watch(model, opt, config=gradwatch_config(name))
         if name == "gradwatch_post_hooks":
-            watcher._hooks.light = False
+            watcher._hooks.arrival.light = False
         return watcher.attach().close
 
     return install

@@ -7,7 +7,8 @@ whose post hook came off (a read one, ``capture/grads/step_reading.py``) keeps c
 as much as a Python no-op hook. A hook on the parameter's ``AccumulateGrad`` node goes with
 the node once nothing holds it, but a loop that keeps its last ``loss`` until the next
 forward keeps the node too (the new graph finds it alive and reuses it): "node kept" runs
-that loop. The last lines split gradwatch's own steady-state step into its phases.
+that loop. The last lines split gradwatch's own steady-state step into its phases, with the
+arrival hooks it uses (light ones, ``capture/grads/deferred.py``) and with post hooks only.
 
 Each line: a hooked copy and a bare copy of the same model alternate backward passes (or
 whole steps) in one process; the figure is the median of the hooked minus the bare one, in
@@ -126,11 +127,14 @@ def _phases_of(pair: tuple[nn.Module, torch.optim.Optimizer], i: int) -> Timings
     return into
 
 
-def phases(steps: int, every_n_steps: int) -> list[tuple[str, float]]:
-    """gradwatch's steady state, step by phase: added CPU us against a bare copy."""
+def phases(steps: int, every_n_steps: int, light: bool = True) -> list[tuple[str, float]]:
+    """gradwatch's steady state, step by phase: added CPU us against a bare copy
+    (``light=False``: post-accumulate arrival hooks only, ``capture/grads/deferred.py``)."""
     watched, bare = hook_bound.instances(2)
     cfg = gradwatch.GradWatchConfig(every_n_steps=every_n_steps)
-    with gradwatch.watch(*watched, config=cfg):
+    watcher = gradwatch.watch(*watched, config=cfg)
+    watcher._hooks.arrival.light = watcher._hooks.arrival.light and light
+    with watcher:
         _paired(_phases_of, watched, bare, 150)  # past the first steps and the hook trim
         got = _paired(_phases_of, watched, bare, steps)
     names = {"step": "step (gradwatch's decision)"}
@@ -150,9 +154,10 @@ def main(argv: list[str] | None = None) -> int:
     print("backward added, 400 parameters of model (a), us (hooked - bare, medians):")
     for how, us in hooks(args.passes):
         print(f"  {how:14s} {us:8.1f}   {us / 400:5.2f} a parameter")
-    for every in (1, 10):
-        print(f"gradwatch, every_n_steps={every}, added us by phase (medians):")
-        for name, us in phases(args.passes, every):
+    for every, light in ((1, True), (10, True), (10, False)):
+        kind = "light arrival hooks" if light else "post arrival hooks only"
+        print(f"gradwatch, every_n_steps={every}, {kind}, added us by phase (medians):")
+        for name, us in phases(args.passes, every, light):
             print(f"  {name:28s} {us:8.1f}")
     return 0
 

@@ -82,6 +82,12 @@ class Models:
     """``torch.compile`` wrappers: their own forward hook says the model ran."""
     engine: Optional[str] = None
     flat: list[torch.Tensor] = field(default_factory=list)
+    replicated: bool = False  # nn.DataParallel: replicas on device threads
+
+    def light_hooks(self, dist: Any) -> bool:
+        """Arrival hooks may be light (``capture/grads/deferred.py``): one process's autograd,
+        no engine writing ``.grad`` after the accumulation (DDP, FSDP), not compiled."""
+        return dist is None and self.engine is None and not self.compiled and not self.replicated
 
 
 def read_models(model: Any) -> Models:
@@ -94,6 +100,7 @@ def read_models(model: Any) -> Models:
             wrappers=[model] if hasattr(model, "_orig_mod") else [],
             engine=engine_of(model),
             flat=flat_params(model),
+            replicated=isinstance(model, nn.DataParallel),
         )
     if not isinstance(model, Mapping):
         raise ConfigError(
@@ -350,7 +357,8 @@ class OptimizerEntry:
             if me is None or me._closed:
                 return
             try:
-                if pre:
+                if pre:  # one stepped in backward reads .grad: the deferred hooks' work first
+                    me._hooks.arrival.deferred.flush()
                     me._pipe.step_pre(k, sys._getframe(1))  # caller: torch's step wrapper
                 elif k in me._fresh:
                     if me._pipe.nesting.leave(k):

@@ -181,7 +181,6 @@ class StepPipeline:
 
     def step_pre(self, k: int, caller: FrameType) -> None:
         """Optimizer ``k``'s pre-step hook (a nested ``super().step()`` is the same step)."""
-        self.hooks.deferred.flush()  # a step inside a backward pass: before it reads .grad
         if self.nesting.enter(k, caller):
             self.before_step(k)
 

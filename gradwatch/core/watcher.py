@@ -144,15 +144,8 @@ class Watcher(AdapterAPI, OptimizerEntry):
         if dist is not None and dist.rank != 0:
             self._log.emit_warnings = False
         self._rank0 = dist is None or dist.rank == 0
-        # One device's autograd, hooked by nobody else's engine: arrival hooks may be light
-        # (capture/grads/deferred.py); DDP's reducer and FSDP write .grad after accumulating.
-        self._hooks.light = (
-            dist is None
-            and models.engine is None
-            and not models.compiled
-            and not isinstance(model, nn.DataParallel)
-        )
-        self._ends.flush = self._hooks.deferred.flush
+        self._hooks.arrival.light = models.light_hooks(dist)
+        self._ends.flush = self._hooks.arrival.deferred.flush
         self._pipe = StepPipeline(
             self._model,
             self.config,

@@ -26,7 +26,7 @@ def _deep(depth: int = 60) -> nn.Sequential:
 def _train(model: nn.Module, light: bool, steps: int = 30) -> tuple[Any, dict[str, int]]:
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     watcher = gradwatch.watch(model, opt)
-    watcher._hooks.light = watcher._hooks.light and light
+    watcher._hooks.arrival.light = watcher._hooks.arrival.light and light
     with watcher as w:
         for _ in range(steps):
             opt.zero_grad()
@@ -36,7 +36,7 @@ def _train(model: nn.Module, light: bool, steps: int = 30) -> tuple[Any, dict[st
         left = {
             "read": len(hooks.unhooked),
             "hooked": len(hooks.param),
-            "light": len(hooks._light),
+            "light": len(hooks.arrival.lit),
             "post dicts": sum(
                 p._post_accumulate_grad_hooks is not None for p in model.parameters()
             ),
@@ -60,8 +60,8 @@ def test_a_read_parameter_keeps_no_hook_torch_would_still_call() -> None:
 def test_light_is_off_where_another_engine_writes_the_gradients() -> None:
     """``torch.compile`` keeps every hook; ``DataParallel`` replicates: post hooks only."""
     watcher = gradwatch.watch(nn.DataParallel(_deep(2)))
-    assert not watcher._hooks.light
-    assert gradwatch.watch(_deep(2))._hooks.light
+    assert not watcher._hooks.arrival.light
+    assert gradwatch.watch(_deep(2))._hooks.arrival.light
 
 
 def test_autograd_grad_runs_the_pre_hooks_but_accumulates_nothing() -> None:
@@ -72,7 +72,7 @@ def test_autograd_grad_runs_the_pre_hooks_but_accumulates_nothing() -> None:
     model = nn.ModuleDict({"body": body, "probe": probe})
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     with gradwatch.watch(model, opt) as w:
-        assert w._hooks.light
+        assert w._hooks.arrival.light
         for _ in range(12):
             opt.zero_grad()
             h = body(torch.randn(8, 4))
@@ -99,14 +99,14 @@ def test_an_optimizer_hooked_in_after_watch_sees_a_post_hook_first() -> None:
         opts[p].zero_grad()
 
     with gradwatch.watch(model, list(opts.values())) as w:
-        assert w._hooks.light
+        assert w._hooks.arrival.light
         handles = [p.register_post_accumulate_grad_hook(theirs) for p in model.parameters()]
         for _ in range(3):
             model(torch.randn(4, 4)).square().mean().backward()
         for p in model.parameters():
             first = next(iter(p._post_accumulate_grad_hooks.values()))
             assert first is not theirs  # gradwatch's, ahead of the optimizer's
-        assert not w._hooks._light
+        assert not w._hooks.arrival.lit
     for h in handles:
         h.remove()
     report = w.report()
@@ -120,7 +120,7 @@ def test_autograd_grad_moves_no_arrival_of_a_gradient_kept_in_place() -> None:
     model = nn.Linear(4, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     with gradwatch.watch(model, opt) as w:
-        assert w._hooks.light
+        assert w._hooks.arrival.light
         for _ in range(2):
             opt.zero_grad(set_to_none=False)
             model(torch.randn(8, 4)).square().mean().backward()
@@ -129,3 +129,26 @@ def test_autograd_grad_moves_no_arrival_of_a_gradient_kept_in_place() -> None:
         before = list(w._tracker.last_seq)
         torch.autograd.grad(model(torch.randn(8, 4)).sum(), list(model.parameters()))
         assert w._tracker.last_seq == before
+
+
+def test_a_layer_frozen_in_the_first_steps_keeps_the_same_findings() -> None:
+    """Frozen before the choice and trained again after it: the light hook stays, silent,
+    while frozen, becomes a post hook once it trains, and the run says what post hooks say."""
+
+    def run(light: bool) -> set[tuple[str, str, tuple[str, ...]]]:
+        model = _deep()
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        watcher = gradwatch.watch(model, opt)
+        watcher._hooks.arrival.light = light
+        with watcher as w:
+            for s in range(30):
+                if s in (3, 20):
+                    model[10].requires_grad_(s == 20)  # frozen, then trained again
+                opt.zero_grad()
+                model(torch.randn(4, 8)).square().mean().backward()
+                opt.step()
+        return {(f.check, f.severity, tuple(sorted(f.params))) for f in w.report().findings}
+
+    light = run(True)
+    assert not any(check == "internal_error" for check, _, _ in light)
+    assert light == run(False)

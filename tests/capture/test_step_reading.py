@@ -52,7 +52,7 @@ def _run(
     read = 0
     watcher = gradwatch.watch(model, opt, config=config)
     # light=False: post hooks only, no deferred ones (capture/grads/deferred.py)
-    watcher._hooks.light = watcher._hooks.light and light
+    watcher._hooks.arrival.light = watcher._hooks.arrival.light and light
     with watcher as w:
         for s in range(steps):
             x, y = data[s % len(data)]
@@ -375,7 +375,7 @@ def test_a_layout_change_leaves_read_parameters_unhooked() -> None:
         counts = {n: len(p._post_accumulate_grad_hooks or {}) for n, p in model.named_parameters()}
         assert max(counts.values()) == 1
         # the ones hooked in turn carry a light (pre-)hook instead: capture/grads/deferred.py
-        assert sum(counts.values()) + len(hooks._light) == len(hooks.param)
+        assert sum(counts.values()) + len(hooks.arrival.lit) == len(hooks.param)
 
 
 def test_the_gather_takes_the_readings_gradients_and_nothing_keeps_them() -> None:

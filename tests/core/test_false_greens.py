@@ -196,6 +196,9 @@ class NoHooks(nn.Parameter):
     def register_post_accumulate_grad_hook(self, hook: object) -> None:  # type: ignore[override]
         raise RuntimeError("this parameter type takes no hooks")
 
+    def register_hook(self, hook: object) -> None:  # type: ignore[override]
+        raise RuntimeError("this parameter type takes no hooks")
+
 
 def test_a_parameter_refusing_hooks_at_enter_is_contained() -> None:
     head = nn.Linear(8, 1)
@@ -210,6 +213,7 @@ def test_a_parameter_refusing_hooks_at_enter_is_contained() -> None:
     report = w.report()
     assert "attach" in {f.details.get("where") for f in report.by_check("internal_error")}
     assert not model[0].weight._post_accumulate_grad_hooks  # removed at exit all the same
+    assert not model[0].weight._backward_hooks
 
 
 # -- bad arguments --------------------------------------------------------------------------

@@ -140,8 +140,9 @@ def test_backward_hooks_names_every_hook_state_and_phase() -> None:
     states = ("post", "post removed", "pre removed", "pre released", "node removed", "node kept")
     for state in states:
         assert f"  {state} " in out, state
-    assert out.count("step (gradwatch's decision)") == 2
+    assert out.count("step (gradwatch's decision)") == 3
     assert "every_n_steps=1," in out and "every_n_steps=10," in out
+    assert "light arrival hooks" in out and "post arrival hooks only" in out
 
 
 def test_median_windows_compares_both_layouts_warm_and_evicted() -> None:

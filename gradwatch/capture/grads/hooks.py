@@ -6,20 +6,17 @@ owns their handles so that leaving a watcher removes each one, also on error.
 
 from __future__ import annotations
 
-import functools
 import weakref
-from collections import OrderedDict
-from collections.abc import Collection, Iterable
 from typing import Any, Callable, Optional
 
 import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from gradwatch.capture.grads.deferred import Deferred
-from gradwatch.capture.grads.evidence import Tracker, make_forward_hook, make_param_hooks, task_id
+from gradwatch.capture.grads.arrival import ArrivalHooks
+from gradwatch.capture.grads.evidence import Tracker, make_forward_hook, make_param_hooks
 from gradwatch.capture.grads.stamps import ForwardStamp, caller_recorder
-from gradwatch.capture.grads.tensor_hooks import put_back, register_light, release_pre_hooks
+from gradwatch.capture.grads.tensor_hooks import release_pre_hooks
 from gradwatch.capture.loop.copies import cover_class, uncover_class
 from gradwatch.model.engines import clean_name
 from gradwatch.model.index import ParamIndex
@@ -49,14 +46,13 @@ class HookSet:
         self._on_arrival = on_arrival
         self._on_error = on_error
         self.other: list[RemovableHandle] = []  # optimizer step hooks
-        self.param: dict[int, RemovableHandle] = {}
-        self._off: dict[int, RemovableHandle] = {}  # removed post hooks, put back by rehook_post
         self.pre: dict[int, RemovableHandle] = {}
         self._pre_fns: dict[int, Any] = {}
-        self._post_fns: dict[int, Any] = {}
         self._refs: dict[int, weakref.ref[torch.Tensor]] = {}
-        # Parameters whose post hook is off: the step reads their arrival (capture/grads/step_reading.py).
-        self.unhooked: set[int] = set()
+        self.arrival = ArrivalHooks(on_error, self.pre, self._refs)
+        self.param = self.arrival.param  # arrival hooks on
+        # Parameters whose arrival hook is off: the step reads their arrival (step_reading.py).
+        self.unhooked = self.arrival.unhooked
         self.forward: dict[str, RemovableHandle] = {}
         self._modules: dict[str, weakref.ref[nn.Module]] = {}
         self._hooked_modules: set[int] = set()
@@ -72,13 +68,6 @@ class HookSet:
         # line that calls them (``tracker.want_call``); ``None``: not found in the model.
         self._callers: dict[str, Optional[RemovableHandle]] = {}
         self._root: Optional[weakref.ref[nn.Module]] = None
-        # One device, no engine, not compiled: arrival hooks that may come off are light.
-        self.light = False
-        self.deferred = Deferred(on_error)
-        self.deferred.settle_first = functools.partial(self.settle, first=True)
-        self._light: set[int] = set()  # parameters whose arrival hook is light now
-        self._light_fns: dict[int, Any] = {}
-        self._unreleased: set[int] = set()  # emptied pre-hook dicts to drop outside backward
 
     def add(self, handle: RemovableHandle) -> None:
         """Keep ``handle`` (e.g. an optimizer step hook) for removal."""
@@ -97,89 +86,20 @@ class HookSet:
         # Tensor hooks are never saved with a pickled parameter: say so, without a warning.
         torch.utils.hooks.unserializable_hook(pre)
         self._pre_fns[i] = pre
-        self._post_fns[i] = post
         self._refs[i] = ref
         if not self.trimmed:  # every hook on until trim_hooks_after
             self.pre[i] = p.register_hook(pre)
             self.tracker.has_pre[i] = True
-        self._hook_arrival(i, p, self.light and not p._post_accumulate_grad_hooks)
+        self.arrival.hook(i, p, post)
         self.hooked_at[i] = self.last_hooked = self.tracker.now()
 
-    def _hook_arrival(self, i: int, p: torch.Tensor, light: bool) -> None:
-        """Parameter ``i``'s arrival hook: light (a deferring pre-hook) or a post hook."""
-        if light:
-            fn = self._light_fns.get(i)
-            if fn is None:
-                fn = self._light_fns[i] = self.deferred.make(i, self._refs[i], self._post_fns[i])
-            self.param[i] = register_light(p, fn)
-            self._light.add(i)
-            self._unreleased.discard(i)
-        else:
-            self.param[i] = p.register_post_accumulate_grad_hook(self._post_fns[i])
-
-    def settle(self, i: int, first: bool = False) -> None:
-        """Parameter ``i``'s light arrival hook becomes a post hook for good (``first``: ahead
-        of the others' post hooks, from inside its own pre-hook: it fires this time)."""
-        if i not in self._light or i not in self.param:
-            return
-        self._light.discard(i)
-        self.param.pop(i).remove()
-        self._release(i)
-        p = self._refs[i]()
-        if p is None:
-            return
-        self.param[i] = p.register_post_accumulate_grad_hook(self._post_fns[i])
-        hooks = p._post_accumulate_grad_hooks
-        if first and isinstance(hooks, OrderedDict):
-            hooks.move_to_end(self.param[i].id, last=False)
-
-    def settle_all(self, ids: Iterable[int], keep: Collection[int] = ()) -> None:
-        """Every light arrival hook of ``ids`` but ``keep``'s becomes a post hook."""
-        extra = self._light.difference(keep)
-        if extra:
-            for i in extra.intersection(ids):
-                self.settle(i)
-
-    def _release(self, i: int) -> None:
-        """Drop parameter ``i``'s emptied pre-hook dict; inside a backward pass, later (the
-        engine may be walking that very list)."""
-        if task_id() >= 0:
-            self._unreleased.add(i)
-            return
-        for j in (i, *self._unreleased):
-            if j not in self.pre and j not in self._light:
-                release_pre_hooks(self._refs[j]() if j in self._refs else None)
-        self._unreleased.clear()
-
     def unhook_post(self, i: int) -> None:
-        """Parameter ``i``'s post hook off: the step reads its arrival instead."""
-        handle = self.param.pop(i, None)
-        if handle is not None:
-            handle.remove()
-            self.unhooked.add(i)
-            if i in self._light:
-                self._light.discard(i)
-                self._release(i)
-            else:
-                self._off[i] = handle
+        """Parameter ``i``'s arrival hook off: the step reads its arrival instead."""
+        self.arrival.unhook(i)
 
     def rehook_post(self, i: int, light: bool = False) -> None:
-        """Parameter ``i``'s arrival hook back on (whole windows count from the next one):
-        ``light`` where it comes off again soon (hooked in turn), else a post hook."""
-        if i in self.param:
-            if not light:
-                self.settle(i)
-            return
-        p = self._refs[i]() if i in self.unhooked else None
-        if p is None:
-            self.unhooked.discard(i)  # gone with its tensor
-            self._off.pop(i, None)
-        elif p.requires_grad:  # a frozen one gets its hook back when it trains again
-            self.unhooked.discard(i)
-            if light and self.light and not p._post_accumulate_grad_hooks:
-                self._hook_arrival(i, p, True)
-            else:
-                self.param[i] = put_back(p, self._off.pop(i, None), self._post_fns[i])
+        """Parameter ``i``'s arrival hook back on (see :meth:`ArrivalHooks.rehook`)."""
+        self.arrival.rehook(i, light)
 
     def restore_pre_hooks(self, index: ParamIndex) -> None:
         """Value checks back on for the parameters whose resets the version cannot tell."""
@@ -293,32 +213,27 @@ class HookSet:
             release_pre_hooks(self._refs[i]() if i in self._refs else None)
             tracker.has_pre[i] = False
         tracker.want_pre.clear()
-        self.settle(tracker.leader)  # the reset sweep runs at its arrival: a post hook's time
+        self.arrival.settle(
+            tracker.leader
+        )  # the reset sweep runs at its arrival: a post hook's time
         self.trimmed = True
 
     def remove_all(self) -> None:
         """Remove every handle (idempotent)."""
-        for h in [*self.other, *self.forward.values(), *self.param.values(), *self.pre.values()]:
+        for h in [*self.other, *self.forward.values(), *self.pre.values()]:
             h.remove()
-        for i in {*self.pre, *self._light, *self._unreleased}:
+        self.arrival.remove_all()
+        for i in self.pre:
             release_pre_hooks(self._refs[i]() if i in self._refs else None)
-        self.deferred.clear()
-        self._light.clear()
-        self._light_fns.clear()
-        self._unreleased.clear()
         for c in self._callers.values():
             if c is not None:
                 c.remove()
         self._callers.clear()
         self.other.clear()
         self.forward.clear()
-        self.param.clear()
-        self._off.clear()
         self.pre.clear()
         self._pre_fns.clear()
-        self._post_fns.clear()
         self._refs.clear()
-        self.unhooked.clear()
         removers, self.removers = self.removers, []
         for remove in removers:
             remove()

@@ -96,7 +96,7 @@ class StepReading:
         module imports this one). A step inside a backward pass reads its new gradients
         first (``capture/grads/in_backward.py``).
         """
-        self.hooks.deferred.flush()
+        self.hooks.arrival.deferred.flush()
         read_in_backward(self.tracker, track, pipe.hooks.note_arrival)
         self.grads = None
         readable = (
@@ -118,21 +118,16 @@ class StepReading:
         return grads
 
     def after_gather(self, g: Gathered, track: Track, readable: bool, tracks: list[Track]) -> None:
-        """Complete what only a hook sees; at the first step after the trim, choose."""
+        """Complete what only a hook sees; at the first step after the trim, choose. Hooks
+        that stay on for good are then post hooks (a light one costs two calls)."""
         self.complete(g)
-        hooks = self.hooks
-        if not hooks.trimmed:
+        if not self.hooks.trimmed:
             return
-        if (
-            readable
-            and track.index not in self._tried
-            and g.ks is track.positions
-            and not any(g.nonfinite)
-        ):
+        k = track.index
+        if readable and k not in self._tried and g.ks is track.positions and not any(g.nonfinite):
             self.choose(track, g, shared_ids(tracks))
-        if not readable or track.index in self._tried:
-            # Hooks that stay on for good are post hooks (light ones cost two calls).
-            hooks.settle_all(track.ids, self.rotating.get(track.index, ()))
+        if not readable or k in self._tried:
+            self.hooks.arrival.settle_all(track.ids, self.rotating.get(k, ()))
 
     # -- choosing ---------------------------------------------------------------------------
 

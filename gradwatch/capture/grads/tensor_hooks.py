@@ -41,14 +41,17 @@ def put_back(
     return p.register_post_accumulate_grad_hook(fn)
 
 
+_REGISTER = torch.Tensor.register_hook
+
+
 def register_light(p: torch.Tensor, fn: Callable[[torch.Tensor], None]) -> RemovableHandle:
     """``p.register_hook(fn)`` for a leaf without tensor hooks, in half its time (19 against
     39 us for the 16 parameters hooked in turn each step, measured): torch's setter installs
     the C++ hook as its ``register_hook`` does. Anything else goes through torch."""
     if p._backward_hooks is not None or p.grad_fn is not None or not p.requires_grad:
         return p.register_hook(fn)
-    if torch._C._has_torch_function_unary(p):
-        return p.register_hook(fn)
+    if type(p).register_hook is not _REGISTER or torch._C._has_torch_function_unary(p):
+        return p.register_hook(fn)  # a subclass's own registration
     hooks: OrderedDict[int, Callable[[torch.Tensor], None]] = OrderedDict()
     handle = RemovableHandle(hooks)
     hooks[handle.id] = fn
