@@ -53,7 +53,11 @@ class ArrivalHooks:
         """Parameter ``i``'s arrival hook, ``post`` its work; light unless someone else's
         post hook is there (an optimizer stepped in backward)."""
         self._post_fns[i] = post
-        self._hook(i, p, self.light and not p._post_accumulate_grad_hooks)
+        self._hook(i, p, self._may_be_light(p))
+
+    def _may_be_light(self, p: torch.Tensor) -> bool:
+        """Light hooks allowed, and no one else's post hook on ``p`` to go after."""
+        return self.light and not p._post_accumulate_grad_hooks
 
     def _hook(self, i: int, p: torch.Tensor, light: bool) -> None:
         if light:
@@ -112,7 +116,7 @@ class ArrivalHooks:
             self._off.pop(i, None)
         elif p.requires_grad:  # a frozen one gets its hook back when it trains again
             self.unhooked.discard(i)
-            if light and self.light and not p._post_accumulate_grad_hooks:
+            if light and self._may_be_light(p):
                 self._hook(i, p, True)
             else:
                 self.param[i] = put_back(p, self._off.pop(i, None), self._post_fns[i])

@@ -4,7 +4,7 @@ torch keeps a parameter's post-accumulate hook in C++ after its handle is remove
 it, empty, at every backward pass: 0.8 us a parameter, about 0.3 ms a step on 400 small
 parameters whose arrival the step reads (``capture/grads/step_reading.py``) after their hooks
 came off (``benchmarks/backward_hooks.py``). A tensor pre-hook is dropped for good once its
-dict is cleared (:func:`~gradwatch.capture.grads.hooks.release_pre_hooks`). So on one device,
+dict is cleared (:func:`~gradwatch.capture.grads.tensor_hooks.release_pre_hooks`). So on one device,
 without an engine and not compiled, the arrival hook of a parameter that may later be read is
 a tensor pre-hook (:class:`Deferred`): it notes what ``.grad`` was before the accumulation and
 runs the post-accumulate hook's work (``evidence.py``'s ``post``) at the next such hook on the
@@ -15,8 +15,8 @@ other nodes of the graph run in between; what could touch ``.grad`` there is tol
   backward pass, which clears ``.grad``) gets a real post hook, first in line, at once;
 - ``torch.autograd.grad`` runs tensor pre-hooks without accumulating: a ``.grad`` that is
   the same tensor at the same version at the flush is no arrival;
-- the device threads of a multi-device backward each flush their own queue; the backward's
-  end flushes all.
+- the device threads of a multi-device backward each flush their own queue; a backward's
+  end flushes its graph task's entries on every thread (another thread's may still run).
 """
 
 from __future__ import annotations

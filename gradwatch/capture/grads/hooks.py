@@ -34,7 +34,7 @@ class HookSet:
     Per parameter: an arrival hook (until the step can read its arrival itself,
     ``capture/grads/step_reading.py``) and a pre-accumulation value-check hook (every parameter until
     :meth:`trim`, afterwards only where the tracker asks for it). The arrival hook is a
-    post-accumulate hook, or, where :attr:`light` and only while the step may come to read
+    post-accumulate hook, or, where ``arrival.light`` and only while the step may come to read
     the parameter (the first steps, a read parameter hooked in turn), a tensor pre-hook that
     defers its work (``capture/grads/deferred.py``): torch can drop that one for good.
     Per layer (a module that owns parameters): a forward hook that stamps its grad mode,
@@ -213,9 +213,8 @@ class HookSet:
             release_pre_hooks(self._refs[i]() if i in self._refs else None)
             tracker.has_pre[i] = False
         tracker.want_pre.clear()
-        self.arrival.settle(
-            tracker.leader
-        )  # the reset sweep runs at its arrival: a post hook's time
+        # The reset sweep runs at the leader's arrival: a post hook's time, not a deferred one.
+        self.arrival.settle(tracker.leader)
         self.trimmed = True
 
     def remove_all(self) -> None:
