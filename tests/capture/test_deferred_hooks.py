@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 import gradwatch
-from gradwatch.capture.grads.step_reading import MIN_READ
+from gradwatch.capture.grads.step_reading import MIN_READ, PACE, ROTATE
 
 
 def _deep(depth: int = 60) -> nn.Sequential:
@@ -152,3 +152,29 @@ def test_a_layer_frozen_in_the_first_steps_keeps_the_same_findings() -> None:
     light = run(True)
     assert not any(check == "internal_error" for check, _, _ in light)
     assert light == run(False)
+
+
+def test_read_parameters_are_compared_in_turns_every_pace_steps() -> None:
+    """A turn (``ROTATE`` read parameters hooked for one window, hook and reading compared)
+    comes every ``PACE`` steps, none between: a turn costs each parameter a registration,
+    two calls and a release. Every read parameter still has its turn within
+    ``PACE * ceil(n / ROTATE)`` steps (docs/limits.md)."""
+    model = _deep()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    compared: dict[int, set[int]] = {}  # step (from 0) -> read parameters its decision hooked
+    with gradwatch.watch(model, opt) as w:
+        reading = w._pipe.reading
+        for step in range(80):
+            opt.zero_grad()
+            model(torch.randn(4, 8)).square().mean().backward()
+            opt.step()
+            compared[step] = set(reading.rotating.get(0, ()))
+        read = set(w._hooks.unhooked) | set(reading.rotating.get(0, ()))
+    assert len(read) >= MIN_READ
+    turns = {s for s, ids in compared.items() if ids}
+    assert turns and all(s % PACE == 0 for s in turns)
+    cycle = PACE * -(-len(read) // ROTATE)
+    first = min(turns)
+    seen = set().union(*(compared[s] for s in range(first, first + cycle)))
+    assert seen == read
+    assert all(len(compared[s]) <= ROTATE for s in turns)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import itertools
 import weakref
+from collections.abc import Container
 from typing import Any, Callable, Optional
 
 import torch
@@ -122,12 +123,22 @@ class Tracker:
                 missing[i] += 1
         return arrived
 
-    def snapshot(self, ids: list[int], grads: list[Optional[torch.Tensor]]) -> None:
-        """Record each ``.grad`` as its optimizer's step left it (identity and version)."""
+    def snapshot(
+        self, ids: list[int], grads: list[Optional[torch.Tensor]], read: Container[int] = ()
+    ) -> None:
+        """Record each ``.grad`` as its optimizer's step left it (identity and version).
+
+        ``read``: parameters whose ``.grad`` this step's reading recorded as their last
+        accumulation (``capture/grads/step_reading.py``), the same tensor at the same version
+        now: copied from there, not read from the tensor again.
+        """
         sref, sver, fresh, dirty = self.snap_ref, self.snap_ver, self.fresh, self.dirty
+        aref, aver = self.acc_ref, self.acc_ver
         ref = weakref.ref
         for i, g in zip(ids, grads):
-            if g is None:
+            if i in read:
+                sref[i], sver[i] = aref[i], aver[i]
+            elif g is None:
                 sref[i], sver[i] = dead_ref, -1
             else:
                 sref[i], sver[i] = ref(g), g._version

@@ -16,8 +16,12 @@ arrival hooks are light (``capture/grads/deferred.py``), the ones that stay on b
 hooks then, and the ones hooked in turn stay light: torch keeps no hook on a read one.
 Hooks stay on the parameter that arrives first (it counts backward passes; the reset sweep
 runs at its arrival), on value-checked, shared and pending ones, and on sentinels: a spread
-sample plus a few read ones in turn (``ROTATE``), whose hook and reading are compared each
-step, so every read parameter is compared within ``n / ROTATE`` steps.
+sample plus a few read ones in turn (``ROTATE``, every ``PACE`` steps), whose hook and
+reading are compared, so every read parameter is compared within ``PACE * n / ROTATE`` steps.
+A turn costs about 17 us a parameter (its light hook registered, fired and released): taken
+every step it was the largest part of what reading leaves on model (a). A parameter that
+disagrees from the start is not read at all (``choose``): turns only catch a loop that
+changes later.
 
 Doubt puts hooks back; it never guesses:
 - a reading that is none of the plain cases (the same tensor at another version: ``zero_()``,
@@ -52,7 +56,8 @@ ReadGrads = tuple[list[torch.Tensor], list[Optional[torch.Tensor]]]  # params, t
 
 MIN_READ = 64  # fewer readable tensors: their hooks cost too little to be worth it
 SENTINELS = 16  # spread sample per optimizer that keeps its hooks
-ROTATE = 16  # read parameters hooked in turn each step, to compare hook and reading
+ROTATE = 16  # read parameters hooked in turn, to compare hook and reading
+PACE = 4  # steps from one turn to the next
 
 
 def reading(t: Tracker, i: int, g: Optional[torch.Tensor]) -> Optional[bool]:
@@ -82,6 +87,7 @@ class StepReading:
         self._turn: dict[Optional[int], int] = {}
         self._tried: set[Optional[int]] = set()  # optimizers already considered
         self.read_now: set[int] = set()  # parameters whose arrival this step read
+        self.arrived_now: set[int] = set()  # those of them whose gradient arrived
         # (the track's parameters, their ``.grad``) as this step's reading found them: the
         # step's gather takes the list (``take_grads``) instead of reading each ``.grad`` again
         self.grads: Optional[ReadGrads] = None
@@ -99,6 +105,7 @@ class StepReading:
         self.hooks.arrival.deferred.flush()
         read_in_backward(self.tracker, track, pipe.hooks.note_arrival)
         self.grads = None
+        self.read_now, self.arrived_now = set(), set()  # until read_arrivals reads this step
         readable = (
             track.index is not None
             and pipe.dist is None
@@ -167,7 +174,6 @@ class StepReading:
         """
         hooks, t = self.hooks, self.tracker
         unhooked = hooks.unhooked
-        self.read_now = set()
         if self.off:  # a parameter frozen when every hook came back trains again
             self.give_up()
         if not unhooked or self.off:
@@ -234,7 +240,7 @@ class StepReading:
             acc_ref[i] = ref(g)
             acc_ver[i] = g._version
             fresh[i] = False
-        self.read_now = set(read)
+        self.read_now, self.arrived_now = set(read), set(arrived)
         self._rotate(track)
 
     def complete(self, g: Gathered) -> None:
@@ -265,6 +271,8 @@ class StepReading:
         for i in self.rotating.pop(k, []):
             if i in hooks.param and i not in t.want_pre and not t.has_pre[i]:
                 hooks.unhook_post(i)
+        if track.steps % PACE:
+            return  # the turns come every PACE steps
         read = [i for i in track.ids if i in hooks.unhooked]
         if not read:
             return
@@ -286,7 +294,7 @@ class StepReading:
                 self._not_judged(i)
         self.rotating.clear()
         self.sentinels.clear()
-        self.read_now = set()
+        self.read_now, self.arrived_now = set(), set()
 
     def _not_judged(self, i: int) -> None:
         """Hooked since the window began: its evidence counts from the next window."""
