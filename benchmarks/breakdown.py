@@ -17,6 +17,8 @@ collections land in whichever line allocates the 700th object); its own share is
 separately, over ``--gc-steps`` steps with it on, against the baseline copy's.
 
 Lines: the phases of a step (zero_grad, forward, backward, step) watched minus baseline; the
+watched copy's place (its time minus the baseline's while both were bare, before attaching:
+memory placement and its turn in the step's order, inside every "added" figure); the
 parts of gradwatch's step decision (timed by wrappers around them, which add ~0.3 us a call);
 then every check's ``on_step`` and every source method above 1 us a step.
 """
@@ -209,6 +211,16 @@ def main(argv: list[str] | None = None) -> None:
     acc: Timings = collections.defaultdict(float)
     instrument(acc)
     config = {"every_n_steps": 1} if args.every else {}
+    # Before attaching: the watched copy bare too. What it then adds over the baseline is
+    # its place alone (memory placement, its turn in the step's order), inside every
+    # "added" figure below.
+    gc.disable()
+    try:
+        window(case, pairs, 50, 0, acc)
+        bare = window(case, pairs, args.steps, 50, acc)
+    finally:
+        gc.enable()
+    place = sum(w - b for b, w in bare["phases"].values())
     with gradwatch.watch(*pairs[1], config=config):
         gc.disable()
         try:
@@ -221,6 +233,10 @@ def main(argv: list[str] | None = None) -> None:
     print(f"# {case.title}; config {config or 'default'}; torch {torch.__version__}")
     report("scan steps (1-16)", scan, args.floor)
     report(f"steady state (steps {args.warm + 1}-{args.warm + args.steps})", steady, args.floor)
+    print(
+        f"\nplace: the watched copy, bare before attaching, minus the baseline copy: "
+        f"{place:+.3f} ms a step (inside every 'added' figure above)"
+    )
     print(
         f"\ngarbage collector, {args.gc_steps} steps with it on: baseline copy's steps "
         f"{collector[0]:.3f} ms a step, watched copy's {collector[1]:.3f} ms a step"

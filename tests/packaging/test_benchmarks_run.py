@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from gradwatch.capture.grads.step_reading import PACE
+
 ROOT = Path(__file__).resolve().parents[2]
 EXPECTED = [
     "baseline",
@@ -84,6 +86,18 @@ def test_breakdown_names_every_phase_part_and_the_collector() -> None:
     for part in ("StepPipeline.decide", "gather", "Judges.step", "check ghost_param"):
         assert f"| {part} |" in out
     assert "scan steps" in out and "steady state" in out and "garbage collector" in out
+    assert "place: the watched copy, bare before attaching" in out
+
+
+def test_turns_pairs_both_paces_and_swaps_them() -> None:
+    """``benchmarks/turns.py``, a short run: the three paired lines, each with both halves."""
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "turns.py"), "--steps", "3", "--warm", "2"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = proc.stdout.splitlines()
+    assert "3 steps a copy in each half" in lines[0]
+    assert "PACE 1" in lines[1] and f"PACE {PACE}" in lines[2] and "minus PACE 1" in lines[3]
+    assert all("(halves " in line for line in lines[1:4])
 
 
 @pytest.mark.slow  # 18 combinations of dtype x optimizer x model, each interleaving 4 variants
