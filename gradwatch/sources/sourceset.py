@@ -22,15 +22,6 @@ from gradwatch.sources.registry import ALL_SOURCES, NEEDS, unknown_needs
 __all__ = ["SourceSet"]
 
 S = TypeVar("S", bound=EvidenceSource)
-# A source with device values is handed its slice (``read``) to keep the slices in order;
-# ``window`` and ``record`` are called one source after the other, as they always were.
-_STEP_METHODS = (
-    "device_values",
-    "read|device_values",
-    "window|record",
-    "window_closed",
-    "after_step",
-)
 
 
 def _overriding(sources: list[EvidenceSource], *methods: str) -> list[EvidenceSource]:
@@ -60,7 +51,16 @@ class SourceSet:
             ctx.hooks.removers.append(src.remove)
         # Per step method, the sources that have one of their own: most have only some
         # (a step would otherwise make about 140 calls, 100 of them to the base's no-ops).
-        self._with = {m: _overriding(self.sources, *m.split("|")) for m in _STEP_METHODS}
+        # A source with device values is handed its slice (``read``) to keep the slices in
+        # order; ``window`` and ``record`` are called one source after the other.
+        srcs = self.sources
+        self._with = {
+            "device_values": _overriding(srcs, "device_values"),
+            "read": _overriding(srcs, "read", "device_values"),
+            "window": _overriding(srcs, "window", "record"),
+            "window_closed": _overriding(srcs, "window_closed"),
+            "after_step": _overriding(srcs, "after_step"),
+        }
 
     def wants(self, need: str) -> bool:
         """Whether an enabled check needs ``need``."""
@@ -116,7 +116,7 @@ class SourceSet:
         """Hand each source its slice of the transfer."""
         at = 0
         slices = self._slices
-        for src in self._with["read|device_values"]:
+        for src in self._with["read"]:
             n = slices.get(src.name, 0)
             mine = values[at : at + n]
             at += n
@@ -127,7 +127,7 @@ class SourceSet:
         """The fields of the step's ``WindowEvidence`` and the sources' own records."""
         fields: dict[str, Any] = {}
         records: dict[str, Any] = {}
-        for src in self._with["window|record"]:
+        for src in self._with["window"]:
             fields.update(src.window(state))
             rec = src.record(state)
             if rec is not None:

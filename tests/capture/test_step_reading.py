@@ -309,7 +309,7 @@ def test_findings_match_every_hook_on(name: str) -> None:
         have -= extra
         for check, sev, params, details in extra:
             assert (check, sev, params) == ("ghost_param", "info", DROPPED[name])
-            # steps to compare them all, once each has been
+            # steps to compare them all: a turn of ROTATE every PACE steps
             turns = -(-len(list(Deep().parameters())) // ROTATE) * PACE
             assert json.loads(details)["steps_missing"] <= turns + 1
     if name in SUBSET:
