@@ -26,6 +26,19 @@ from _examples import RunExample  # noqa: E402 (the helpers folder is on sys.pat
 
 pytest_plugins = ["pytester"]
 
+# A pytest-xdist worker (`.ci/test` runs the fast tests on two): it gets COLUMNS=80 and
+# LINES=24 from execnet, which a serial run has not (the console tests read the width of a
+# non-terminal: 110), and two workers each running torch on two threads oversubscribe the two
+# cores of CI (a transformers corpus test took 5 x longer). One thread per worker, and the
+# environment a serial run has; subprocesses inherit both.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    for _name in ("COLUMNS", "LINES"):
+        os.environ.pop(_name, None)
+    os.environ["OMP_NUM_THREADS"] = "1"
+    import torch
+
+    torch.set_num_threads(1)
+
 # Folders whose every test depends on a package .ci/floor pins to its lowest version (config
 # files: pydantic, pyyaml; rendering: rich, matplotlib, tensorboard; Lightning, transformers,
 # accelerate, jsonargparse; the examples use them all). Tests elsewhere that use one of them

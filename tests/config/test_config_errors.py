@@ -218,7 +218,9 @@ def test_config_of_the_wrong_kind(value: Any) -> None:
 
 
 @pytest.mark.parametrize(
-    "model", [None, "model", lambda x: x, torch.zeros(3), [nn.Linear(1, 1)]], ids=repr
+    "model",
+    [None, "model", lambda x: x, torch.zeros(3), [nn.Linear(1, 1)]],
+    ids=["None", "str", "function", "tensor", "list"],  # stable: parallel workers compare ids
 )
 def test_a_non_module_is_a_one_line_error(model: Any) -> None:
     with pytest.raises(ConfigError) as err:
