@@ -100,6 +100,22 @@ def test_turns_pairs_both_paces_and_swaps_them() -> None:
     assert all("(halves " in line for line in lines[1:4])
 
 
+def test_since_attach_gives_every_step_and_the_timed_block() -> None:
+    """``benchmarks/since_attach.py``, a short run: a row per block of steps, each step's
+    figure, and overhead.py's timed block beside the late steps."""
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "since_attach.py"), "--epochs", "2"]
+    proc = subprocess.run(
+        [*cmd, "--steps", "32"], capture_output=True, text=True, timeout=300, cwd=ROOT
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = proc.stdout.splitlines()
+    assert "2 attaches" in lines[0]
+    rows = [line for line in lines if line.lstrip().startswith("steps ")]
+    assert [r.split(":")[0].split()[1] for r in rows] == ["0-", "10-", "20-", "30-"]
+    assert sum(len(r.split("   ")[-1].split()) for r in rows) == 32  # one figure per step
+    assert lines[-1].startswith("overhead.py's timed block (steps 20-29)")
+
+
 @pytest.mark.slow  # 18 combinations of dtype x optimizer x model, each interleaving 4 variants
 def test_gpu_script_runs_every_combination_on_the_cpu() -> None:
     """``benchmarks/gpu.py --cpu-dry-run``: the GPU script's own code, where no GPU is."""
