@@ -26,7 +26,7 @@ from _examples import RunExample  # noqa: E402 (the helpers folder is on sys.pat
 
 pytest_plugins = ["pytester"]
 
-# A pytest-xdist worker (`.ci/test` runs the fast tests on two): it gets COLUMNS=80 and
+# A pytest-xdist worker (`.ci/test` runs the suite on one per core): it gets COLUMNS=80 and
 # LINES=24 from execnet, which a serial run has not (the console tests read the width of a
 # non-terminal: 110), and two workers each running torch on two threads oversubscribe the two
 # cores of CI (a transformers corpus test took 5 x longer). One thread per worker, and the
