@@ -70,12 +70,11 @@ def main() -> None:
                     b = _timed(*bare, x, y)
                 added[s].append(a - b)
     per_step = [statistics.median(v) / 1e3 for v in added]
-    width = block
     print(
         f"model (a), {args.epochs} attaches, added us a step (paired medians), by step after attaching:"
     )
-    for lo in range(0, args.steps, width):
-        row = per_step[lo : lo + width]
+    for lo in range(0, args.steps, block):
+        row = per_step[lo : lo + block]
         print(
             f"  steps {lo:3d}-{lo + len(row) - 1:3d}: mean {statistics.fmean(row):8.1f}   "
             + " ".join(f"{v:.0f}" for v in row)
