@@ -179,6 +179,13 @@ def norms(
     flat = flatten_cpu(tensors)
     if flat is None:
         cpu = tensors[0].device.type == "cpu"
+        # small tensors beside large ones, all four statistics: each kind its own path (the
+        # L2 norms alone are one foreach call, which a split only slows)
+        split = _split(tensors, layout) if cpu and len(ords) > 2 else None
+        if split is not None:
+            mixed = _split_norms(tensors, ords, split, layout)
+            if mixed is not None:
+                return mixed
         fused = abs_stats(tensors) if cpu and len(ords) > 2 else None
         if fused is not None:  # L1, max, count and L2 in one chunked pass (measure/chunked.py)
             by_ord: dict[float, Chunk] = dict(zip((1.0, math.inf, 0.0, 2.0), fused))
@@ -188,6 +195,76 @@ def norms(
             for o in ords
         ]
     return segment_norms(flat, tensors, ords)
+
+
+# -- a mixed list: biases and norms' weights beside large matrices (transformers, CNNs) ----
+
+# A tensor of at most this many elements joins the small ones. The large path costs a few
+# kernels per tensor (about 3 us each on the CPU) and the small one about 1 ns an element
+# for the flatten: even at 8K elements the small path is no slower. All four statistics of
+# a 12-layer GPT layout (d=256, 148 tensors, 98 small): 7.8 -> 6.7 ms; ResNet-18 (62
+# tensors, 42 small): 6.9 -> 6.4 ms (interleaved, one thread).
+_SPLIT_MAX = 8192
+_SPLIT_MIN = 8  # fewer small tensors than this: not worth the split
+_SPLITS: dict[tuple[object, int], Optional[tuple[torch.Tensor, torch.Tensor]]] = {}
+
+
+def _split(
+    tensors: Sequence[torch.Tensor], layout: Optional[object]
+) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
+    """(positions of the small tensors, of the large ones) as int64 vectors, or None where
+    a split does not pay. ``layout`` as :func:`norms`'s keeps the answer: a stale one (a
+    parameter resized in place) only sends a tensor down the slower path, never a wrong
+    value."""
+    key = (layout, len(tensors))
+    if layout is not None and key in _SPLITS:
+        return _SPLITS[key]
+    small = [k for k, t in enumerate(tensors) if t.numel() <= _SPLIT_MAX]
+    found = None
+    if _SPLIT_MIN <= len(small) < len(tensors):
+        smalls = set(small)
+        large = [k for k in range(len(tensors)) if k not in smalls]
+        found = (torch.tensor(small, dtype=torch.int64), torch.tensor(large, dtype=torch.int64))
+    if layout is not None:
+        if len(_SPLITS) > 64:  # bounded: a few layouts per process
+            _SPLITS.clear()
+        _SPLITS[key] = found
+    return found
+
+
+def _split_norms(
+    tensors: Sequence[torch.Tensor],
+    ords: Sequence[float],
+    split: tuple[torch.Tensor, torch.Tensor],
+    layout: Optional[object],
+) -> Optional[list[Chunk]]:
+    """:func:`norms` of a mixed list: the small tensors flattened (or stacked) together, the
+    large ones on their own path, merged back in order. None where the small ones cannot be
+    flattened together (sparse, other devices): the caller's general path then runs."""
+    small_at, large_at = split
+    small = [tensors[k] for k in small_at.tolist()]
+    if not all(map(torch.is_floating_point, small)):  # complex or integer: the general path
+        return None
+    part = stacked_stats(small, ords, ("small", layout) if layout is not None else None)
+    if part is None:
+        try:
+            flat = _flatten_dense_tensors(small)
+        except (RuntimeError, TypeError):
+            return None
+        part = segment_norms(flat if flat.dtype is _F32 else flat.to(_F32), small, ords)
+    rest = norms([tensors[k] for k in large_at.tolist()], ords)
+    out: list[Chunk] = []
+    for a, b in zip(part, rest):
+        v = torch.empty(len(tensors), dtype=_F32)
+        v.index_copy_(0, small_at, _vector(a)).index_copy_(0, large_at, _vector(b))
+        out.append(v)
+    return out
+
+
+def _vector(chunk: Chunk) -> torch.Tensor:
+    """A chunk as one float32 vector on the CPU."""
+    v = chunk if isinstance(chunk, torch.Tensor) else torch.stack(chunk)
+    return v.reshape(-1).to(device="cpu", dtype=_F32)
 
 
 def _cpu_max_abs(tensors: Sequence[torch.Tensor]) -> Chunk:
