@@ -221,7 +221,8 @@ def _split(
         return _SPLITS[key]
     small = [k for k, t in enumerate(tensors) if t.numel() <= _SPLIT_MAX]
     found = None
-    if _SPLIT_MIN <= len(small) < len(tensors):
+    # all on the CPU: merging on the host must not copy an accelerator's values there
+    if _SPLIT_MIN <= len(small) < len(tensors) and all(t.device.type == "cpu" for t in tensors):
         smalls = set(small)
         large = [k for k in range(len(tensors)) if k not in smalls]
         found = (torch.tensor(small, dtype=torch.int64), torch.tensor(large, dtype=torch.int64))
