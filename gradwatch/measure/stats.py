@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Sequence
-from typing import Optional, Union
+from typing import Any, Optional, Union
 
 import torch
 from torch._utils import _flatten_dense_tensors
@@ -87,13 +87,20 @@ _LENGTHS: dict[tuple[int, ...], torch.Tensor] = {}
 _FLAT_MAX_MEAN = 2048
 
 
+def _keep(cache: dict[Any, Any], key: Any, value: Any) -> Any:
+    """Store ``value`` in a cache of layouts: bounded (cleared past 64 entries), as a process
+    holds a few layouts in practice. Returns ``value``."""
+    if len(cache) > 64:
+        cache.clear()
+    cache[key] = value
+    return value
+
+
 def _lengths(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
     key = tuple(t.numel() for t in tensors)
     found = _LENGTHS.get(key)
     if found is None:
-        if len(_LENGTHS) > 64:  # bounded: a few layouts per process in practice
-            _LENGTHS.clear()
-        found = _LENGTHS[key] = torch.tensor(key, dtype=torch.int64)
+        found = _keep(_LENGTHS, key, torch.tensor(key, dtype=torch.int64))
     return found
 
 
@@ -110,9 +117,7 @@ def _small_cpu(tensors: Sequence[torch.Tensor], layout: Optional[object] = None)
         # large tensors: foreach's per-tensor cost is small next to a full copy
         found = sum(map(torch.Tensor.numel, tensors)) <= _FLAT_MAX_MEAN * len(tensors)
         if key is not None:
-            if len(_SMALL) > 64:  # bounded: a few layouts per process
-                _SMALL.clear()
-            _SMALL[key] = found
+            _keep(_SMALL, key, found)
     return found
 
 
@@ -129,13 +134,20 @@ def flatten_cpu(tensors: Sequence[torch.Tensor], *, copy: bool = False) -> Optio
     """
     if not _small_cpu(tensors):
         return None
+    flat = _flat32(tensors)
+    if flat is not None and copy and len(tensors) == 1 and tensors[0].dtype is _F32:
+        return flat.clone()  # a float32 tensor alone flattens to a view of itself
+    return flat
+
+
+def _flat32(tensors: Sequence[torch.Tensor]) -> Optional[torch.Tensor]:
+    """``tensors`` concatenated into one float32 vector, or None where ``cat`` refuses them
+    (sparse tensors, several devices)."""
     try:
         flat = _flatten_dense_tensors(tensors if isinstance(tensors, list) else list(tensors))
     except (RuntimeError, TypeError):
         return None
-    if flat.dtype is not _F32:
-        return flat.to(_F32)
-    return flat.clone() if copy and len(tensors) == 1 else flat
+    return flat if flat.dtype is _F32 else flat.to(_F32)
 
 
 def segment_norms(
@@ -172,29 +184,42 @@ def norms(
     """
     if not tensors:
         return [[] for _ in ords]
-    if _small_cpu(tensors, layout):  # few shapes (stacked layers): one stack per shape
-        stacked = stacked_stats(tensors, ords, layout)
-        if stacked is not None:
-            return stacked
-    flat = flatten_cpu(tensors)
-    if flat is None:
-        cpu = tensors[0].device.type == "cpu"
+    if _small_cpu(tensors, layout):
+        together = _together(tensors, ords, layout)
+        if together is not None:
+            return together
+    elif len(ords) > 2 and tensors[0].device.type == "cpu":
         # small tensors beside large ones, all four statistics: each kind its own path (the
         # L2 norms alone are one foreach call, which a split only slows)
-        split = _split(tensors, layout) if cpu and len(ords) > 2 else None
-        if split is not None:
-            mixed = _split_norms(tensors, ords, split, layout)
-            if mixed is not None:
-                return mixed
-        fused = abs_stats(tensors) if cpu and len(ords) > 2 else None
-        if fused is not None:  # L1, max, count and L2 in one chunked pass (measure/chunked.py)
-            by_ord: dict[float, Chunk] = dict(zip((1.0, math.inf, 0.0, 2.0), fused))
-            return [by_ord[o] if o in by_ord else foreach_norms(tensors, o) for o in ords]
-        return [
-            _cpu_max_abs(tensors) if cpu and o == math.inf else foreach_norms(tensors, o)
-            for o in ords
-        ]
-    return segment_norms(flat, tensors, ords)
+        split = _split(tensors, layout)
+        mixed = _split_norms(tensors, ords, split, layout) if split is not None else None
+        if mixed is not None:
+            return mixed
+    return _apart(tensors, ords)
+
+
+def _together(
+    tensors: Sequence[torch.Tensor], ords: Sequence[float], layout: Optional[object]
+) -> Optional[list[Chunk]]:
+    """Norms of small CPU tensors read together: one stack per shape where shapes repeat
+    (stacked layers), else one flattened vector; None where neither applies."""
+    stacked = stacked_stats(tensors, ords, layout)
+    if stacked is not None:
+        return stacked
+    flat = _flat32(tensors)
+    return None if flat is None else segment_norms(flat, tensors, ords)
+
+
+def _apart(tensors: Sequence[torch.Tensor], ords: Sequence[float]) -> list[Chunk]:
+    """Norms of tensors read one by one: large ones, accelerators, sparse or mixed lists."""
+    cpu = tensors[0].device.type == "cpu"
+    fused = abs_stats(tensors) if cpu and len(ords) > 2 else None
+    if fused is not None:  # L1, max, count and L2 in one chunked pass (measure/chunked.py)
+        by_ord: dict[float, Chunk] = dict(zip((1.0, math.inf, 0.0, 2.0), fused))
+        return [by_ord[o] if o in by_ord else foreach_norms(tensors, o) for o in ords]
+    return [
+        _cpu_max_abs(tensors) if cpu and o == math.inf else foreach_norms(tensors, o) for o in ords
+    ]
 
 
 # -- a mixed list: biases and norms' weights beside large matrices (transformers, CNNs) ----
@@ -226,11 +251,7 @@ def _split(
         smalls = set(small)
         large = [k for k in range(len(tensors)) if k not in smalls]
         found = (torch.tensor(small, dtype=torch.int64), torch.tensor(large, dtype=torch.int64))
-    if layout is not None:
-        if len(_SPLITS) > 64:  # bounded: a few layouts per process
-            _SPLITS.clear()
-        _SPLITS[key] = found
-    return found
+    return _keep(_SPLITS, key, found) if layout is not None else found
 
 
 def _split_norms(
@@ -246,14 +267,10 @@ def _split_norms(
     small = [tensors[k] for k in small_at.tolist()]
     if not all(map(torch.is_floating_point, small)):  # complex or integer: the general path
         return None
-    part = stacked_stats(small, ords, ("small", layout) if layout is not None else None)
+    part = _together(small, ords, ("small", layout) if layout is not None else None)
     if part is None:
-        try:
-            flat = _flatten_dense_tensors(small)
-        except (RuntimeError, TypeError):
-            return None
-        part = segment_norms(flat if flat.dtype is _F32 else flat.to(_F32), small, ords)
-    rest = norms([tensors[k] for k in large_at.tolist()], ords)
+        return None
+    rest = _apart([tensors[k] for k in large_at.tolist()], ords)
     out: list[Chunk] = []
     for a, b in zip(part, rest):
         v = torch.empty(len(tensors), dtype=_F32)
