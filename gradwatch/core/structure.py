@@ -18,7 +18,7 @@ from gradwatch.capture.grads.evidence import Tracker
 from gradwatch.capture.grads.hooks import HookSet
 from gradwatch.capture.grads.window import Track
 from gradwatch.checks.views import StructureView
-from gradwatch.measure import carry_groups
+from gradwatch.measure import carry, carry_groups
 from gradwatch.model import registry
 from gradwatch.model.index import ParamIndex
 from gradwatch.model.library import library_owned
@@ -177,6 +177,7 @@ class Structure:
     def release(self) -> None:
         """Drop every reference to parameters and their copies (the watcher closed)."""
         carry_groups.forget()  # readings of this run's tensors: of no use after it
+        carry.forget()
         self.optimizers = []
         self._frozen = []
         for track in self.tracks:

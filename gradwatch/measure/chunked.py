@@ -130,7 +130,9 @@ def abs_stats(tensors: Sequence[torch.Tensor]) -> Optional[list[torch.Tensor]]:
 
 
 def norms_and_checksums(
-    tensors: Sequence[torch.Tensor], samples: Sequence[tuple[int, int, int]] = ()
+    tensors: Sequence[torch.Tensor],
+    samples: Sequence[tuple[int, int, int]] = (),
+    no_sum: Sequence[bool] = (),
 ) -> Optional[tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]]:
     """(L2 norm as float32, sum of the bit patterns modulo 2**32 as int64, samples) per
     tensor, or None.
@@ -144,6 +146,9 @@ def norms_and_checksums(
     values, taken as float32 copies from each chunk while it is in cache; a strided gather
     after the pass reads the tensor's memory again, about 1 ms for 8 x 8K values of 8 x 4M
     (measured). Empty: no samples (the third item is then empty).
+
+    ``no_sum``: per tensor, True where no checksum is wanted (0 in its place): the integer
+    sum is a quarter of the pass (``measure/carry.py``, judged by the samples).
 
     Example:
         >>> x = torch.tensor([3.0, 4.0, 5.0])
@@ -159,13 +164,16 @@ def norms_and_checksums(
     totals: list[torch.Tensor] = []
     chunks: list[int] = []
     taken: list[torch.Tensor] = []
+    zero = torch.zeros((), dtype=wide)
     for k, t in enumerate(tensors):
         parts = t.detach().reshape(-1).split(CHUNK)
         chunks.append(len(parts))
         picked: list[torch.Tensor] = []
+        summed = not (no_sum and no_sum[k])
         for j, c in enumerate(parts):
             squares.append(torch.dot(c, c))
-            totals.append(c.view(wide).sum(dtype=wide))  # wraps, as the fingerprint's sum
+            # wraps, as the fingerprint's sum
+            totals.append(c.view(wide).sum(dtype=wide) if summed else zero)
             if samples:
                 _pick(c, j * CHUNK, samples[k], picked)
         if samples:

@@ -12,7 +12,10 @@ an observed optimizer step each tensor gets a :class:`Fingerprint` of a few numb
   (:mod:`gradwatch.measure.carry`); a change that then moved no sampled value is reported
   as unknown (NaN), not as changed, and never as unchanged. The small tensors' checksums
   and samples read after a step serve the very next step's fingerprint while every
-  version counter is unchanged (:mod:`gradwatch.measure.carry_groups`).
+  version counter is unchanged (:mod:`gradwatch.measure.carry_groups`). A large CPU tensor
+  whose sampled values moved at every measured step takes no checksum at all: its change
+  is judged by its samples (``by_samples``; the first step that moves none is unknown, and
+  from then on its checksum is read).
 - a **fixed random sample** of its values (at least ``MIN_SAMPLES``, about one in
   ``STRIDE`` of a large tensor): the update norm is estimated as
   ``sqrt(n / m * sum(sampled (w1 - w0)**2))``. Differences of sampled values are exact, so
@@ -80,6 +83,7 @@ __all__ = [
 TINY = 1e-30  # the estimate of a change the checksum saw but no sampled value did
 
 _F32 = torch.float32
+_NO_SUM = torch.zeros(1, dtype=torch.int64)  # the checksum of a tensor judged by its samples
 
 
 @dataclass
@@ -93,6 +97,9 @@ class Fingerprint:
     # per big tensor: whether its checksum was carried from the last after-step reading
     # (measure/carry.py); None: none was
     carried: Optional[torch.Tensor] = None
+    # per big tensor: judged by its samples alone, no checksum before or after (carry.py:
+    # its checksum here is a placeholder); None: none is
+    by_samples: Optional[list[bool]] = None
 
 
 def _key(tensors: list[torch.Tensor]) -> tuple[int, ...]:
@@ -119,6 +126,7 @@ def fingerprint(tensors: list[torch.Tensor], step: Optional[int] = None) -> Fing
     checksums: list[torch.Tensor] = []
     samples: list[torch.Tensor] = []
     carried: Optional[torch.Tensor] = None
+    by_samples: Optional[list[bool]] = None
     with torch.no_grad():
         if found is not None:
             checksums, samples = found[1], found[2]
@@ -131,12 +139,17 @@ def fingerprint(tensors: list[torch.Tensor], step: Optional[int] = None) -> Fing
             bigs = [tensors[b.position] for b in plan.big]
             # a strided view of the tensor: must not alias it
             taken = [sample(t, b).clone() for t, b in zip(bigs, plan.big)]
-            kept = carry.take(bigs, [sample_key(b) for b in plan.big], taken)
-            checksums.extend(checksum(t) if c is None else c for t, c in zip(bigs, kept))
+            got = carry.take(bigs, [sample_key(b) for b in plan.big], taken)
+            kept, alone = got.checksums, got.by_samples
+            checksums.extend(
+                c if c is not None else _NO_SUM if a else checksum(t)
+                for t, c, a in zip(bigs, kept, alone)
+            )
             samples.extend(taken)
             if any(c is not None for c in kept):
                 carried = torch.tensor([c is not None for c in kept], device=plan.device)
-    return Fingerprint(key, plan, checksums, samples, carried)
+            by_samples = alone if any(alone) else None
+    return Fingerprint(key, plan, checksums, samples, carried, by_samples)
 
 
 @dataclass
@@ -201,7 +214,7 @@ def measure(
         if plan.big:
             bigs = [tensors[b.position] for b in plan.big]
             # on the CPU, the norm, the checksum and the sample in one read of each tensor
-            fused = _read_last_first(bigs, plan) if before is not None else None
+            fused = _read_last_first(bigs, plan, before.by_samples) if before else None
             norm_parts.append(fused[0] if fused else torch.stack(foreach_norms(bigs, 2.0)))
         if before is not None and plan.big:
             changed, delta, frac = _big_changes(tensors, plan, before, j, fused)
@@ -224,16 +237,17 @@ def measure(
 
 
 def _read_last_first(
-    bigs: list[torch.Tensor], plan: Plan
+    bigs: list[torch.Tensor], plan: Plan, by_samples: Optional[list[bool]]
 ) -> Optional[tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]]:
-    """:func:`norms_and_checksums` of the large tensors, read from the last one back.
+    """:func:`norms_and_checksums` of the large tensors, read from the last one back; no
+    checksum of those judged ``by_samples`` (0 in its place).
 
     Optimizers write their parameters in list order, so right after a step the last ones
     are the likeliest still in the CPU's cache: 0.7-0.9 ms less a step on 8 x Linear(2048,
     2048) with SGD (three interleaved runs).
     """
     keys = [sample_key(b) for b in reversed(plan.big)]
-    found = norms_and_checksums(bigs[::-1], keys)
+    found = norms_and_checksums(bigs[::-1], keys, by_samples[::-1] if by_samples else ())
     if found is None:
         return None
     norms, sums, samples = found
@@ -265,24 +279,41 @@ def _big_changes(
         olds, sums = before.samples[j:], before.checksums[j:]
     d = torch.cat([s for _, s in values]) - torch.cat(olds)
     c = torch.cat([c for c, _ in values]) != torch.cat(sums)
+    alone = before.by_samples
+    if alone is not None:  # no checksum: a moved sampled value is the change, else unknown
+        c = c.masked_fill_(torch.tensor(alone, device=c.device), False)
     lengths, scales = _big_layout(plan)
     nz = (d != 0).to(_F32)
     moved = torch.segment_reduce(nz, "max", lengths=lengths)
     frac = torch.segment_reduce(nz, "mean", lengths=lengths)
     est = torch.segment_reduce(d * d, "sum", lengths=lengths)
     changed, delta = (c.to(_F32) + moved).clamp_(max=1), (est * scales).sqrt_()
-    if before.carried is not None:  # a carried checksum never says "changed" on its own
-        unknown = carry.ambiguous(before.carried, c, moved)
+    unknowns = [] if before.carried is None else [carry.ambiguous(before.carried, c, moved)]
+    if alone is not None:
+        unknowns.append(torch.tensor(alone, device=c.device) & (moved == 0))
+    for unknown in unknowns:  # a carried checksum never says "changed" on its own
         changed = changed.masked_fill_(unknown, float("nan"))
         delta = delta.masked_fill_(unknown, float("nan"))
     if fused is not None:  # the next step's fingerprint may reuse these checksums
-        carry.remember(
-            [tensors[b.position] for b in plan.big],
-            [sample_key(b) for b in plan.big],
-            fused[1],
-            [s for _, s in values],
-        )
+        _remember(tensors, plan, fused[1], [s for _, s in values], moved, alone)
     return changed, delta, frac
+
+
+def _remember(
+    tensors: list[torch.Tensor],
+    plan: Plan,
+    sums: torch.Tensor,
+    samples: list[torch.Tensor],
+    moved: torch.Tensor,
+    alone: Optional[list[bool]],
+) -> None:
+    """Carry the after-step checksums to the next fingerprint (:mod:`carry`); none for a
+    tensor judged by its samples (one that moved none is read before the next step)."""
+    kept: list[Optional[torch.Tensor]] = [
+        None if alone and alone[i] else sums[i : i + 1] for i in range(len(plan.big))
+    ]
+    bigs = [tensors[b.position] for b in plan.big]
+    carry.remember(bigs, [sample_key(b) for b in plan.big], kept, samples, moved)
 
 
 _LAYOUTS: dict[int, tuple[Plan, torch.Tensor, torch.Tensor]] = {}

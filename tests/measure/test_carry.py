@@ -108,8 +108,10 @@ def test_a_step_that_moves_sampled_values_is_changed_even_when_carried() -> None
 
 def test_no_carry_off_the_cpu() -> None:
     ts = [torch.empty(s, device="meta") for s in SHAPES[1:]]
-    carry.remember(ts, [(0, 509, 2), (0, 509, 2)], torch.zeros(2, dtype=torch.int64), [])
-    assert carry.take(ts, [(0, 509, 2), (0, 509, 2)], []) == [None, None]
+    sums = [torch.zeros(1, dtype=torch.int64)] * 2
+    carry.remember(ts, [(0, 509, 2), (0, 509, 2)], sums, [], [True, True])
+    got = carry.take(ts, [(0, 509, 2), (0, 509, 2)], [])
+    assert got.checksums == [None, None] and got.by_samples == [False, False]
 
 
 def test_a_frozen_large_layer_edited_through_data_between_steps_is_not_accused() -> None:
