@@ -8,14 +8,17 @@ cannot see (through ``.data``, of unsampled values) must never turn into "change
 from __future__ import annotations
 
 import math
+import socket
 
 import pytest
 import torch
+import torch.distributed as dist
 from torch import nn
 
 import gradwatch
-from gradwatch.measure import carry
+from gradwatch.measure import carry, chunked
 from gradwatch.measure import fingerprint as sketch
+from gradwatch.measure._reads import checksum
 
 SHAPES = [(16, 16), (300, 400), (1 << 17,)]  # one small group, two large tensors
 
@@ -155,3 +158,160 @@ def test_inference_tensors_are_read_not_carried() -> None:
         ts = _tensors()
     sketch.measure(ts, sketch.fingerprint(ts))  # no version counter: nothing kept, no error
     assert sketch.fingerprint(ts).carried is None
+
+
+# -- judged by the samples alone: no checksum while a tensor's sampled values move ---------
+#
+# Where every measured step moved a sampled value, the moved value proves the change and the
+# checksum is not taken. What must hold: the results equal the checksummed ones wherever a
+# sampled value moves; a step that moves none is unknown (NaN), never "unchanged"; from then
+# on the tensor is checksummed again, so "unchanged" is exact; under ``torch.distributed``
+# (the replicas' check reads the checksums) it is off.
+
+
+def _round(ts: list[torch.Tensor], move: bool = True) -> tuple[sketch.Fingerprint, sketch.Measured]:
+    """One observed step: fingerprint, the step (if ``move``), measure."""
+    fp = sketch.fingerprint(ts)
+    if move:
+        _step(ts)
+    return fp, sketch.measure(ts, fp)
+
+
+def _sums_taken(monkeypatch: pytest.MonkeyPatch) -> list[list[bool]]:
+    """Spy: per call of the after-step pass, which tensors got an integer sum."""
+    calls: list[list[bool]] = []
+    real = chunked.norms_and_checksums
+
+    def spy(tensors, samples=(), no_sum=()):  # type: ignore[no-untyped-def]
+        calls.append([not (no_sum and no_sum[k]) for k in range(len(tensors))])
+        return real(tensors, samples, no_sum)
+
+    monkeypatch.setattr(sketch, "norms_and_checksums", spy)
+    return calls
+
+
+def _sequence(steps: int) -> list[tuple[object, list[float], list[float], list[float]]]:
+    """Per observed step of a fresh copy: (by_samples, changed, delta, param norms)."""
+    carry.forget()
+    ts = _tensors()
+    out = []
+    for step in range(steps):
+        torch.manual_seed(step)
+        fp, m = _round(ts)
+        assert m.changed is not None and m.delta is not None
+        out.append((fp.by_samples, m.changed.tolist(), m.delta.tolist(), m.param_norm.tolist()))
+    return out
+
+
+def test_moving_tensors_take_no_checksum_and_give_the_same_results(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    calls = _sums_taken(monkeypatch)
+    shipped = _sequence(4)
+    assert calls == [[True, True], [False, False], [False, False], [False, False]]
+    assert [b for b, *_ in shipped] == [None, [True, True], [True, True], [True, True]]
+    monkeypatch.setattr(carry, "still", lambda t: True)  # every large tensor checksummed
+    checksummed = _sequence(4)
+    assert [b for b, *_ in checksummed] == [None] * 4
+    assert [r[1:] for r in shipped] == [r[1:] for r in checksummed]
+    assert all(r[1] == [1.0] * 3 for r in shipped)
+
+
+def test_a_step_that_moves_no_sampled_value_is_unknown_then_exact() -> None:
+    ts = _tensors()
+    _round(ts)
+    fp, _ = _round(ts)
+    assert fp.by_samples == [True, True]
+    fp, m = _round(ts, move=False)  # the step changed nothing
+    assert fp.by_samples == [True, True]
+    changed = m.changed.tolist()  # type: ignore[union-attr]
+    assert changed[0] == 0.0 and math.isnan(changed[1]) and math.isnan(changed[2])
+    fp, m = _round(ts, move=False)  # checksummed again: "unchanged" is exact
+    assert fp.by_samples is None
+    assert m.changed.tolist() == [0.0] * 3 and m.delta.tolist() == [0.0] * 3  # type: ignore[union-attr]
+    fp, m = _round(ts)  # and stays checksummed, though it moves again
+    assert fp.by_samples is None and m.changed.tolist() == [1.0] * 3  # type: ignore[union-attr]
+    fp, _ = _round(ts)
+    assert fp.by_samples is None
+
+
+def test_a_change_no_sample_sees_is_never_unchanged() -> None:
+    ts = _tensors()
+    _round(ts)
+    fp = sketch.fingerprint(ts)
+    assert fp.by_samples == [True, True]
+    (b,) = [b for b in fp.plan.big if b.position == 2]
+    with torch.no_grad():
+        ts[2].view(-1)[b.offset + 1] += 1.0  # a sparse step: one unsampled value
+    changed = sketch.measure(ts, fp).changed.tolist()  # type: ignore[union-attr]
+    assert math.isnan(changed[1]) and math.isnan(changed[2])  # unknown: never 0.0
+    fp = sketch.fingerprint(ts)  # both read before this step: exact both sides
+    assert fp.by_samples is None and fp.carried is None
+    with torch.no_grad():
+        ts[2].view(-1)[b.offset + 1] += 1.0  # the same sparse step
+    m = sketch.measure(ts, fp)
+    assert m.changed.tolist()[2] == 1.0  # type: ignore[union-attr]
+    assert m.delta.tolist()[2] == pytest.approx(sketch.TINY)  # type: ignore[union-attr]
+    fp, m = _round(ts, move=False)  # carried from here on, as before this mode
+    assert fp.by_samples is None and fp.carried.tolist() == [True, True]  # type: ignore[union-attr]
+    assert m.changed.tolist() == [0.0] * 3  # type: ignore[union-attr]
+
+
+def test_a_write_between_steps_forces_a_checksum() -> None:
+    """A write through the tensor (its counter moves): the entry is void, the tensor read."""
+    ts = _tensors()
+    _round(ts)
+    _round(ts)
+    with torch.no_grad():
+        ts[1].mul_(1.0)
+    fp = sketch.fingerprint(ts)
+    assert fp.by_samples == [False, True]
+    assert fp.checksums[1].tolist() == checksum(ts[1]).tolist()
+
+
+def test_off_under_torch_distributed() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    try:
+        ts = _tensors()
+        for _ in range(3):
+            fp = sketch.fingerprint(ts)
+            assert fp.by_samples is None
+            assert [c.tolist() for c in fp.checksums[-2:]] == [checksum(t).tolist() for t in ts[1:]]
+            _step(ts)
+            sketch.measure(ts, fp)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_training_run_reports_what_checksums_report(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every-step statistics on a real loop, once as shipped and once with every large tensor
+    checksummed: the same report, and a layer whose lr drops to 0 is still found stale."""
+
+    def run() -> gradwatch.Report:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(64, 512), nn.Tanh(), nn.Linear(512, 512), nn.Linear(512, 8))
+        head = list(model[2].parameters())
+        rest = [p for p in model.parameters() if all(p is not q for q in head)]
+        opt = torch.optim.SGD([{"params": rest}, {"params": head}], lr=0.05)
+        x, y = torch.randn(32, 64), torch.randn(32, 8)
+        cfg = {"every_n_steps": 1, "probes": "off"}
+        with gradwatch.watch(model, opt, config=cfg) as w:
+            for step in range(12):
+                if step == 5:
+                    opt.param_groups[1]["lr"] = 0.0
+                opt.zero_grad()
+                nn.functional.mse_loss(model(x), y).backward()
+                opt.step()
+        return w.report()
+
+    shipped = run()
+    monkeypatch.setattr(carry, "still", lambda t: True)
+    checksummed = run()
+    assert [(f.check, f.params) for f in shipped.findings] == [
+        (f.check, f.params) for f in checksummed.findings
+    ]
+    stale = [f for f in shipped.findings if f.check == "stale_param"]
+    assert stale and any("2.weight" in p for f in stale for p in f.params)
