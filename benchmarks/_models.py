@@ -13,7 +13,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-__all__ = ["MODELS", "ModelCase", "hook_bound", "transformer_lm"]
+__all__ = ["MODELS", "ModelCase", "hook_bound", "large_tensors", "transformer_lm"]
 
 
 @dataclass
@@ -118,3 +118,21 @@ transformer_lm = ModelCase(
 )
 
 MODELS: dict[str, ModelCase] = {"a": hook_bound, "b": transformer_lm}
+
+
+# -- large tensors: the every-step line against clip_grad_norm_ -----------------------
+
+
+def _large_batches() -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(1)
+    return [(torch.randn(64, 2048, generator=g), torch.randn(64, 2048, generator=g))]
+
+
+large_tensors = ModelCase(
+    key="large",
+    title="large tensors: 8 x Linear(2048, 2048) (33.6M parameters), batch 64, SGD",
+    build=lambda: nn.Sequential(*[nn.Linear(2048, 2048) for _ in range(8)]),
+    optimizer=lambda m: torch.optim.SGD(m.parameters(), lr=1e-4),
+    batches=_large_batches,
+    loss=_mse,
+)

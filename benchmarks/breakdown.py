@@ -40,7 +40,7 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _models import MODELS, ModelCase
+from _models import MODELS, ModelCase, large_tensors
 
 import gradwatch
 from gradwatch.checks import ALL_CHECKS
@@ -62,24 +62,6 @@ PARTS = [  # (module, qualified name): the parts of one step's decision
 ]
 SOURCE_METHODS = ("install", "device_values", "read", "window", "record", "window_closed")
 Timings = dict[str, float]
-
-
-def _large() -> ModelCase:
-    def build() -> nn.Module:
-        return nn.Sequential(*[nn.Linear(2048, 2048) for _ in range(8)])
-
-    def batches() -> list[tuple[torch.Tensor, torch.Tensor]]:
-        g = torch.Generator().manual_seed(1)
-        return [(torch.randn(64, 2048, generator=g), torch.randn(64, 2048, generator=g))]
-
-    return ModelCase(
-        key="large",
-        title="large tensors: 8 x Linear(2048, 2048) (33.6M parameters), batch 64, SGD",
-        build=build,
-        optimizer=lambda m: torch.optim.SGD(m.parameters(), lr=1e-4),
-        batches=batches,
-        loss=lambda m, x, y: nn.functional.mse_loss(m(x), y),
-    )
 
 
 def _wrap(owner: Any, name: str, key: str, acc: Timings) -> None:
@@ -206,7 +188,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--floor", type=float, default=0.005, help="ms a step below which parts hide")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
-    case = _large() if args.model == "large" else MODELS[args.model]
+    case = large_tensors if args.model == "large" else MODELS[args.model]
     pairs = case.instances(3)
     acc: Timings = collections.defaultdict(float)
     instrument(acc)

@@ -51,6 +51,7 @@ from typing import Optional
 import torch
 
 from gradwatch.measure import carry, carry_groups
+from gradwatch.measure._big import Before, big_changes
 from gradwatch.measure._fingerprint_plan import (
     MIN_SAMPLES,
     STRIDE,
@@ -59,7 +60,6 @@ from gradwatch.measure._fingerprint_plan import (
     real_views,
 )
 from gradwatch.measure._reads import (
-    big_values,
     checksum,
     group_changes,
     group_values,
@@ -217,7 +217,12 @@ def measure(
             fused = _read_last_first(bigs, plan, before.by_samples) if before else None
             norm_parts.append(fused[0] if fused else torch.stack(foreach_norms(bigs, 2.0)))
         if before is not None and plan.big:
-            changed, delta, frac = _big_changes(tensors, plan, before, j, fused)
+            changed, delta, frac = big_changes(
+                tensors,
+                plan,
+                Before(before.checksums[j:], before.samples[j:], before.carried, before.by_samples),
+                fused,
+            )
             changed_parts.append(changed)
             delta_parts.append(delta)
             frac_parts.append(frac)
@@ -252,83 +257,6 @@ def _read_last_first(
         return None
     norms, sums, samples = found
     return norms.flip(0), sums.flip(0), samples[::-1]
-
-
-def _big_changes(
-    tensors: list[torch.Tensor],
-    plan: Plan,
-    before: Fingerprint,
-    j: int,
-    fused: Optional[tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]],
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(changed, update-norm estimate, moved share) of the large tensors, each a vector.
-
-    The samples of all large tensors are compared in one batch (a segment per tensor): per
-    tensor, the dozen small kernels of a comparison cost more than reading the checksum.
-    ``fused``: the norms, checksums and samples already read (:func:`norms_and_checksums`).
-    """
-    if fused is not None:  # the samples were taken during that read
-        values = [(fused[1][i : i + 1], fused[2][i]) for i in range(len(plan.big))]
-    else:
-        values = [big_values(tensors[b.position], b) for b in plan.big]
-    if not plan.single_device:  # model parallel: the small results on one device
-        values = [(c.to(plan.device), s.to(plan.device)) for c, s in values]
-        olds = [x.to(plan.device) for x in before.samples[j:]]
-        sums = [x.to(plan.device) for x in before.checksums[j:]]
-    else:
-        olds, sums = before.samples[j:], before.checksums[j:]
-    d = torch.cat([s for _, s in values]) - torch.cat(olds)
-    c = torch.cat([c for c, _ in values]) != torch.cat(sums)
-    alone = before.by_samples
-    if alone is not None:  # no checksum: a moved sampled value is the change, else unknown
-        c = c.masked_fill_(torch.tensor(alone, device=c.device), False)
-    lengths, scales = _big_layout(plan)
-    nz = (d != 0).to(_F32)
-    moved = torch.segment_reduce(nz, "max", lengths=lengths)
-    frac = torch.segment_reduce(nz, "mean", lengths=lengths)
-    est = torch.segment_reduce(d * d, "sum", lengths=lengths)
-    changed, delta = (c.to(_F32) + moved).clamp_(max=1), (est * scales).sqrt_()
-    unknowns = [] if before.carried is None else [carry.ambiguous(before.carried, c, moved)]
-    if alone is not None:
-        unknowns.append(torch.tensor(alone, device=c.device) & (moved == 0))
-    for unknown in unknowns:  # a carried checksum never says "changed" on its own
-        changed = changed.masked_fill_(unknown, float("nan"))
-        delta = delta.masked_fill_(unknown, float("nan"))
-    if fused is not None:  # the next step's fingerprint may reuse these checksums
-        _remember(tensors, plan, fused[1], [s for _, s in values], moved, alone)
-    return changed, delta, frac
-
-
-def _remember(
-    tensors: list[torch.Tensor],
-    plan: Plan,
-    sums: torch.Tensor,
-    samples: list[torch.Tensor],
-    moved: torch.Tensor,
-    alone: Optional[list[bool]],
-) -> None:
-    """Carry the after-step checksums to the next fingerprint (:mod:`carry`); none for a
-    tensor judged by its samples (one that moved none is read before the next step)."""
-    kept: list[Optional[torch.Tensor]] = [
-        None if alone and alone[i] else sums[i : i + 1] for i in range(len(plan.big))
-    ]
-    bigs = [tensors[b.position] for b in plan.big]
-    carry.remember(bigs, [sample_key(b) for b in plan.big], kept, samples, moved)
-
-
-_LAYOUTS: dict[int, tuple[Plan, torch.Tensor, torch.Tensor]] = {}
-
-
-def _big_layout(plan: Plan) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per large tensor: its sample count and its scale, as vectors on the plan's device."""
-    found = _LAYOUTS.get(id(plan))
-    if found is None or found[0] is not plan:
-        if len(_LAYOUTS) > 64:  # bounded: plans are cached per layout, a few per process
-            _LAYOUTS.clear()
-        lengths = torch.tensor([b.m for b in plan.big], device=plan.device)
-        scales = torch.tensor([b.scale for b in plan.big], dtype=_F32, device=plan.device)
-        found = _LAYOUTS[id(plan)] = (plan, lengths, scales)
-    return found[1], found[2]
 
 
 def compare(tensors: list[torch.Tensor], before: Fingerprint) -> tuple[torch.Tensor, torch.Tensor]:
