@@ -100,11 +100,14 @@ def abs_stats(tensors: Sequence[torch.Tensor]) -> Optional[list[torch.Tensor]]:
         chunks.append(len(parts))
         for c in parts:
             m = c.numel()
+            # The dot reads the chunk from memory first, then abs finds it in cache: 3-4 %
+            # less than abs first (a read-only stream beats a read and a write; measured on
+            # 8 x 4M, one thread). x * x is |x| * |x| exactly, the same products in order.
+            squares.append(torch.dot(c, c))  # float32, as _foreach_norm (module docstring)
             a, b = torch.abs(c, out=buf[:m]), bits[:m]
             # sum() is torch's cascade sum: exact enough in float32 and about three times
             # faster than a dot with a vector of ones on this CPU (measured, 512K elements).
             sums.append(a.sum())
-            squares.append(torch.dot(a, a))  # float32, as _foreach_norm (module docstring)
             # After abs the bit patterns order as the values do, NaN's above Inf's, so the
             # integers' max is the max |x| (NaN where one is) at half a float max's cost;
             # one aminmax gives it and the min pattern in one pass (amax then amin: two).
