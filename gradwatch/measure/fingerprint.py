@@ -136,11 +136,12 @@ def fingerprint(tensors: list[torch.Tensor], step: Optional[int] = None) -> Fing
                 checksums.append(c)
                 samples.append(s)
         if plan.big:
-            bigs = [tensors[b.position] for b in plan.big]
+            bigs, big = [tensors[b.position] for b in plan.big], plan.big
             # a strided view of the tensor: must not alias it
-            taken = [sample(t, b).clone() for t, b in zip(bigs, plan.big)]
-            got = carry.take(bigs, [sample_key(b) for b in plan.big], taken)
-            kept, alone = got.checksums, got.by_samples
+            got = carry.take(
+                bigs, [sample_key(b) for b in big], lambda k: sample(bigs[k], big[k]).clone()
+            )
+            kept, alone, taken = got.checksums, got.by_samples, got.samples
             checksums.extend(
                 c if c is not None else _NO_SUM if a else checksum(t)
                 for t, c, a in zip(bigs, kept, alone)

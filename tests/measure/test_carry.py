@@ -111,9 +111,10 @@ def test_a_step_that_moves_sampled_values_is_changed_even_when_carried() -> None
 
 def test_no_carry_off_the_cpu() -> None:
     ts = [torch.empty(s, device="meta") for s in SHAPES[1:]]
+    keys = [(0, 509, 2), (0, 509, 2)]
     sums = [torch.zeros(1, dtype=torch.int64)] * 2
-    carry.remember(ts, [(0, 509, 2), (0, 509, 2)], sums, [], [True, True])
-    got = carry.take(ts, [(0, 509, 2), (0, 509, 2)], [])
+    carry.remember(ts, keys, sums, [torch.zeros(2)] * 2, torch.ones(2))
+    got = carry.take(ts, keys, lambda k: torch.zeros(2))
     assert got.checksums == [None, None] and got.by_samples == [False, False]
 
 
@@ -315,3 +316,35 @@ def test_a_training_run_reports_what_checksums_report(monkeypatch: pytest.Monkey
     ]
     stale = [f for f in shipped.findings if f.check == "stale_param"]
     assert stale and any("2.weight" in p for f in stale for p in f.params)
+
+
+def test_the_kept_sample_stands_for_the_one_before_when_the_probe_agrees() -> None:
+    ts = _tensors()
+    _round(ts)
+    _round(ts)
+    fp = sketch.fingerprint(ts)
+    assert fp.by_samples == [True, True]
+    j = len(fp.plan.groups)  # the large tensors' samples follow the groups'
+    for i, b in enumerate(fp.plan.big):
+        fresh = sketch.sample(ts[b.position], b)  # what a gather reads now: the same values
+        assert torch.equal(fp.samples[j + i], fresh)
+
+
+@pytest.mark.parametrize("probed", [True, False])
+def test_a_data_edit_between_steps_and_the_probe(probed: bool) -> None:
+    """A probed value edited through ``.data`` voids the carry (read afresh); an unprobed one
+    is counted in the next update, which only ever looks larger, never unchanged."""
+    ts = _tensors()
+    _round(ts)
+    fp0, _ = _round(ts)
+    (b,) = [b for b in fp0.plan.big if b.position == 1]
+    at = b.offset + (0 if probed else 1) * b.stride  # sample 0 is probed, sample 1 is not
+    ts[1].data.view(-1)[at] += 1.0
+    fp = sketch.fingerprint(ts)
+    assert fp.by_samples == ([False, True] if probed else [True, True])
+    m = sketch.measure(ts, fp)  # no step: only the edit moved anything
+    changed = m.changed.tolist()  # type: ignore[union-attr]
+    if probed:  # read afresh before the "step": the edit is before it, nothing changed
+        assert changed[1] == 0.0
+    else:  # the kept sample is from before the edit: the edit reads as this step's change
+        assert changed[1] == 1.0 and m.delta.tolist()[1] > 0  # type: ignore[union-attr]
