@@ -15,13 +15,13 @@ the layers are sampled, spread over the forward.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import torch
 from torch import Tensor, nn
 
+from gradwatch.probes._direction import Direction, even_out
 from gradwatch.probes._sandbox import (
     Budget,
     CannotJudge,
@@ -65,33 +65,6 @@ class GradientResult:
 
     def mismatched(self) -> list[ProbeLayer]:
         return [row for row in self.layers if row.status == "mismatch"]
-
-
-class _Layer:
-    def __init__(self, name: str, names: list[str], params: list[Tensor], seed: int) -> None:
-        self.name, self.names, self.params = name, names, params
-        gen = torch.Generator().manual_seed(seed)
-        raw = [torch.randn(p.shape, generator=gen, dtype=torch.float64) for p in params]
-        norm = math.sqrt(sum(float((r * r).sum()) for r in raw)) or 1.0
-        self.v = [(r / norm).to(p.device, p.dtype) for r, p in zip(raw, params)]
-        self.base = [p.detach().clone() for p in params]
-        size = math.sqrt(sum(float(b.double().pow(2).sum()) for b in self.base))
-        self.scale = max(1.0, size)
-
-    def exclude(self, masks: Any) -> None:
-        """Leave out the rows whose documented gradient is not the derivative (padding)."""
-        v = masks.apply(self.params, self.v)
-        norm = math.sqrt(sum(float(d.double().pow(2).sum()) for d in v))
-        if norm > 0.0:
-            self.v = [d / norm for d in v]
-
-    def shift(self, h: float) -> None:
-        with torch.no_grad():
-            for p, b, v in zip(self.params, self.base, self.v):
-                p.copy_(b + h * v)
-
-    def directional(self, grads: list[Optional[Tensor]]) -> float:
-        return float(sum(float((g * v).sum()) for g, v in zip(grads, self.v) if g is not None))
 
 
 class _Evaluator:
@@ -183,7 +156,7 @@ def _precision(dtype: str, rtol: float) -> tuple[float, float]:
     return 3e-3, max(rtol, 5e-2)
 
 
-def _central(ev: _Evaluator, layer: _Layer, h: float) -> float:
+def _central(ev: _Evaluator, layer: Direction, h: float) -> float:
     layer.shift(h)
     up = ev.replayed()
     layer.shift(-h)
@@ -280,10 +253,10 @@ def _agreement(
     h_rel, tol = _precision(result.dtype, rtol)
     if fits < len(order) and not ste_ids:  # sampled: first every layer along one direction
         fits -= 1
-        whole = _Layer(
+        whole = Direction(
             "(every layer)", [n for g in groups for n in g[1]], list(_params_of(groups)), SEED - 1
         )
-        _even_out(whole, groups, grads)
+        even_out(whole, groups, grads)
         whole.exclude(mode.masks)
         result.joint = _compare(ev, whole, list(grads), h_rel, tol, explained=False)
     chosen = [order[i] for i in _spread(len(order), max(fits, 1))]
@@ -295,7 +268,7 @@ def _agreement(
             result.sampled = True
             break
         name, names, params = groups[k]
-        layer = _Layer(name, names, params, seed=SEED + k)
+        layer = Direction(name, names, params, seed=SEED + k)
         layer.exclude(mode.masks)
         explained = any(id(p) in ste_ids for p in params)
         row = _compare(ev, layer, grad_of[k], h_rel, tol, explained=explained)
@@ -314,7 +287,7 @@ def _agreement(
 
 
 def _cut_agrees(
-    row: ProbeLayer, layer: _Layer, cut: Any, groups: list[Any], k: int, tol: float
+    row: ProbeLayer, layer: Direction, cut: Any, groups: list[Any], k: int, tol: float
 ) -> bool:
     """Whether the finite difference equals autograd's derivative with the unexplained custom
     Functions' paths cut: their forward is locally constant (straight-through)."""
@@ -326,33 +299,13 @@ def _cut_agrees(
     return _judge(cut_row, 0.0, tol) == "agree"
 
 
-def _even_out(whole: _Layer, groups: list[Any], grads: list[Optional[Tensor]]) -> None:
-    """Weight each layer's block of the joint direction by 1 / its gradient's norm (at most
-    1000 x the smallest weight), so that every layer moves the directional derivative about
-    alike: a wrong derivative in an early layer of a deep net, whose gradient is small, is
-    not lost in the others'."""
-    sizes, flat = [], iter(grads)
-    for g in groups:
-        sq = sum(
-            float(t.double().pow(2).sum()) for t in (next(flat) for _ in g[2]) if t is not None
-        )
-        sizes.append(math.sqrt(sq))
-    top = max(sizes) if sizes else 0.0
-    if top <= 0.0:
-        return
-    weights = [1.0 / max(size, 1e-3 * top) for size, g in zip(sizes, groups) for _ in g[2]]
-    scaled = [v * w for v, w in zip(whole.v, weights)]
-    norm = math.sqrt(sum(float(v.double().pow(2).sum()) for v in scaled)) or 1.0
-    whole.v = [v / norm for v in scaled]
-
-
 def _params_of(groups: list[Any]) -> Any:
     return (p for g in groups for p in g[2])
 
 
 def _compare(
     ev: _Evaluator,
-    layer: _Layer,
+    layer: Direction,
     grads: list[Optional[Tensor]],
     h_rel: float,
     tol: float,
