@@ -215,7 +215,8 @@ def measure(
         if plan.big:
             bigs = [tensors[b.position] for b in plan.big]
             # on the CPU, the norm, the checksum and the sample in one read of each tensor
-            fused = _read_last_first(bigs, plan, before.by_samples) if before else None
+            alone = before.by_samples if before is not None else None
+            fused = _read_last_first(bigs, plan, alone) if before is not None else None
             norm_parts.append(fused[0] if fused else torch.stack(foreach_norms(bigs, 2.0)))
         if before is not None and plan.big:
             changed, delta, frac = big_changes(
