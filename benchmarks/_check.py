@@ -32,6 +32,11 @@ def compare(result: dict[str, Any], committed: Path, tolerance: float) -> tuple[
         for name, row in res["variants"].items():
             then = before.get(name, {}).get("x_clip")
             now = row.get("x_clip")
+            if name.startswith("gradwatch") and now is None and then:
+                lines.append(
+                    f"overhead check: ({key}) {name}: no ratio, clip_grad_norm_'s added time "
+                    "was not above zero in this run (a noisy host)"
+                )
             if not name.startswith("gradwatch") or now is None or not then:
                 continue
             limit = then * tolerance

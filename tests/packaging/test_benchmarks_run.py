@@ -158,6 +158,12 @@ def test_check_flags_a_ratio_past_its_tolerance(tmp_path: Path) -> None:
     assert "gradwatch_every_step 3.50x clip (committed 2.00x, limit 3.00x)" in lines[1]
     lines, ok = compare(run(gradwatch_default=0.5), tmp_path / "missing.json", tolerance=1.5)
     assert ok and "cannot read" in lines[0]
+    none = {"models": {"a": {"variants": {"gradwatch_default": {"x_clip": None}}}}}
+    lines, ok = compare(none, committed, tolerance=1.5)  # clip's added time came out <= 0
+    assert ok and lines == [
+        "overhead check: (a) gradwatch_default: no ratio, clip_grad_norm_'s added time was "
+        "not above zero in this run (a noisy host)"
+    ]
 
 
 @pytest.mark.slow  # a subprocess: seven hook states and two watched runs of model (a), ~15 s
