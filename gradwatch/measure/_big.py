@@ -54,8 +54,9 @@ def big_changes(
     d = torch.cat([s for _, s in values]) - torch.cat(olds)
     c = torch.cat([c for c, _ in values]) != torch.cat(sums)
     alone = before.by_samples
-    if alone is not None:  # no checksum: a moved sampled value is the change, else unknown
-        c = c.masked_fill_(torch.tensor(alone, device=c.device), False)
+    blind = torch.tensor(alone, device=c.device) if alone is not None else None
+    if blind is not None:  # no checksum: a moved sampled value is the change, else unknown
+        c = c.masked_fill_(blind, False)
     lengths, scales, rows = _layout(plan)
     nz = (d != 0).to(_F32)
     if rows:  # as many samples each: rows of a matrix
@@ -67,8 +68,8 @@ def big_changes(
         est = torch.segment_reduce(d * d, "sum", lengths=lengths)
     changed, delta = (c.to(_F32) + moved).clamp_(max=1), (est * scales).sqrt_()
     unknowns = [] if before.carried is None else [carry.ambiguous(before.carried, c, moved)]
-    if alone is not None:
-        unknowns.append(torch.tensor(alone, device=c.device) & (moved == 0))
+    if blind is not None:
+        unknowns.append(blind & (moved == 0))
     for unknown in unknowns:  # a carried checksum never says "changed" on its own
         changed = changed.masked_fill_(unknown, float("nan"))
         delta = delta.masked_fill_(unknown, float("nan"))

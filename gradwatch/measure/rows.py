@@ -5,9 +5,10 @@ projected on one fixed random vector, in float64; equal rows give equal projecti
 Different rows collide only by rounding: in float32 they did often enough to accuse a
 correct layer (a default-initialised ``Linear(1024, 11008)``, a LLaMA MLP's width, showed a
 false duplicate in 6 of 10 draws, ``Linear(1024, 4096)`` in 3 of 30); float64's 2**29 finer
-spacing leaves that chance at about 1e-8 a weight. MPS has no float64: float32 there. Sorting the ``out`` projections and counting equal
-neighbours gives how many rows repeat another, as one device scalar per weight: no copy
-of the weights and no host sync (read with the step's one transfer). With ``skip_zero``,
+spacing leaves that chance at about 1e-8 a weight. MPS has no float64: float32 there.
+Sorting the ``out`` projections and counting equal neighbours gives how many rows repeat
+another, as one device scalar per weight: no whole copy of the weights (a float64 chunk at
+a time) and no host sync (read with the step's one transfer). With ``skip_zero``,
 all-zero rows are not counted: after training they are equal because nothing ever updated
 them (idle units: LoRA's zero-init B behind outputs the frozen base never fires), not
 because they got equal updates; a layer whose every gradient is zero is ``dead_param``'s.
