@@ -48,7 +48,9 @@ def _stepper(case: Any, model: nn.Module, opt: Any, clip: bool = False) -> Calla
     return step
 
 
-def _half(case: Any, watched: tuple[nn.Module, Any], bare: tuple[nn.Module, Any], args: Any):
+def _half(
+    case: Any, watched: tuple[nn.Module, Any], bare: tuple[nn.Module, Any], args: Any
+) -> dict[str, float]:
     """Median CPU ms per step of each variant, with ``watched`` under gradwatch."""
     times: dict[str, list[float]] = {"bare": [], "clip": [], "gradwatch": []}
     if args.checksums:
@@ -64,18 +66,20 @@ def _half(case: Any, watched: tuple[nn.Module, Any], bare: tuple[nn.Module, Any]
             runs["gradwatch"]()
             runs["bare"]()
         names = list(times)
-        for r in range(args.rounds):
-            for name in names[r % len(names) :] + names[: r % len(names)]:
-                step = runs.get(name, runs["gradwatch"])
-                if name in ("gradwatch", "checksummed"):
-                    on = name == "checksummed"
-                    carry.still = (lambda t: True) if on else real_still  # type: ignore[assignment]
-                    step()  # a switch of mode settles in one step (a fresh checksum read)
-                for _ in range(STEPS):
-                    t = time.process_time()
-                    step()
-                    times[name].append(time.process_time() - t)
-        carry.still = real_still  # type: ignore[assignment]
+        try:
+            for r in range(args.rounds):
+                for name in names[r % len(names) :] + names[: r % len(names)]:
+                    step = runs.get(name, runs["gradwatch"])
+                    if name in ("gradwatch", "checksummed"):
+                        on = name == "checksummed"
+                        carry.still = (lambda t: True) if on else real_still  # type: ignore[assignment]
+                        step()  # a switch of mode settles in one step (a fresh checksum read)
+                    for _ in range(STEPS):
+                        t = time.process_time()
+                        step()
+                        times[name].append(time.process_time() - t)
+        finally:
+            carry.still = real_still  # type: ignore[assignment]
     return {k: statistics.median(v) * 1e3 for k, v in times.items()}
 
 
