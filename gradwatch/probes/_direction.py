@@ -1,80 +1,226 @@
-"""The directions ``gradient_mismatch`` moves a copy's weights along, held in place.
+"""The directions ``gradient_mismatch`` moves a copy's weights along, never held whole.
 
-A :class:`Direction` is a unit random vector through some parameters of the probe's copy,
-with their values to come back to. For the joint direction through every layer each list
-costs a copy of the (float64) weights, so nothing here makes a second list of the same size:
-the vector is drawn, normalised and weighted in place, and temporaries are one tensor at a
-time (issue 49's memory budget: on 6 x Linear(4096, 4096) the probes' peak went from 11.8 x
-the parameter bytes to 8.0 x, measured with ``benchmarks/memory.py``).
+One seeded normal draw ``u`` through every parameter of the copy (:class:`Draw`) serves
+every direction: a layer's own is ``u`` on its parameters, normalised; the joint one through
+every layer is ``u`` weighted per layer (:func:`joint`), normalised. A :class:`Direction`
+keeps only a scalar per parameter: ``u`` is drawn again, :data:`CHUNK` values at a time, at
+each use. Autograd's gradient is reduced as it is made (:func:`reduce_grads`: a hook per
+parameter takes ``g . u`` and ``|g|^2`` and hands autograd back a zero that holds no
+memory), and the weights to come back to are the user's own wherever the copy holds their
+values (:func:`bases`). Issue 49's budget (the probes hold one copy of the weights): on
+6 x Linear(4096, 4096) the probe's peak was 11.8 x the parameter bytes, then 8.0 x; now the
+copy and one layer's gradient while autograd makes it.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any, Optional
+from collections.abc import Iterator
+from typing import Any, Callable, Optional
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
-__all__ = ["Direction", "even_out"]
+__all__ = ["CHUNK", "Direction", "Draw", "Reduced", "bases", "joint", "reduce_grads"]
+
+#: Values drawn at a time: 4 MiB of float32 normals.
+CHUNK = 1 << 20
+
+
+def _mix(seed: int, index: int, chunk: int) -> int:
+    return ((seed * 1_000_003 + index) * 1_000_033 + chunk) % (2**63 - 1)
+
+
+class Draw:
+    """A seeded normal vector ``u`` through ``params``, zero on the rows ``masks`` leaves out
+    (an embedding's documented gradient masks); drawn afresh a chunk at a time."""
+
+    def __init__(self, params: list[Tensor], seed: int, masks: Any = None) -> None:
+        self.params, self.seed = params, seed
+        rows = getattr(masks, "rows", {}) if masks is not None else {}
+        self.rows = [torch.tensor(sorted(rows[id(p)])) if rows.get(id(p)) else None for p in params]
+        self._sq: list[Optional[float]] = [None] * len(params)
+
+    def chunks(self, i: int) -> Iterator[tuple[int, int, Tensor]]:
+        """``(start, end, u[start:end])`` over parameter ``i`` flattened (float32, on CPU)."""
+        p, rows = self.params[i], self.rows[i]
+        n = p.numel()
+        width = n // p.shape[0] if p.dim() > 0 and p.shape[0] > 0 else n
+        gen = torch.Generator()
+        for c, start in enumerate(range(0, n, CHUNK)):
+            end = min(start + CHUNK, n)
+            gen.manual_seed(_mix(self.seed, i, c))
+            u = torch.randn(end - start, generator=gen)
+            if rows is not None:
+                u[torch.isin(torch.arange(start, end) // max(width, 1), rows)] = 0.0
+            yield start, end, u
+
+    def norm_sq(self, i: int) -> float:
+        """``|u_i|^2``: taken by :func:`reduce_grads`, else drawn here once."""
+        sq = self._sq[i]
+        if sq is None:
+            sq = sum(float(torch.dot(u, u)) for _s, _e, u in self.chunks(i))
+            self._sq[i] = sq
+        return sq
+
+    def keep_norm_sq(self, i: int, sq: float) -> None:
+        self._sq[i] = sq
+
+    def dot(self, i: int, g: Tensor) -> float:
+        """``g . u_i`` for a tensor of parameter ``i``'s shape, a chunk at a time."""
+        flat = g.detach().reshape(-1)
+        return sum(
+            float(torch.dot(flat[s:e], u.to(flat.device, flat.dtype))) for s, e, u in self.chunks(i)
+        )
+
+
+class Reduced:
+    """Autograd's gradient as :func:`reduce_grads` kept it: per parameter ``g . u`` and
+    ``|g|^2`` (``None`` where the loss does not reach the parameter)."""
+
+    def __init__(self, n: int) -> None:
+        self.dots: list[Optional[float]] = [None] * n
+        self.sq: list[Optional[float]] = [None] * n
+
+    def take(self, draw: Draw, i: int, g: Tensor) -> None:
+        flat = g.detach().reshape(-1)
+        dot = sq = usq = 0.0
+        for s, e, u in draw.chunks(i):
+            part = flat[s:e]
+            u = u.to(part.device, part.dtype)
+            dot += float(torch.dot(part, u))
+            sq += float(torch.dot(part, part))
+            usq += float(torch.dot(u, u))
+        draw.keep_norm_sq(i, usq)
+        self.dots[i], self.sq[i] = dot, sq
+
+    def layer_norm(self, indices: list[int]) -> float:
+        return math.sqrt(sum(self.sq[i] or 0.0 for i in indices))
+
+
+def reduce_grads(loss: Tensor, draw: Draw) -> Reduced:
+    """One backward pass of ``loss`` to ``draw``'s parameters, reduced as each gradient is
+    made; the graph is kept.
+
+    Raises:
+        RuntimeError: autograd failed.
+    """
+    params = draw.params
+    out = Reduced(len(params))
+
+    def hook(i: int) -> Callable[[Tensor], Optional[Tensor]]:
+        def take(g: Tensor) -> Optional[Tensor]:
+            if g.layout != torch.strided:  # a sparse embedding's rows: small, kept as is
+                out.take(draw, i, g.to_dense())
+                return None
+            out.take(draw, i, g)
+            return torch.zeros((), dtype=g.dtype, device=g.device).expand(g.shape)
+
+        return take
+
+    handles = [p.register_hook(hook(i)) for i, p in enumerate(params)]
+    try:
+        torch.autograd.grad(loss, params, allow_unused=True, retain_graph=True)
+    finally:
+        for h in handles:
+            h.remove()
+    return out
 
 
 class Direction:
-    """A direction ``v`` through some parameters and their values ``base`` to come back to.
+    """``v = c_i u_i`` on the parameters ``indices`` of ``draw``; their values come back from
+    ``base`` (one tensor per parameter of the draw) after each move."""
 
-    Held in place, one tensor of temporaries at a time: for the joint direction through every
-    layer, each whole-model list costs a copy of the float64 weights (issue 49's memory
-    budget). ``base`` keeps a float64 weight that holds float32 values (a float32 model
-    widened for the probe) as float32: exact, and half the bytes.
-    """
-
-    def __init__(self, name: str, names: list[str], params: list[Tensor], seed: int) -> None:
-        self.name, self.names, self.params = name, names, params
-        gen = torch.Generator().manual_seed(seed)
-        v = [torch.randn(p.shape, generator=gen, dtype=torch.float64) for p in params]
-        norm = math.sqrt(sum(float(torch.dot(r.view(-1), r.view(-1))) for r in v)) or 1.0
-        self.v = [r.div_(norm).to(p.device, p.dtype) for r, p in zip(v, params)]
-        del v
-        self.base = [_narrow(p.detach()) for p in params]
-        size = math.sqrt(sum(float(b.double().pow(2).sum()) for b in self.base))
+    def __init__(
+        self, name: str, names: list[str], draw: Draw, indices: list[int], base: list[Tensor]
+    ) -> None:
+        self.name, self.names, self.draw, self.indices, self.base = name, names, draw, indices, base
+        norm = math.sqrt(sum(draw.norm_sq(i) for i in indices))
+        self.coef = {i: (1.0 / norm if norm > 0.0 else 1.0) for i in indices}
+        size = math.sqrt(sum(float(torch.linalg.vector_norm(base[i])) ** 2 for i in indices))
         self.scale = max(1.0, size)
 
-    def exclude(self, masks: Any) -> None:
-        """Leave out the rows whose documented gradient is not the derivative (padding)."""
-        v = masks.apply(self.params, self.v)
-        norm = math.sqrt(sum(float(d.double().pow(2).sum()) for d in v))
-        if norm > 0.0:
-            self.v = [d.div_(norm) for d in v]
-
     def shift(self, h: float) -> None:
+        """The parameters at ``base + h v`` (exactly ``base`` at ``h = 0``)."""
         with torch.no_grad():
-            for p, b, v in zip(self.params, self.base, self.v):
-                p.copy_(torch.add(b.to(p.dtype), v, alpha=h))
+            for i in self.indices:
+                p = self.draw.params[i]
+                p.copy_(self.base[i])
+                if h == 0.0:
+                    continue
+                flat = p.view(-1) if p.is_contiguous() else None
+                for s, e, u in self.draw.chunks(i):
+                    step = u.to(p.device, p.dtype)
+                    if flat is not None:
+                        flat[s:e].add_(step, alpha=self.coef[i] * h)
+                    else:  # a strided parameter: its chunk written through its coordinates
+                        _add_at(p, s, step.mul_(self.coef[i] * h))
 
-    def directional(self, grads: list[Optional[Tensor]]) -> float:
-        return float(sum(float((g * v).sum()) for g, v in zip(grads, self.v) if g is not None))
+    def directional(self, reduced: Reduced) -> float:
+        """Autograd's ``g . v`` from the reduced gradient."""
+        return float(sum(self.coef[i] * (reduced.dots[i] or 0.0) for i in self.indices))
+
+    def directional_of(self, grads: list[Optional[Tensor]]) -> float:
+        """``g . v`` for gradients given in full (one per parameter of ``indices``)."""
+        pairs = zip(self.indices, grads)
+        return float(sum(self.coef[i] * self.draw.dot(i, g) for i, g in pairs if g is not None))
 
 
-def even_out(whole: Direction, groups: list[Any], grads: list[Optional[Tensor]]) -> None:
-    """Weight each layer's block of the joint direction by 1 / its gradient's norm (at most
-    1000 x the smallest weight), so that every layer moves the directional derivative about
-    alike: a wrong derivative in an early layer of a deep net, whose gradient is small, is
-    not lost in the others'."""
-    sizes, flat = [], iter(grads)
-    for g in groups:
-        sq = sum(
-            float(t.double().pow(2).sum()) for t in (next(flat) for _ in g[2]) if t is not None
-        )
-        sizes.append(math.sqrt(sq))
+def _add_at(p: Tensor, start: int, values: Tensor) -> None:
+    """Add ``values`` at flat positions ``start:`` of a non-contiguous ``p``."""
+    index = torch.arange(start, start + values.numel(), device=p.device)
+    p[torch.unravel_index(index, p.shape)] += values
+
+
+def joint(draw: Draw, layers: list[list[int]], reduced: Reduced, base: list[Tensor]) -> Direction:
+    """The direction through every layer, each layer's block weighted by 1 / its gradient's
+    norm (at most 1000 x the smallest weight), so that every layer moves the directional
+    derivative about alike: a wrong derivative in an early layer of a deep net, whose
+    gradient is small, is not lost in the others'."""
+    every = [i for block in layers for i in block]
+    names: list[str] = []
+    whole = Direction("(every layer)", names, draw, every, base)
+    sizes = [reduced.layer_norm(block) for block in layers]
     top = max(sizes) if sizes else 0.0
     if top <= 0.0:
-        return
-    weights = [1.0 / max(size, 1e-3 * top) for size, g in zip(sizes, groups) for _ in g[2]]
-    for v, w in zip(whole.v, weights):  # in place: whole.v is the layer's own
-        v.mul_(w)
-    norm = math.sqrt(sum(float(v.double().pow(2).sum()) for v in whole.v)) or 1.0
-    for v in whole.v:
-        v.div_(norm)
+        return whole
+    weight = {i: 1.0 / max(size, 1e-3 * top) for size, block in zip(sizes, layers) for i in block}
+    norm = math.sqrt(sum(weight[i] ** 2 * draw.norm_sq(i) for i in every))
+    whole.coef = {i: weight[i] / norm if norm > 0.0 else 1.0 for i in every}
+    return whole
+
+
+def bases(copy: nn.Module, model: nn.Module, params: list[Tensor]) -> list[Tensor]:
+    """What each parameter of the copy comes back to: the user's own parameter where it
+    holds the same values (the copy was made from it, perhaps widened to float64), else a
+    copy taken now (float32 where the float64 values are float32's, exactly)."""
+    twin = {}
+    for (name, c), (other, o) in zip(copy.named_parameters(), model.named_parameters()):
+        if name == other and c.shape == o.shape:
+            twin[id(c)] = o
+    return [_source(p, twin.get(id(p))) for p in params]
+
+
+def _source(p: Tensor, own: Optional[Tensor]) -> Tensor:
+    if own is not None and own.device == p.device and _same(p.detach(), own.detach()):
+        return own.detach()
+    return _narrow(p.detach())
+
+
+def _same(p: Tensor, own: Tensor) -> bool:
+    """Whether ``own`` holds ``p``'s values, compared a chunk at a time (no whole copy)."""
+    if type(own) is not Tensor and not isinstance(own, nn.Parameter):
+        return False  # a DTensor, a quantised tensor: not read as a plain one
+    try:
+        a, b = p.reshape(-1), own.reshape(-1)
+        if a.numel() > CHUNK and not (p.is_contiguous() and own.is_contiguous()):
+            return False
+        return all(
+            torch.equal(a[s : s + CHUNK], b[s : s + CHUNK].to(a.dtype))
+            for s in range(0, a.numel(), CHUNK)
+        )
+    except Exception:
+        return False
 
 
 def _narrow(p: Tensor) -> Tensor:

@@ -21,7 +21,7 @@ from typing import Any, Optional
 import torch
 from torch import Tensor, nn
 
-from gradwatch.probes._direction import Direction, even_out
+from gradwatch.probes._direction import Direction, Draw, Reduced, bases, joint, reduce_grads
 from gradwatch.probes._sandbox import (
     Budget,
     CannotJudge,
@@ -43,9 +43,13 @@ from gradwatch.probes._wide import KeepWide
 from gradwatch.results import ProbeLayer
 from gradwatch.vectors.sensitivity import layer_groups
 
-__all__ = ["GradientResult", "gradient_agreement"]
+__all__ = ["WIDE_FLOOR", "GradientResult", "gradient_agreement", "wide_bytes"]
 
 SEED = 20190425  # the date of the Recipe: any fixed seed, the same for every evaluation
+#: A float64 copy of at most this many bytes is always allowed, whatever the memory budget:
+#: less than importing torch takes. Above it, a budget of one copy of the weights (the probes
+#: inside ``watch()``) compares a float32 model in float32.
+WIDE_FLOOR = 64 * 2**20
 
 
 @dataclass
@@ -62,6 +66,7 @@ class GradientResult:
     surgery: dict[str, float] = field(default_factory=dict)  # Function -> c, its backward c*g
     masked: dict[str, Any] = field(default_factory=dict)  # embedding rows left out, and why
     joint: Optional[ProbeLayer] = None  # every layer along one direction, when sampled
+    narrowed: str = ""  # why the copy stayed in the model's dtype though float64 would run
 
     def mismatched(self) -> list[ProbeLayer]:
         return [row for row in self.layers if row.status == "mismatch"]
@@ -174,18 +179,20 @@ def _spread(n: int, k: int) -> list[int]:
     return sorted({round(i * (n - 1) / (k - 1)) for i in range(k)})
 
 
-def _base(ev: _Evaluator, groups: list[Any]) -> tuple[Tensor, list[Optional[Tensor]]]:
+def _base(ev: _Evaluator, params: list[Tensor]) -> tuple[Tensor, Draw, Reduced]:
+    """The recorded evaluation, and autograd's gradient reduced along the draw as it is
+    made (never held: :func:`reduce_grads`)."""
     loss = ev.recorded()
     if not loss.requires_grad:
         raise CannotJudge("not_differentiable", "the loss does not require grad")
     if not torch.isfinite(loss):
         raise CannotJudge("nonfinite_loss", "the loss is not finite on the copy")
-    params = [p for g in groups for p in g[2]]
+    draw = Draw(params, SEED, ev.mode.masks)
     try:
-        grads = torch.autograd.grad(loss, params, allow_unused=True, retain_graph=True)
+        reduced = reduce_grads(loss, draw)
     except RuntimeError as exc:
         raise CannotJudge("not_differentiable", f"autograd failed: {exc}") from exc
-    return loss, list(grads)
+    return loss, draw, reduced
 
 
 def gradient_agreement(
@@ -194,17 +201,41 @@ def gradient_agreement(
     """Compare autograd with finite differences on every layer that the budget allows.
 
     In float64 when the model and ``loss_fn`` run in it, else in the model's own dtype
-    (``loss_fn`` builds float32 tensors: ``torch.randn(n, 2)`` for a GAN's noise).
+    (``loss_fn`` builds float32 tensors: ``torch.randn(n, 2)`` for a GAN's noise), and in
+    the model's own dtype where a float64 copy would hold more than ``budget.bytes`` (and
+    more than :data:`WIDE_FLOOR`).
 
     Raises:
         CannotJudge: the copy cannot be evaluated reproducibly or differentiated.
     """
+    if not _may_widen(model, budget):
+        result = _agreement(model, batch, loss_fn, rtol, budget, max_samples, wide=False)
+        result.narrowed = (
+            f"a float64 copy would hold {_mib(wide_bytes(model))}, over the probes' "
+            f"{_mib(budget.bytes or 0)} (one copy of the weights)"
+        )
+        return result
     try:
         return _agreement(model, batch, loss_fn, rtol, budget, max_samples, wide=True)
     except CannotJudge as exc:
         if exc.reason != "loss_failed":
             raise
     return _agreement(model, batch, loss_fn, rtol, budget, max_samples, wide=False)
+
+
+def wide_bytes(model: nn.Module) -> int:
+    """The bytes of a float64 copy's floating parameters and buffers."""
+    tensors = [*model.parameters(), *model.buffers()]
+    return sum(t.numel() * (8 if t.is_floating_point() else t.element_size()) for t in tensors)
+
+
+def _may_widen(model: nn.Module, budget: Budget) -> bool:
+    """Whether a float64 copy fits the budget's bytes (or :data:`WIDE_FLOOR`)."""
+    return budget.bytes is None or wide_bytes(model) <= max(budget.bytes, WIDE_FLOOR)
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:,.0f} MiB"
 
 
 def _agreement(
@@ -227,14 +258,15 @@ def _agreement(
     result = GradientResult(dtype=dtype, total_layers=len(groups))
     result.memory_bytes = param_bytes(copy)
     t0 = budget.elapsed()
-    loss, grads = _base(ev, groups)
+    params = list(_params_of(groups))
+    loss, draw, reduced = _base(ev, params)
     if mode.autocast:  # the forward ran in bf16/fp16: compared at that precision
         result.dtype = "autocast"
     elif loss.dtype != torch.float64:  # a loss upcast to float32 (HF's .float()) limits all
         result.dtype = str(loss.dtype).removeprefix("torch.")
     result.custom_functions = custom_functions(loss)
     ste_ids, result.straight_through = straight_through_params(loss)
-    declared, cut = declare(loss, list(_params_of(groups)))
+    declared, cut = declare(loss, params)
     result.surgery = declared.surgery
     ste_ids |= declared.explained_ids
     result.masked = mode.masks.described({id(p): n for g in groups for n, p in zip(g[1], g[2])})
@@ -251,31 +283,30 @@ def _agreement(
     order += [k for k in range(len(groups)) if k not in order]
     fits = int(max(budget.left(), 0.0) / (2.0 * per_eval))
     h_rel, tol = _precision(result.dtype, rtol)
+    base = bases(copy, model, params)
+    blocks, start = [], 0
+    for g in groups:
+        blocks.append(list(range(start, start + len(g[2]))))
+        start += len(g[2])
     if fits < len(order) and not ste_ids:  # sampled: first every layer along one direction
         fits -= 1
-        whole = Direction(
-            "(every layer)", [n for g in groups for n in g[1]], list(_params_of(groups)), SEED - 1
-        )
-        even_out(whole, groups, grads)
-        whole.exclude(mode.masks)
-        result.joint = _compare(ev, whole, list(grads), h_rel, tol, explained=False)
+        whole = joint(draw, blocks, reduced, base)
+        whole.names = [n for g in groups for n in g[1]]
+        result.joint = _compare(ev, whole, reduced, h_rel, tol, explained=False)
     chosen = [order[i] for i in _spread(len(order), max(fits, 1))]
     result.sampled = len(chosen) < len(order)
-    flat = iter(grads)
-    grad_of = [[next(flat) for _ in g[2]] for g in groups]
     for k in chosen:
         if budget.left() <= 0 and result.layers:
             result.sampled = True
             break
-        name, names, params = groups[k]
-        layer = Direction(name, names, params, seed=SEED + k)
-        layer.exclude(mode.masks)
-        explained = any(id(p) in ste_ids for p in params)
-        row = _compare(ev, layer, grad_of[k], h_rel, tol, explained=explained)
+        name, names, own = groups[k]
+        layer = Direction(name, names, draw, blocks[k], base)
+        explained = any(id(p) in ste_ids for p in own)
+        row = _compare(ev, layer, reduced, h_rel, tol, explained=explained)
         behind = [
             f
             for f in declared.candidates
-            if any(f in declared.upstream_of.get(id(p), ()) for p in params)
+            if any(f in declared.upstream_of.get(id(p), ()) for p in own)
         ]
         if row.status != "agree" and not explained:
             ste = [f for f in behind if _cut_agrees(row, layer, cut(f), groups, k, tol)]
@@ -294,7 +325,7 @@ def _cut_agrees(
     if cut is None:
         return False
     start = sum(len(g[2]) for g in groups[:k])
-    auto = layer.directional(cut[start : start + len(groups[k][2])])
+    auto = layer.directional_of(cut[start : start + len(groups[k][2])])
     cut_row = ProbeLayer(name=row.name, params=row.params, autograd=auto, numeric=row.numeric)
     return _judge(cut_row, 0.0, tol) == "agree"
 
@@ -306,7 +337,7 @@ def _params_of(groups: list[Any]) -> Any:
 def _compare(
     ev: _Evaluator,
     layer: Direction,
-    grads: list[Optional[Tensor]],
+    reduced: Reduced,
     h_rel: float,
     tol: float,
     *,
@@ -315,7 +346,7 @@ def _compare(
     """One layer's (or every layer's) directional derivative, autograd against numeric."""
     h = h_rel * layer.scale
     floor = _rounding(ev.loss, ev.value, h)
-    auto = layer.directional(grads)
+    auto = layer.directional(reduced)
     row = ProbeLayer(
         name=layer.name, params=layer.names, autograd=auto, numeric=_central(ev, layer, h)
     )
