@@ -169,7 +169,6 @@ def _guarded(
     batch: Any,
     loss_fn: LossFn,
     opt: Any,
-    memory: Optional[int] = None,
 ) -> Optional[Finding]:
     """Run one probe (its :data:`RUNNERS` entry) and judge it into ``record``; its finding,
     if any. The user's step may fail there, and warnings are the probe's own.
@@ -184,8 +183,7 @@ def _guarded(
         warnings.simplefilter("always")
         try:
             runner = RUNNERS[check_id]
-            budget = Budget(cfg.budget_s, bytes=memory)
-            return runner(model, batch, loss_fn, opt, cfg, budget, record)
+            return runner(model, batch, loss_fn, opt, cfg, Budget(cfg.budget_s), record)
         except CannotJudge:
             raise
         except Exception as exc:
@@ -231,7 +229,6 @@ def run_probes(
     config: GradWatchConfig,
     only: Optional[Collection[str]] = None,
     time_limit: Optional[float] = None,
-    memory_limit: Optional[int] = None,
 ) -> tuple[list[ProbeResult], list[Finding]]:
     """Run every enabled probe on copies of ``model``: their records and their findings.
 
@@ -239,9 +236,6 @@ def run_probes(
         only: the probes to run (their order stays :data:`PROBES`'s); ``None``: all.
         time_limit: seconds for all of them together: each gets at most an even share of
             what is left (and never more than its own ``budget_s``).
-        memory_limit: bytes each probe's copies may hold (``None``: within the free
-            memory); ``gradient_mismatch`` then stays in the model's dtype where a float64
-            copy would not fit.
 
     The global RNG state is restored on the way out, whatever happened.
     """
@@ -259,9 +253,7 @@ def run_probes(
             record = ProbeResult(id=check_id, verdict=NotObserved.id)
             start = time.perf_counter()
             try:
-                finding = _guarded(
-                    check_id, cfg, record, model, batch, loss_fn, optimizer, memory_limit
-                )
+                finding = _guarded(check_id, cfg, record, model, batch, loss_fn, optimizer)
             except CannotJudge as exc:
                 if exc.partial is not None:
                     record.curve = list(getattr(exc.partial, "curve", []))

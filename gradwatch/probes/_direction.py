@@ -7,9 +7,10 @@ keeps only a scalar per parameter: ``u`` is drawn again, :data:`CHUNK` values at
 each use. Autograd's gradient is reduced as it is made (:func:`reduce_grads`: a hook per
 parameter takes ``g . u`` and ``|g|^2`` and hands autograd back a zero that holds no
 memory), and the weights to come back to are the user's own wherever the copy holds their
-values (:func:`bases`). Issue 49's budget (the probes hold one copy of the weights): on
-6 x Linear(4096, 4096) the probe's peak was 11.8 x the parameter bytes, then 8.0 x; now the
-copy and one layer's gradient while autograd makes it.
+values (:func:`bases`). What is left of the model's size is the float64 copy itself and
+one parameter's gradient while autograd makes it (issue 49's memory budget): on
+6 x Linear(4096, 4096) the probe's peak was 11.8 x the float32 parameter bytes, then 8.0 x,
+now 2.5 x.
 """
 
 from __future__ import annotations
@@ -139,22 +140,29 @@ class Direction:
         self.coef = {i: (1.0 / norm if norm > 0.0 else 1.0) for i in indices}
         size = math.sqrt(sum(float(torch.linalg.vector_norm(base[i])) ** 2 for i in indices))
         self.scale = max(1.0, size)
+        self.offset: Optional[tuple[Direction, float]] = None  # the point moved off base
 
     def shift(self, h: float) -> None:
-        """The parameters at ``base + h v`` (exactly ``base`` at ``h = 0``)."""
+        """The parameters at ``base + h v`` (plus ``offset``'s move; exactly ``base`` at
+        ``h = 0`` without one)."""
         with torch.no_grad():
             for i in self.indices:
-                p = self.draw.params[i]
-                p.copy_(self.base[i])
-                if h == 0.0:
-                    continue
-                flat = p.view(-1) if p.is_contiguous() else None
-                for s, e, u in self.draw.chunks(i):
-                    step = u.to(p.device, p.dtype)
-                    if flat is not None:
-                        flat[s:e].add_(step, alpha=self.coef[i] * h)
-                    else:  # a strided parameter: its chunk written through its coordinates
-                        _add_at(p, s, step.mul_(self.coef[i] * h))
+                self.draw.params[i].copy_(self.base[i])
+                if self.offset is not None and i in self.offset[0].coef:
+                    self.offset[0].add(i, self.offset[1])
+                if h != 0.0:
+                    self.add(i, h)
+
+    def add(self, i: int, h: float) -> None:
+        """Add ``h v`` to parameter ``i`` in place, a chunk at a time."""
+        p = self.draw.params[i]
+        flat = p.view(-1) if p.is_contiguous() else None
+        for s, _e, u in self.draw.chunks(i):
+            step = u.to(p.device, p.dtype)
+            if flat is not None:
+                flat[s:_e].add_(step, alpha=self.coef[i] * h)
+            else:  # a strided parameter: its chunk written through its coordinates
+                _add_at(p, s, step.mul_(self.coef[i] * h))
 
     def directional(self, reduced: Reduced) -> float:
         """Autograd's ``g . v`` from the reduced gradient."""

@@ -205,12 +205,10 @@ def evaluate(model: nn.Module, batch: Any, loss_fn: LossFn, seed: int) -> Tensor
 
 @dataclass
 class Budget:
-    """A probe's budget: ``left()`` seconds remain, and the bytes its copies may hold
-    (``None``: any, within the free memory; ``watch()``'s probes get one copy of the weights)."""
+    """A probe's time budget: ``left()`` seconds remain."""
 
     seconds: float
     start: float = field(default_factory=time.perf_counter)
-    bytes: Optional[int] = None
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.start

@@ -53,11 +53,6 @@ def gradient_verdict(res: GradientResult, record: ProbeResult, severity: str) ->
     explained = [r.name for r in res.layers if r.status == "explained"]
     if explained:
         record.note = _explained_note(res, explained)
-    if res.narrowed:
-        record.details["narrowed"] = res.narrowed
-        record.note = (record.note + "; " if record.note else "") + (
-            f"compared in the model's own dtype: {res.narrowed}"
-        )
     joint = res.joint
     if joint is not None:
         record.details["joint"] = {

@@ -14,11 +14,9 @@ the loader) is told apart by the tensor's version counter: the probes then say t
 not judge (``not_observed``, ``info``) instead of probing a batch the model never saw.
 
 :func:`refusal` decides whether a copy may be made at all: ``probes: off`` never; ``auto``
-(the default) only for a model of at most :data:`MAX_PARAMS` parameters whose copy
-(:func:`needed_bytes`) fits in half the free memory of its device; ``on`` for any size,
-still within the free memory. Either way the probes hold one copy of the weights at a time
-(issue 49's budget): ``gradient_mismatch`` compares a float32 model in float32 unless its
-float64 copy is small (:data:`~gradwatch.probes.gradient.WIDE_FLOOR`).
+(the default) only for a model of at most :data:`MAX_PARAMS` parameters whose copies
+(:func:`needed_bytes`: ``gradient_mismatch``'s float64 copy is the largest) fit in half the
+free memory of its device; ``on`` for any size, still within the free memory.
 """
 
 from __future__ import annotations
@@ -41,7 +39,6 @@ from gradwatch.config import GradWatchConfig
 from gradwatch.model.hook_args import pre_kwargs
 from gradwatch.probes import LOSS_FREE_PROBES, run_probes
 from gradwatch.probes._sandbox import tensors
-from gradwatch.probes.gradient import WIDE_FLOOR, wide_bytes
 from gradwatch.results import Finding, ProbeResult
 
 __all__ = [
@@ -251,16 +248,12 @@ def free_bytes(device: torch.device) -> Optional[int]:
 
 
 def needed_bytes(model: nn.Module) -> int:
-    """What the probes' copies hold at most (activations aside): one copy of the model, and
-    one parameter's gradient while autograd makes it. ``gradient_mismatch`` widens its copy
-    to float64 only within :data:`~gradwatch.probes.gradient.WIDE_FLOOR`, since the probes
-    inside ``watch()`` may hold one copy of the weights (:func:`run_auto`)."""
+    """What the probes' copies hold at most (activations aside): ``gradient_mismatch``'s
+    float64 copy, and its largest parameter's gradient while autograd makes it (it holds no
+    other gradient, direction or weights: :mod:`gradwatch.probes._direction`)."""
     params = list(model.parameters())
-    own = sum(t.numel() * t.element_size() for t in (*params, *model.buffers()))
-    wide = wide_bytes(model) <= WIDE_FLOOR
-    copy = max(own, wide_bytes(model)) if wide else own
-    largest = max((p.numel() * (8 if wide else p.element_size()) for p in params), default=0)
-    return copy + largest
+    wide = sum(8 * t.numel() for t in (*params, *model.buffers()))
+    return wide + 8 * max((p.numel() for p in params), default=0)
 
 
 def _gib(n: float) -> str:
@@ -331,16 +324,9 @@ def run_auto(
     if hasattr(order, "compare_loss"):
         order.compare_loss = False
     chosen = [c for c in LOSS_FREE_PROBES if config.check(c).enabled]
-    own = sum(t.numel() * t.element_size() for t in first.model.parameters())
     try:  # each probe is guarded in run_probes; this is for a fault around them
         records, found = run_probes(
-            first.model,
-            batch,
-            loss_fn,
-            config=config,
-            only=chosen,
-            time_limit=budget,
-            memory_limit=own,  # issue 49: one copy of the weights
+            first.model, batch, loss_fn, config=config, only=chosen, time_limit=budget
         )
     except Exception as exc:
         records, found = [_failed(c, exc) for c in chosen], []

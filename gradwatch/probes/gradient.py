@@ -43,13 +43,11 @@ from gradwatch.probes._wide import KeepWide
 from gradwatch.results import ProbeLayer
 from gradwatch.vectors.sensitivity import layer_groups
 
-__all__ = ["WIDE_FLOOR", "GradientResult", "gradient_agreement", "wide_bytes"]
+__all__ = ["GradientResult", "gradient_agreement"]
 
 SEED = 20190425  # the date of the Recipe: any fixed seed, the same for every evaluation
-#: A float64 copy of at most this many bytes is always allowed, whatever the memory budget:
-#: less than importing torch takes. Above it, a budget of one copy of the weights (the probes
-#: inside ``watch()``) compares a float32 model in float32.
-WIDE_FLOOR = 64 * 2**20
+#: How far from the point, relative to the weights' size, a mismatch is looked for again.
+NUDGE = 1e-2
 
 
 @dataclass
@@ -66,7 +64,6 @@ class GradientResult:
     surgery: dict[str, float] = field(default_factory=dict)  # Function -> c, its backward c*g
     masked: dict[str, Any] = field(default_factory=dict)  # embedding rows left out, and why
     joint: Optional[ProbeLayer] = None  # every layer along one direction, when sampled
-    narrowed: str = ""  # why the copy stayed in the model's dtype though float64 would run
 
     def mismatched(self) -> list[ProbeLayer]:
         return [row for row in self.layers if row.status == "mismatch"]
@@ -201,41 +198,17 @@ def gradient_agreement(
     """Compare autograd with finite differences on every layer that the budget allows.
 
     In float64 when the model and ``loss_fn`` run in it, else in the model's own dtype
-    (``loss_fn`` builds float32 tensors: ``torch.randn(n, 2)`` for a GAN's noise), and in
-    the model's own dtype where a float64 copy would hold more than ``budget.bytes`` (and
-    more than :data:`WIDE_FLOOR`).
+    (``loss_fn`` builds float32 tensors: ``torch.randn(n, 2)`` for a GAN's noise).
 
     Raises:
         CannotJudge: the copy cannot be evaluated reproducibly or differentiated.
     """
-    if not _may_widen(model, budget):
-        result = _agreement(model, batch, loss_fn, rtol, budget, max_samples, wide=False)
-        result.narrowed = (
-            f"a float64 copy would hold {_mib(wide_bytes(model))}, over the probes' "
-            f"{_mib(budget.bytes or 0)} (one copy of the weights)"
-        )
-        return result
     try:
         return _agreement(model, batch, loss_fn, rtol, budget, max_samples, wide=True)
     except CannotJudge as exc:
         if exc.reason != "loss_failed":
             raise
     return _agreement(model, batch, loss_fn, rtol, budget, max_samples, wide=False)
-
-
-def wide_bytes(model: nn.Module) -> int:
-    """The bytes of a float64 copy's floating parameters and buffers."""
-    tensors = [*model.parameters(), *model.buffers()]
-    return sum(t.numel() * (8 if t.is_floating_point() else t.element_size()) for t in tensors)
-
-
-def _may_widen(model: nn.Module, budget: Budget) -> bool:
-    """Whether a float64 copy fits the budget's bytes (or :data:`WIDE_FLOOR`)."""
-    return budget.bytes is None or wide_bytes(model) <= max(budget.bytes, WIDE_FLOOR)
-
-
-def _mib(n: int) -> str:
-    return f"{n / 2**20:,.0f} MiB"
 
 
 def _agreement(
@@ -342,8 +315,11 @@ def _compare(
     tol: float,
     *,
     explained: bool,
+    nearby: bool = True,
 ) -> ProbeLayer:
-    """One layer's (or every layer's) directional derivative, autograd against numeric."""
+    """One layer's (or every layer's) directional derivative, autograd against numeric. A
+    mismatch is looked for again at a point nearby (:func:`_nearby`) unless ``nearby`` is
+    off."""
     h = h_rel * layer.scale
     floor = _rounding(ev.loss, ev.value, h)
     auto = layer.directional(reduced)
@@ -358,4 +334,30 @@ def _compare(
         if row.status != "agree":  # confirm at 2h: noise moves, a wrong derivative stays
             again2 = _central(ev, layer, 2.0 * h)
             row.status = _judge(row, max(abs(again2 - row.numeric), floor), tol)
+        if row.status == "mismatch" and nearby and _nearby(ev, layer, h_rel, tol) != "mismatch":
+            row.status = "inconclusive"  # not differentiable at this point: no evidence
     return row
+
+
+def _nearby(ev: _Evaluator, layer: Direction, h_rel: float, tol: float) -> str:
+    """The comparison along the same direction at a point :data:`NUDGE` of the weights'
+    size away (a thousand finite-difference steps). A wrong derivative is wrong on a whole
+    neighbourhood; a loss that is not differentiable at this very point (a ReLU input at
+    exactly 0, a max over exact ties, a weight projected onto a bound), whose autograd
+    derivative is a one-sided one, is not there. The copy and its recorded evaluation come
+    back to the point afterwards."""
+    draw = layer.draw
+    other = Draw(draw.params, SEED + 1, ev.mode.masks)
+    nudge = Direction("(nudge)", [], other, layer.indices, layer.base)
+    layer.offset = (nudge, NUDGE * layer.scale)
+    try:
+        layer.shift(0.0)
+        reduced = reduce_grads(ev.recorded(), draw)
+        status = _compare(ev, layer, reduced, h_rel, tol, explained=False, nearby=False).status
+    except (CannotJudge, RuntimeError):  # another path, or no loss there: not confirmed
+        status = "mismatch"
+    finally:
+        layer.offset = None
+        layer.shift(0.0)
+        ev.recorded()
+    return status

@@ -284,3 +284,54 @@ def test_a_wrong_backward_named_like_an_estimator_is_still_an_error(name: str) -
     torch.manual_seed(0)
     found = _error(_probe(STENet(_ste(name, *BUGS[name])), domain_batch(), ce))
     assert found.details["custom_functions"] == [name]
+
+
+# -- a point where the loss has a kink: autograd's is a one-sided derivative ----------------
+
+
+class _Kinked(nn.Module):
+    """Half of ``w`` sits exactly at ReLU's kink (a weight clamped to 0, a projected
+    perturbation): autograd's ``relu'(0) = 0`` is the left derivative there, and the central
+    difference is the mean of the two sides. ``wrong`` adds a swish whose backward forgets a
+    term: a wrong derivative beside the kink."""
+
+    def __init__(self, wrong: bool = False) -> None:
+        super().__init__()
+        w = torch.randn(16)
+        w[::2] = 0.0
+        self.w, self.lin, self.wrong = nn.Parameter(w), nn.Linear(4, 16), wrong
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = torch.tanh(self.lin(x))
+        if self.wrong:
+            h = _Swish.apply(h)
+        return h * F.relu(self.w)
+
+
+class _Swish(torch.autograd.Function):
+    """A hand-fused swish whose backward forgot the product rule's second term."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor) -> Tensor:
+        ctx.save_for_backward(x)
+        return x * torch.sigmoid(x)
+
+    @staticmethod
+    def backward(ctx: Any, g: Tensor) -> Tensor:
+        (x,) = ctx.saved_tensors
+        return g * torch.sigmoid(x)
+
+
+def _kink_loss(m: nn.Module, b: Any) -> Tensor:
+    return m(b).sum()
+
+
+def test_a_loss_at_a_kink_is_no_mismatch() -> None:
+    torch.manual_seed(0)
+    x = torch.rand(8, 4)
+    report = _probe(_Kinked(), x, _kink_loss)
+    _passes(report)
+    statuses = {row.name: row.status for row in report.probes[0].layers}
+    assert statuses["(root)"] == "inconclusive", statuses  # not a pass of w: no evidence
+    found = _error(_probe(_Kinked(wrong=True), x, _kink_loss))  # a wrong derivative still is
+    assert [row["name"] for row in found.details["layers"]] == ["lin"]
