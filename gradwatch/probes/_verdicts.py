@@ -45,6 +45,7 @@ def gradient_verdict(res: GradientResult, record: ProbeResult, severity: str) ->
         dtype=res.dtype,
         layers_compared=len(res.layers),
         layers_total=res.total_layers,
+        samples=res.samples,
         custom_functions=res.custom_functions,
         straight_through=res.straight_through,
         gradient_surgery=res.surgery,

@@ -34,6 +34,7 @@ from torch.nn.modules.batchnorm import SyncBatchNorm
 from torch.utils.hooks import RemovableHandle
 
 from gradwatch.checks.batch_order_dependent import BatchOrderDependent
+from gradwatch.checks.gradient_mismatch import GradientMismatch
 from gradwatch.checks.not_observed import NotObserved
 from gradwatch.config import GradWatchConfig
 from gradwatch.model.hook_args import pre_kwargs
@@ -42,6 +43,7 @@ from gradwatch.probes._sandbox import tensors
 from gradwatch.results import Finding, ProbeResult
 
 __all__ = [
+    "GRADIENT_SAMPLES",
     "MAX_PARAMS",
     "MIN_BUDGET_S",
     "STEPS_BUDGET",
@@ -64,6 +66,11 @@ STEPS_BUDGET = 10
 #: The budget's floor in seconds: on a tiny model ten steps are milliseconds, less than the
 #: copy itself costs.
 MIN_BUDGET_S = 0.25
+#: The samples ``gradient_mismatch`` takes inside ``watch()`` unless ``max_samples`` is set:
+#: a wrong derivative shows on any sample, and its float64 evaluations cost in proportion
+#: (on 8 samples, a ResNet-18's float64 forward takes longer than its float32 training
+#: step). Two, so that train-mode batch norm has a batch.
+GRADIENT_SAMPLES = 2
 _ARGS = "*args"  # where a call's positional arguments go when it also has keyword ones
 _SEED = 48
 
@@ -323,6 +330,9 @@ def run_auto(
     order = config.check(BatchOrderDependent.id)
     if hasattr(order, "compare_loss"):
         order.compare_loss = False
+    grad = config.check(GradientMismatch.id)
+    if hasattr(grad, "max_samples") and "max_samples" not in grad.model_fields_set:
+        grad.max_samples = GRADIENT_SAMPLES
     chosen = [c for c in LOSS_FREE_PROBES if config.check(c).enabled]
     try:  # each probe is guarded in run_probes; this is for a fault around them
         records, found = run_probes(

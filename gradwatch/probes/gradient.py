@@ -26,6 +26,7 @@ from gradwatch.probes._sandbox import (
     Budget,
     CannotJudge,
     LossFn,
+    batch_size,
     cast_batch,
     evaluate,
     fresh_copy,
@@ -59,6 +60,7 @@ class GradientResult:
     total_layers: int = 0
     sampled: bool = False
     memory_bytes: int = 0
+    samples: Optional[int] = None  # of the batch, spread over it
     custom_functions: list[str] = field(default_factory=list)
     straight_through: list[str] = field(default_factory=list)
     surgery: dict[str, float] = field(default_factory=dict)  # Function -> c, its backward c*g
@@ -230,6 +232,7 @@ def _agreement(
     ev = _Evaluator(copy, small, loss_fn, mode, wide=dtype == "float64")
     result = GradientResult(dtype=dtype, total_layers=len(groups))
     result.memory_bytes = param_bytes(copy)
+    result.samples = batch_size(small)
     t0 = budget.elapsed()
     params = list(_params_of(groups))
     loss, draw, reduced = _base(ev, params)

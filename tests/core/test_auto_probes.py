@@ -479,3 +479,14 @@ def test_a_model_that_cannot_be_copied_is_said_not_observed() -> None:
     reasons = {p.details.get("reason") for p in report.probes}
     assert reasons == {"not_copyable"}, report.probes
     assert not _failing(report)
+
+
+def test_the_gradient_probe_takes_two_samples_unless_told() -> None:
+    def samples(config: Optional[dict[str, Any]]) -> Any:
+        report = _train(mlp(), _vector_batches(), config=config)
+        (record,) = [p for p in report.probes if p.id == "gradient_mismatch"]
+        assert record.verdict == "passed", record.note
+        return record.details["samples"]
+
+    assert samples(None) == auto.GRADIENT_SAMPLES == 2  # of the batch's 8
+    assert samples({"checks": {"gradient_mismatch": {"max_samples": 8}}}) == 8
