@@ -144,8 +144,25 @@ def _first_moved(
 
 def _pair(
     copy: nn.Module, batch: Any, loss_fn: LossFn, n: int, perm: Tensor, state: State
-) -> tuple[Forward, Forward, Forward, _Prints, _Prints]:
-    """The original forward (fingerprinted), its replay under another seed, the permuted one."""
+) -> tuple[Forward, Forward, Forward]:
+    """The original forward, its replay under another seed, the permuted one."""
+    state.restore()
+    orig = run_forward(copy, batch, loss_fn, n, SEED, Draws(n))
+    state.restore()
+    again = run_forward(copy, batch, loss_fn, n, SEED + 1, Draws(n, orig.draws.drawn))
+    state.restore()
+    moved = run_forward(
+        copy, permute_batch(batch, perm, n), loss_fn, n, SEED, Draws(n, orig.draws.drawn, perm)
+    )
+    state.restore()
+    return orig, again, moved
+
+
+def _fingerprinted(
+    copy: nn.Module, batch: Any, loss_fn: LossFn, n: int, perm: Tensor, state: State
+) -> tuple[_Prints, _Prints]:
+    """The original and the permuted forward again, every module's output fingerprinted:
+    run only once an output moved, so a model whose outputs permute pays for none."""
     state.restore()
     first = _Prints(copy, n)
     try:
@@ -153,17 +170,14 @@ def _pair(
     finally:
         first.remove()
     state.restore()
-    again = run_forward(copy, batch, loss_fn, n, SEED + 1, Draws(n, orig.draws.drawn))
-    state.restore()
     second = _Prints(copy, n)
     try:
-        moved = run_forward(
-            copy, permute_batch(batch, perm, n), loss_fn, n, SEED, Draws(n, orig.draws.drawn, perm)
-        )
+        permuted = permute_batch(batch, perm, n)
+        run_forward(copy, permuted, loss_fn, n, SEED, Draws(n, orig.draws.drawn, perm))
     finally:
         second.remove()
     state.restore()
-    return orig, again, moved, first, second
+    return first, second
 
 
 def _stable(orig: Forward, again: Forward, rtol: float) -> bool:
@@ -197,13 +211,13 @@ def order_dependence(
     perm = derangement(n)
     result = OrderResult(batch=n, permutation=perm.tolist(), memory_bytes=_param_bytes(copy))
     state = State(copy)
-    orig, again, moved, first, second = _pair(copy, batch, loss_fn, n, perm, state)
+    orig, again, moved = _pair(copy, batch, loss_fn, n, perm, state)
     if not _stable(orig, again, rtol):
         if budget.left() <= 0:
             raise CannotJudge("budget", "the forward is random beyond what the replay aligns")
         copy.eval()  # the forward draws what the replay cannot align: judged in eval mode
         result.mode = "eval"
-        orig, again, moved, first, second = _pair(copy, batch, loss_fn, n, perm, state)
+        orig, again, moved = _pair(copy, batch, loss_fn, n, perm, state)
         if not _stable(orig, again, rtol):
             raise CannotJudge(
                 "not_reproducible",
@@ -214,6 +228,7 @@ def order_dependence(
         raise CannotJudge("forward_changed", "the permuted batch gave another set of outputs")
     _what_moved(orig, moved, perm, rtol, result)
     if result.moved:
+        first, second = _fingerprinted(copy, batch, loss_fn, n, perm, state)
         result.module, result.last_same = _first_moved(first, second, perm, rtol)
         _time_major(copy, batch, loss_fn, n, state, dict(orig.outputs).get(result.output or ""))
         parts = _norms_over_parts(copy, batch, loss_fn, n, perm, state, rtol)
@@ -276,7 +291,7 @@ def _norms_over_parts(
     for m in norms.values():
         m.eval()
     try:
-        orig, _, moved, _, _ = _pair(copy, batch, loss_fn, n, perm, state)
+        orig, _, moved = _pair(copy, batch, loss_fn, n, perm, state)
     except Exception:  # the forward refuses running statistics: the move stands
         return ""
     finally:
