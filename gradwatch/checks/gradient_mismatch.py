@@ -77,6 +77,11 @@ class GradientMismatch(Check):
             "its forward, never its class name: the finite difference equals autograd's "
             "derivative with its path cut. `straight_through = True` on the class and "
             "torch's fake quantisation declare one too.",
+            "A loss that is not differentiable at the very point compared (a ReLU input at "
+            "exactly 0, a max over exact ties, a weight projected onto a bound), where "
+            "autograd's is a one-sided derivative: a mismatch is looked for again at a point "
+            "1 % of the weights' size away, and one that does not show there is "
+            "`inconclusive`. A wrong derivative is wrong on a whole neighbourhood.",
         ),
         detail="a probe (on a float64 copy, `gradwatch.probe`, `Watcher.probe`, `gradwatch "
         "check`): per layer, autograd's directional derivative of the loss along a random "
