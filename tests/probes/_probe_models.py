@@ -11,6 +11,20 @@ from torch import Tensor, nn
 import gradwatch
 
 
+class Swish(torch.autograd.Function):
+    """A hand-fused swish whose backward forgot the product rule's second term."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor) -> Tensor:
+        ctx.save_for_backward(x)
+        return x * torch.sigmoid(x)
+
+    @staticmethod
+    def backward(ctx: Any, g: Tensor) -> Tensor:
+        (x,) = ctx.saved_tensors
+        return g * torch.sigmoid(x)  # d/dx x*s(x) = s(x) + x s(x)(1 - s(x))
+
+
 def data(n: int = 16, d: int = 4, classes: int = 10, seed: int = 0) -> tuple[Tensor, Tensor]:
     gen = torch.Generator().manual_seed(seed)
     return torch.randn(n, d, generator=gen), torch.randint(0, classes, (n,), generator=gen)

@@ -5,12 +5,11 @@ it, and the user's weights as the base."""
 from __future__ import annotations
 
 import warnings
-from typing import Any
 
 import pytest
 import torch
 import torch.nn.functional as F
-from _probe_models import mlp
+from _probe_models import Swish, mlp
 from torch import Tensor, nn
 
 import gradwatch
@@ -112,25 +111,13 @@ def test_the_base_is_the_users_own_weight_where_the_copy_holds_its_values() -> N
     assert torch.equal(found[-1].double(), params[-1].detach())
 
 
-class _Square(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, x: Tensor) -> Tensor:
-        ctx.save_for_backward(x)
-        return x * x
-
-    @staticmethod
-    def backward(ctx: Any, g: Tensor) -> Tensor:
-        (x,) = ctx.saved_tensors
-        return g * x  # d/dx x^2 = 2x
-
-
-class _WrongSquare(nn.Module):
+class _WrongSwish(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.a, self.b = nn.Linear(6, 16), nn.Linear(16, 3)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.b(_Square.apply(self.a(x)))
+        return self.b(Swish.apply(self.a(x)))
 
 
 def _watched(model: nn.Module) -> gradwatch.Report:
@@ -149,7 +136,7 @@ def _watched(model: nn.Module) -> gradwatch.Report:
 
 def test_watch_still_finds_a_wrong_derivative_and_passes_a_correct_model() -> None:
     torch.manual_seed(0)
-    record = {p.id: p for p in _watched(_WrongSquare()).probes}["gradient_mismatch"]
+    record = {p.id: p for p in _watched(_WrongSwish()).probes}["gradient_mismatch"]
     assert record.verdict == "finding" and record.details["dtype"] == "float64"
     torch.manual_seed(0)
     clean = {p.id: p for p in _watched(mlp(d=6, out=3)).probes}["gradient_mismatch"]

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
-from _probe_models import ce, data, findings, mlp, only, verdicts
+from _probe_models import Swish, ce, data, findings, mlp, only, verdicts
 from torch import Tensor, nn
 
 import gradwatch
@@ -23,20 +23,6 @@ def _probe(model: nn.Module, batch: Any, loss_fn: Any = ce, opt: Any = None) -> 
 
 
 # -- the bugs -------------------------------------------------------------------------------
-
-
-class _Swish(torch.autograd.Function):
-    """A hand-fused swish whose backward forgot the product rule's second term."""
-
-    @staticmethod
-    def forward(ctx: Any, x: Tensor) -> Tensor:
-        ctx.save_for_backward(x)
-        return x * torch.sigmoid(x)
-
-    @staticmethod
-    def backward(ctx: Any, g: Tensor) -> Tensor:
-        (x,) = ctx.saved_tensors
-        return g * torch.sigmoid(x)  # d/dx x*s(x) = s(x) + x s(x)(1 - s(x))
 
 
 class _Linear(torch.autograd.Function):
@@ -59,7 +45,7 @@ class SwishNet(nn.Module):
         self.a, self.b = nn.Linear(4, 16), nn.Linear(16, 10)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.b(_Swish.apply(self.a(x)))
+        return self.b(Swish.apply(self.a(x)))
 
 
 class DataEditNet(nn.Module):
@@ -100,7 +86,7 @@ def test_a_wrong_derivative_is_found(make: Any) -> None:
 def test_the_finding_names_the_custom_function_and_brackets_it() -> None:
     torch.manual_seed(0)
     (finding,) = findings(_probe(SwishNet(), data()), CHECK)
-    assert finding.details["custom_functions"] == ["_Swish"]
+    assert finding.details["custom_functions"] == ["Swish"]
     assert finding.details["between"] == ["a", "b"]  # the bad op is after a, before b
 
 

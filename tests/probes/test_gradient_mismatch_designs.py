@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
-from _probe_models import findings, only, verdicts
+from _probe_models import Swish, findings, only, verdicts
 from torch import Tensor, nn
 
 import gradwatch
@@ -304,22 +304,8 @@ class _Kinked(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         h = torch.tanh(self.lin(x))
         if self.wrong:
-            h = _Swish.apply(h)
+            h = Swish.apply(h)
         return h * F.relu(self.w)
-
-
-class _Swish(torch.autograd.Function):
-    """A hand-fused swish whose backward forgot the product rule's second term."""
-
-    @staticmethod
-    def forward(ctx: Any, x: Tensor) -> Tensor:
-        ctx.save_for_backward(x)
-        return x * torch.sigmoid(x)
-
-    @staticmethod
-    def backward(ctx: Any, g: Tensor) -> Tensor:
-        (x,) = ctx.saved_tensors
-        return g * torch.sigmoid(x)
 
 
 def _kink_loss(m: nn.Module, b: Any) -> Tensor:
