@@ -70,9 +70,11 @@ class Draw:
     def dot(self, i: int, g: Tensor) -> float:
         """``g . u_i`` for a tensor of parameter ``i``'s shape, a chunk at a time."""
         flat = g.detach().reshape(-1)
-        return sum(
-            float(torch.dot(flat[s:e], u.to(flat.device, flat.dtype))) for s, e, u in self.chunks(i)
-        )
+        total = 0.0
+        for s, e, u in self.chunks(i):
+            part = _wide(flat[s:e])
+            total += float(torch.dot(part, u.to(part.device, part.dtype)))
+        return total
 
 
 class Reduced:
@@ -87,7 +89,7 @@ class Reduced:
         flat = g.detach().reshape(-1)
         dot = sq = usq = 0.0
         for s, e, u in draw.chunks(i):
-            part = flat[s:e]
+            part = _wide(flat[s:e])
             u = u.to(part.device, part.dtype)
             dot += float(torch.dot(part, u))
             sq += float(torch.dot(part, part))
@@ -97,6 +99,11 @@ class Reduced:
 
     def layer_norm(self, indices: list[int]) -> float:
         return math.sqrt(sum(self.sq[i] or 0.0 for i in indices))
+
+
+def _wide(t: Tensor) -> Tensor:
+    """``t`` in float32 at least: a bfloat16 gradient's dot is summed in float32."""
+    return t if t.dtype in (torch.float32, torch.float64) else t.float()
 
 
 def reduce_grads(loss: Tensor, draw: Draw) -> Reduced:

@@ -47,7 +47,8 @@ from gradwatch.vectors.sensitivity import layer_groups
 __all__ = ["GradientResult", "gradient_agreement"]
 
 SEED = 20190425  # the date of the Recipe: any fixed seed, the same for every evaluation
-#: How far from the point, relative to the weights' size, a mismatch is looked for again.
+#: How far from the point, relative to the weights' size, a mismatch is looked for again (at
+#: least ten finite-difference steps: a thousand in float64).
 NUDGE = 1e-2
 
 
@@ -344,7 +345,7 @@ def _compare(
 
 def _nearby(ev: _Evaluator, layer: Direction, h_rel: float, tol: float) -> str:
     """The comparison along the same direction at a point :data:`NUDGE` of the weights'
-    size away (a thousand finite-difference steps). A wrong derivative is wrong on a whole
+    size away (at least ten finite-difference steps). A wrong derivative is wrong on a whole
     neighbourhood; a loss that is not differentiable at this very point (a ReLU input at
     exactly 0, a max over exact ties, a weight projected onto a bound), whose autograd
     derivative is a one-sided one, is not there. The copy and its recorded evaluation come
@@ -352,7 +353,7 @@ def _nearby(ev: _Evaluator, layer: Direction, h_rel: float, tol: float) -> str:
     draw = layer.draw
     other = Draw(draw.params, SEED + 1, ev.mode.masks)
     nudge = Direction("(nudge)", [], other, layer.indices, layer.base)
-    layer.offset = (nudge, NUDGE * layer.scale)
+    layer.offset = (nudge, max(NUDGE, 10.0 * h_rel) * layer.scale)
     try:
         layer.shift(0.0)
         reduced = reduce_grads(ev.recorded(), draw)
