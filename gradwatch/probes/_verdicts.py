@@ -62,6 +62,13 @@ def gradient_verdict(res: GradientResult, record: ProbeResult, severity: str) ->
             "error": joint.error,
             "status": joint.status,
         }
+    unsure = [r.name for r in res.layers if r.status == "inconclusive"]
+    if unsure:  # not judged, and said: no layer passes unseen
+        record.note = (record.note + "; " if record.note else "") + (
+            f"{len(unsure)} layer(s) inconclusive ({', '.join(unsure[:3])}): the finite "
+            "differences could not tell, from rounding or a loss not differentiable at the "
+            "point compared"
+        )
     if res.sampled:
         record.note = (record.note + "; " if record.note else "") + (
             f"compared {len(res.layers)} of {res.total_layers} layers alone, spread over the "

@@ -319,5 +319,6 @@ def test_a_loss_at_a_kink_is_no_mismatch() -> None:
     _passes(report)
     statuses = {row.name: row.status for row in report.probes[0].layers}
     assert statuses["(root)"] == "inconclusive", statuses  # not a pass of w: no evidence
+    assert "1 layer(s) inconclusive ((root))" in report.probes[0].note
     found = _error(_probe(_Kinked(wrong=True), x, _kink_loss))  # a wrong derivative still is
     assert [row["name"] for row in found.details["layers"]] == ["lin"]
