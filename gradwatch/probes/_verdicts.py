@@ -37,6 +37,28 @@ def not_judged(check_id: str, exc: CannotJudge, record: ProbeResult) -> Finding:
     )
 
 
+def _gradient_note(res: GradientResult, record: ProbeResult) -> None:
+    """What the record says beside its rows: the layers explained, those not judged
+    (inconclusive), and whether layers were sampled."""
+    explained = [r.name for r in res.layers if r.status == "explained"]
+    notes = [_explained_note(res, explained)] if explained else []
+    unsure = [r.name for r in res.layers if r.status == "inconclusive"]
+    if unsure:  # not judged, and said: no layer passes unseen
+        notes.append(
+            f"{len(unsure)} layer(s) inconclusive ({', '.join(unsure[:3])}): the finite "
+            "differences could not tell, from rounding or a loss not differentiable at the "
+            "point compared"
+        )
+    if res.sampled:
+        notes.append(
+            f"compared {len(res.layers)} of {res.total_layers} layers alone, spread over the "
+            "forward, to stay in the time budget"
+            + ("; every layer at once along one random direction" if res.joint else "")
+        )
+    if notes:
+        record.note = "; ".join(notes)
+
+
 def gradient_verdict(res: GradientResult, record: ProbeResult, severity: str) -> Optional[Finding]:
     record.layers = res.layers
     record.sampled = res.sampled
@@ -51,9 +73,6 @@ def gradient_verdict(res: GradientResult, record: ProbeResult, severity: str) ->
         gradient_surgery=res.surgery,
         masked_rows=res.masked,
     )
-    explained = [r.name for r in res.layers if r.status == "explained"]
-    if explained:
-        record.note = _explained_note(res, explained)
     joint = res.joint
     if joint is not None:
         record.details["joint"] = {
@@ -62,19 +81,7 @@ def gradient_verdict(res: GradientResult, record: ProbeResult, severity: str) ->
             "error": joint.error,
             "status": joint.status,
         }
-    unsure = [r.name for r in res.layers if r.status == "inconclusive"]
-    if unsure:  # not judged, and said: no layer passes unseen
-        record.note = (record.note + "; " if record.note else "") + (
-            f"{len(unsure)} layer(s) inconclusive ({', '.join(unsure[:3])}): the finite "
-            "differences could not tell, from rounding or a loss not differentiable at the "
-            "point compared"
-        )
-    if res.sampled:
-        record.note = (record.note + "; " if record.note else "") + (
-            f"compared {len(res.layers)} of {res.total_layers} layers alone, spread over the "
-            "forward, to stay in the time budget"
-            + ("; every layer at once along one random direction" if joint else "")
-        )
+    _gradient_note(res, record)
     bad = res.mismatched()
     if not bad and joint is not None and joint.status == "mismatch":
         record.verdict = "finding"
