@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
+from functools import cached_property
 from typing import Any, Callable, Optional
 
 import torch
@@ -145,9 +146,15 @@ class Direction:
         self.name, self.names, self.draw, self.indices, self.base = name, names, draw, indices, base
         norm = math.sqrt(sum(draw.norm_sq(i) for i in indices))
         self.coef = {i: (1.0 / norm if norm > 0.0 else 1.0) for i in indices}
-        size = math.sqrt(sum(float(torch.linalg.vector_norm(base[i])) ** 2 for i in indices))
-        self.scale = max(1.0, size)
         self.offset: Optional[tuple[Direction, float]] = None  # the point moved off base
+
+    @cached_property
+    def scale(self) -> float:
+        """The size of the weights it moves (at least 1): its steps are relative to it."""
+        size = math.sqrt(
+            sum(float(torch.linalg.vector_norm(self.base[i])) ** 2 for i in self.indices)
+        )
+        return max(1.0, size)
 
     def shift(self, h: float) -> None:
         """The parameters at ``base + h v`` (plus ``offset``'s move; exactly ``base`` at
@@ -164,10 +171,10 @@ class Direction:
         """Add ``h v`` to parameter ``i`` in place, a chunk at a time."""
         p = self.draw.params[i]
         flat = p.view(-1) if p.is_contiguous() else None
-        for s, _e, u in self.draw.chunks(i):
+        for s, e, u in self.draw.chunks(i):
             step = u.to(p.device, p.dtype)
             if flat is not None:
-                flat[s:_e].add_(step, alpha=self.coef[i] * h)
+                flat[s:e].add_(step, alpha=self.coef[i] * h)
             else:  # a strided parameter: its chunk written through its coordinates
                 _add_at(p, s, step.mul_(self.coef[i] * h))
 
@@ -176,8 +183,8 @@ class Direction:
         return float(sum(self.coef[i] * (reduced.dots[i] or 0.0) for i in self.indices))
 
     def directional_of(self, grads: list[Optional[Tensor]]) -> float:
-        """``g . v`` for gradients given in full (one per parameter of ``indices``)."""
-        pairs = zip(self.indices, grads)
+        """``g . v`` for gradients given in full, one per parameter of the draw."""
+        pairs = ((i, grads[i]) for i in self.indices)
         return float(sum(self.coef[i] * self.draw.dot(i, g) for i, g in pairs if g is not None))
 
 
@@ -187,13 +194,14 @@ def _add_at(p: Tensor, start: int, values: Tensor) -> None:
     p[torch.unravel_index(index, p.shape)] += values
 
 
-def joint(draw: Draw, layers: list[list[int]], reduced: Reduced, base: list[Tensor]) -> Direction:
+def joint(
+    draw: Draw, layers: list[list[int]], reduced: Reduced, base: list[Tensor], names: list[str]
+) -> Direction:
     """The direction through every layer, each layer's block weighted by 1 / its gradient's
     norm (at most 1000 x the smallest weight), so that every layer moves the directional
     derivative about alike: a wrong derivative in an early layer of a deep net, whose
     gradient is small, is not lost in the others'."""
     every = [i for block in layers for i in block]
-    names: list[str] = []
     whole = Direction("(every layer)", names, draw, every, base)
     sizes = [reduced.layer_norm(block) for block in layers]
     top = max(sizes) if sizes else 0.0

@@ -267,8 +267,7 @@ def _agreement(
         start += len(g[2])
     if fits < len(order) and not ste_ids:  # sampled: first every layer along one direction
         fits -= 1
-        whole = joint(draw, blocks, reduced, base)
-        whole.names = [n for g in groups for n in g[1]]
+        whole = joint(draw, blocks, reduced, base, [n for g in groups for n in g[1]])
         result.joint = _compare(ev, whole, reduced, h_rel, tol, explained=False)
     chosen = [order[i] for i in _spread(len(order), max(fits, 1))]
     result.sampled = len(chosen) < len(order)
@@ -286,7 +285,7 @@ def _agreement(
             if any(f in declared.upstream_of.get(id(p), ()) for p in own)
         ]
         if row.status != "agree" and not explained:
-            ste = [f for f in behind if _cut_agrees(row, layer, cut(f), groups, k, tol)]
+            ste = [f for f in behind if _cut_agrees(row, layer, cut(f), tol)]
             if ste:  # the Function's forward is locally constant: a straight-through estimator
                 row.status = "explained"
                 result.straight_through = sorted({*result.straight_through, *ste})
@@ -294,15 +293,12 @@ def _agreement(
     return result
 
 
-def _cut_agrees(
-    row: ProbeLayer, layer: Direction, cut: Any, groups: list[Any], k: int, tol: float
-) -> bool:
+def _cut_agrees(row: ProbeLayer, layer: Direction, cut: Any, tol: float) -> bool:
     """Whether the finite difference equals autograd's derivative with the unexplained custom
     Functions' paths cut: their forward is locally constant (straight-through)."""
     if cut is None:
         return False
-    start = sum(len(g[2]) for g in groups[:k])
-    auto = layer.directional_of(cut[start : start + len(groups[k][2])])
+    auto = layer.directional_of(cut)
     cut_row = ProbeLayer(name=row.name, params=row.params, autograd=auto, numeric=row.numeric)
     return _judge(cut_row, 0.0, tol) == "agree"
 

@@ -86,7 +86,7 @@ def test_the_reduced_gradient_is_the_full_gradient_along_the_draw() -> None:
         assert reduced.sq[i] == pytest.approx(float(dense.pow(2).sum()), rel=1e-12)
     assert reduced.dots[3] is None and full[3] is None  # the loss does not reach it
     way = Direction("lin", ["w", "b"], draw, [1, 2], [p.detach().clone() for p in params])
-    assert way.directional(reduced) == pytest.approx(way.directional_of(list(full[1:3])))
+    assert way.directional(reduced) == pytest.approx(way.directional_of(list(full)))
 
 
 def test_the_joint_direction_weighs_each_layer_by_its_gradient() -> None:
@@ -94,7 +94,7 @@ def test_the_joint_direction_weighs_each_layer_by_its_gradient() -> None:
     draw = Draw(params, seed=2)
     reduced = _direction.Reduced(3)
     reduced.sq = [100.0, 0.0, 1.0]  # layer 0's gradient is 10 x layer 1's
-    whole = joint(draw, [[0, 1], [2]], reduced, [p.detach() for p in params])
+    whole = joint(draw, [[0, 1], [2]], reduced, [p.detach() for p in params], ["a", "b", "c"])
     assert whole.coef[0] == whole.coef[1] and whole.coef[2] == pytest.approx(10 * whole.coef[0])
 
 
