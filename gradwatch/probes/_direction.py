@@ -23,6 +23,8 @@ from typing import Any, Callable, Optional
 import torch
 from torch import Tensor, nn
 
+from gradwatch.probes._widened import Move, Widened, add_draw
+
 __all__ = ["CHUNK", "Direction", "Draw", "Reduced", "bases", "joint", "reduce_grads"]
 
 #: Values drawn at a time: 4 MiB of float32 normals.
@@ -52,7 +54,7 @@ class Draw:
         for c, start in enumerate(range(0, n, CHUNK)):
             end = min(start + CHUNK, n)
             gen.manual_seed(_mix(self.seed, i, c))
-            u = torch.randn(end - start, generator=gen)
+            u = torch.randn(end - start, generator=gen, dtype=torch.float32)
             if rows is not None:
                 u[torch.isin(torch.arange(start, end) // max(width, 1), rows)] = 0.0
             yield start, end, u
@@ -158,25 +160,26 @@ class Direction:
 
     def shift(self, h: float) -> None:
         """The parameters at ``base + h v`` (plus ``offset``'s move; exactly ``base`` at
-        ``h = 0`` without one)."""
-        with torch.no_grad():
-            for i in self.indices:
-                self.draw.params[i].copy_(self.base[i])
-                if self.offset is not None and i in self.offset[0].coef:
-                    self.offset[0].add(i, self.offset[1])
-                if h != 0.0:
-                    self.add(i, h)
+        ``h = 0`` without one): a :class:`Widened` one reads them so, another is written."""
+        for i in self.indices:
+            moves = []
+            if self.offset is not None and i in self.offset[0].coef:
+                moves.append(self.offset[0].move(i, self.offset[1]))
+            if h != 0.0:
+                moves.append(self.move(i, h))
+            p = self.draw.params[i]
+            if isinstance(p, Widened):
+                p.set_point(self.base[i], moves)
+                continue
+            with torch.no_grad():
+                p.copy_(self.base[i])
+                for move in moves:
+                    move(p)
 
-    def add(self, i: int, h: float) -> None:
-        """Add ``h v`` to parameter ``i`` in place, a chunk at a time."""
-        p = self.draw.params[i]
-        flat = p.view(-1) if p.is_contiguous() else None
-        for s, e, u in self.draw.chunks(i):
-            step = u.to(p.device, p.dtype)
-            if flat is not None:
-                flat[s:e].add_(step, alpha=self.coef[i] * h)
-            else:  # a strided parameter: its chunk written through its coordinates
-                _add_at(p, s, step.mul_(self.coef[i] * h))
+    def move(self, i: int, h: float) -> Move:
+        """What adds ``h v`` to parameter ``i``'s values, a chunk at a time."""
+        alpha = self.coef[i] * h
+        return lambda t: add_draw(t, self.draw.chunks(i), alpha)
 
     def directional(self, reduced: Reduced) -> float:
         """Autograd's ``g . v`` from the reduced gradient."""
@@ -186,12 +189,6 @@ class Direction:
         """``g . v`` for gradients given in full, one per parameter of the draw."""
         pairs = ((i, grads[i]) for i in self.indices)
         return float(sum(self.coef[i] * self.draw.dot(i, g) for i, g in pairs if g is not None))
-
-
-def _add_at(p: Tensor, start: int, values: Tensor) -> None:
-    """Add ``values`` at flat positions ``start:`` of a non-contiguous ``p``."""
-    index = torch.arange(start, start + values.numel(), device=p.device)
-    p[torch.unravel_index(index, p.shape)] += values
 
 
 def joint(
@@ -225,6 +222,8 @@ def bases(copy: nn.Module, model: nn.Module, params: list[Tensor]) -> list[Tenso
 
 
 def _source(p: Tensor, own: Optional[Tensor]) -> Tensor:
+    if isinstance(p, Widened):  # read from the user's own (or its values of its own)
+        return p.base()
     if own is not None and own.device == p.device and _same(p.detach(), own.detach()):
         return own.detach()
     return _narrow(p.detach())

@@ -102,13 +102,14 @@ def _keep_param_attributes(model: nn.Module, memo: dict[int, Any]) -> None:
                 setattr(twin, key, copy.deepcopy(value, memo))
 
 
-def fresh_copy(model: nn.Module) -> nn.Module:
-    """A deep copy of ``model`` without gradwatch's own hooks (a watcher's, if one watches).
+def fresh_copy(model: nn.Module, memo: Optional[dict[int, Any]] = None) -> nn.Module:
+    """A deep copy of ``model`` without gradwatch's own hooks (a watcher's, if one watches);
+    ``memo``'s entries stand for their originals (``copy.deepcopy``'s memo).
 
     Raises:
         CannotJudge: the model cannot be deep-copied.
     """
-    memo: dict[int, Any] = {}
+    memo = {} if memo is None else memo
     try:
         clone = copy.deepcopy(model, memo)
         _keep_param_attributes(model, memo)

@@ -15,7 +15,7 @@ not judge (``not_observed``, ``info``) instead of probing a batch the model neve
 
 :func:`refusal` decides whether a copy may be made at all: ``probes: off`` never; ``auto``
 (the default) only for a model of at most :data:`MAX_PARAMS` parameters whose copies
-(:func:`needed_bytes`: ``gradient_mismatch``'s float64 copy is the largest) fit in half the
+(:func:`needed_bytes`: a copy in the model's dtype, or ``gradient_mismatch``'s float64 reads) fit in half the
 free memory of its device; ``on`` for any size, still within the free memory.
 """
 
@@ -40,6 +40,7 @@ from gradwatch.config import GradWatchConfig
 from gradwatch.model.hook_args import pre_kwargs
 from gradwatch.probes import LOSS_FREE_PROBES, run_probes
 from gradwatch.probes._sandbox import tensors
+from gradwatch.probes._widened import widened_need
 from gradwatch.results import Finding, ProbeResult
 
 __all__ = [
@@ -255,12 +256,13 @@ def free_bytes(device: torch.device) -> Optional[int]:
 
 
 def needed_bytes(model: nn.Module) -> int:
-    """What the probes' copies hold at most (activations aside): ``gradient_mismatch``'s
-    float64 copy, and its largest parameter's gradient while autograd makes it (it holds no
-    other gradient, direction or weights: :mod:`gradwatch.probes._direction`)."""
+    """What the probes' copies hold at most (activations aside): a copy of the model in its
+    own dtype (``sample_dependence``, the order probe), or ``gradient_mismatch``'s float64
+    reads of its largest parameter and that parameter's gradient (its copy reads the user's
+    weights: :mod:`gradwatch.probes._widened`)."""
     params = list(model.parameters())
-    wide = sum(8 * t.numel() for t in (*params, *model.buffers()))
-    return wide + 8 * max((p.numel() for p in params), default=0)
+    own = sum(t.numel() * t.element_size() for t in (*params, *model.buffers()))
+    return max(own, widened_need(model))
 
 
 def _gib(n: float) -> str:

@@ -41,6 +41,7 @@ from gradwatch.probes._stopgrad import (
 )
 from gradwatch.probes._surgery import declare
 from gradwatch.probes._wide import KeepWide
+from gradwatch.probes._widened import widened_bytes, widened_copy
 from gradwatch.results import ProbeLayer
 from gradwatch.vectors.sensitivity import layer_groups
 
@@ -50,6 +51,11 @@ SEED = 20190425  # the date of the Recipe: any fixed seed, the same for every ev
 #: How far from the point, relative to the weights' size, a mismatch is looked for again (at
 #: least ten finite-difference steps: a thousand in float64).
 NUDGE = 1e-2
+#: The copies tried in turn: float64 read from the user's weights, a float64 copy of them (an
+#: op the widened parameters do not run), the model's own dtype (a forward that is not
+#: float64: ``loss_fn`` builds float32 tensors).
+_FORMS = ("widened", "float64", "native")
+_RETRY = {"widened": {"loss_failed", "not_differentiable"}, "float64": {"loss_failed"}}
 
 
 @dataclass
@@ -58,6 +64,7 @@ class GradientResult:
 
     layers: list[ProbeLayer] = field(default_factory=list)
     dtype: str = "float64"
+    form: str = "widened"  # the copy: float64 read from the user's weights (see _FORMS)
     total_layers: int = 0
     sampled: bool = False
     memory_bytes: int = 0
@@ -122,18 +129,20 @@ class _Evaluator:
             raise CannotJudge("forward_changed", f"the forward took another path: {exc}") from exc
 
 
-def _prepare(
-    model: nn.Module, batch: Any, max_samples: int, wide: bool
-) -> tuple[nn.Module, Any, str]:
-    """The copy in float64 (and the batch's floats), or in its own dtype."""
+def _prepare(model: nn.Module, batch: Any, max_samples: int, form: str) -> tuple[nn.Module, Any]:
+    """The copy: ``widened`` (float64 read from the user's weights, :mod:`._widened`),
+    ``float64`` (a float64 copy of the weights), or ``native`` (the model's own dtype); the
+    batch's floats cast to match."""
     small = slice_batch(batch, max_samples)
-    copy = fresh_copy(model)
-    if wide:
-        try:
-            return copy.double(), cast_batch(small, torch.float64), "float64"
-        except Exception:
-            copy = fresh_copy(model)
-    return copy, small, "native"
+    if form == "native":
+        return fresh_copy(model), small
+    try:
+        copy = widened_copy(model, fresh_copy) if form == "widened" else fresh_copy(model).double()
+    except CannotJudge:
+        raise
+    except Exception as exc:
+        raise CannotJudge("loss_failed", f"the copy is not float64 ({exc})") from exc
+    return copy, cast_batch(small, torch.float64)
 
 
 def _judge(row: ProbeLayer, noise: float, rtol: float) -> str:
@@ -206,12 +215,13 @@ def gradient_agreement(
     Raises:
         CannotJudge: the copy cannot be evaluated reproducibly or differentiated.
     """
-    try:
-        return _agreement(model, batch, loss_fn, rtol, budget, max_samples, wide=True)
-    except CannotJudge as exc:
-        if exc.reason != "loss_failed":
-            raise
-    return _agreement(model, batch, loss_fn, rtol, budget, max_samples, wide=False)
+    for form in _FORMS[:-1]:
+        try:
+            return _agreement(model, batch, loss_fn, rtol, budget, max_samples, form=form)
+        except CannotJudge as exc:
+            if exc.reason not in _RETRY[form]:
+                raise
+    return _agreement(model, batch, loss_fn, rtol, budget, max_samples, form=_FORMS[-1])
 
 
 def _agreement(
@@ -222,17 +232,18 @@ def _agreement(
     budget: Budget,
     max_samples: int,
     *,
-    wide: bool,
+    form: str,
 ) -> GradientResult:
-    copy, small, dtype = _prepare(model, batch, max_samples, wide)
+    copy, small = _prepare(model, batch, max_samples, form)
+    dtype = "native" if form == "native" else "float64"
     groups = layer_groups(copy)
     if not groups:
         raise CannotJudge("no_parameters", "the model has no trainable parameters")
     owner = {id(p): k for k, g in enumerate(groups) for p in g[2]}
     mode = StopGradients(owner)
     ev = _Evaluator(copy, small, loss_fn, mode, wide=dtype == "float64")
-    result = GradientResult(dtype=dtype, total_layers=len(groups))
-    result.memory_bytes = param_bytes(copy)
+    result = GradientResult(dtype=dtype, form=form, total_layers=len(groups))
+    result.memory_bytes = widened_bytes(copy) if form == "widened" else param_bytes(copy)
     result.samples = batch_size(small)
     t0 = budget.elapsed()
     params = list(_params_of(groups))

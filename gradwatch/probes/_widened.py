@@ -1,0 +1,206 @@
+"""The gradient probe's float64 copy of a model, without a float64 copy of its weights.
+
+``gradient_mismatch`` compares autograd with finite differences in float64. A copy of the
+model widened with ``.double()`` holds twice the float32 weights (issue 49's budget for the
+probes is one copy). Here each parameter of the copy is a :class:`Widened` tensor instead:
+float64 to the model, to autograd and to every op, it holds no values of its own. Its values
+are read from the user's own parameter (never written) plus the moves the probe adds (a
+seeded draw times a step, drawn again at each read: :class:`gradwatch.probes._direction.Draw`),
+widened for the one op that reads them and freed after it. A view of it (``weight.t()`` in
+``F.linear``) is a :class:`Widened` too, so the tensors autograd saves for the backward pass
+hold no memory either. An op that writes into a parameter (a ``.data`` edit in the forward)
+gives it float64 values of its own from then on, as the widened copy's parameter would.
+
+What the probe holds of the model's size is then one or two parameters at a time, widened
+for the op that reads them, and autograd's gradient of one of them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Any, Callable, Optional
+
+import torch
+from torch import Tensor, nn
+from torch.utils._pytree import tree_map
+
+__all__ = ["Move", "Widened", "add_draw", "widened_bytes", "widened_copy", "widened_need"]
+
+#: Something that adds a move to a parameter's values in place (a draw times a step).
+Move = Callable[[Tensor], None]
+_ALIASES = frozenset({torch.ops.aten.detach.default, torch.ops.aten.alias.default})
+
+
+class _Root:
+    """One parameter's values: ``src`` (the user's tensor, or float64 values of its own once
+    the forward wrote into it) plus ``moves``."""
+
+    __slots__ = ("moves", "src")
+
+    def __init__(self, src: Tensor) -> None:
+        self.src = src.detach()
+        self.moves: tuple[Move, ...] = ()
+
+    def value(self) -> Tensor:
+        """The values in float64, always a fresh tensor (the user's are never written)."""
+        out = torch.empty_strided(
+            self.src.shape, self.src.stride(), dtype=torch.float64, device=self.src.device
+        )
+        out.copy_(self.src)
+        for move in self.moves:
+            move(out)
+        return out
+
+
+def _meta(src: Tensor) -> Tensor:
+    return torch.empty_strided(src.shape, src.stride(), dtype=torch.float64, device="meta")
+
+
+class Widened(Tensor):
+    """A float64 tensor whose values are its root's, read at each op (see the module)."""
+
+    _gw_root: _Root
+    _gw_views: tuple[tuple[Any, tuple[Any, ...], dict[str, Any], Optional[int]], ...]
+    _gw_meta: Tensor
+
+    @staticmethod
+    def __new__(cls, root: _Root, views: tuple[Any, ...] = (), meta: Optional[Tensor] = None):  # type: ignore[no-untyped-def]
+        meta = _meta(root.src) if meta is None else meta
+        return Tensor._make_wrapper_subclass(  # type: ignore[attr-defined]
+            cls,
+            meta.shape,
+            strides=meta.stride(),
+            storage_offset=meta.storage_offset(),
+            dtype=torch.float64,
+            device=root.src.device,
+            requires_grad=False,
+        )
+
+    def __init__(self, root: _Root, views: tuple[Any, ...] = (), meta: Optional[Tensor] = None):
+        self._gw_root, self._gw_views = root, views
+        self._gw_meta = _meta(root.src) if meta is None else meta
+
+    __torch_function__ = torch._C._disabled_torch_function_impl  # type: ignore[assignment]
+
+    def __repr__(self) -> str:  # type: ignore[override]
+        return f"Widened(shape={tuple(self.shape)})"
+
+    def set_point(self, base: Tensor, moves: Iterable[Move]) -> None:
+        """The values at ``base`` plus ``moves`` (``base`` read, never written)."""
+        self._gw_root.src = base.detach()
+        self._gw_root.moves = tuple(moves)
+
+    def base(self) -> Tensor:
+        """The tensor its values are read from (the user's own parameter unless written)."""
+        return self._gw_root.src
+
+    def value(self) -> Tensor:
+        """Its values in float64: a fresh tensor, or a view of one."""
+        out = self._gw_root.value()
+        return _apply_views(out, self._gw_views)
+
+    @classmethod
+    def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:  # type: ignore[override]
+        kwargs = kwargs or {}
+        first = args[0] if args else None
+        if isinstance(first, Widened):
+            if func in _ALIASES:
+                return Widened(first._gw_root, first._gw_views, first._gw_meta)
+            if getattr(func, "is_view", False):
+                out = _view(first, func, args[1:], kwargs)
+                if out is not None:
+                    return out
+            elif _writes_first(func):
+                return _write(first, func, args[1:], kwargs)
+        return func(*tree_map(_plain, args), **tree_map(_plain, kwargs))
+
+
+def _plain(x: Any) -> Any:
+    return x.value() if isinstance(x, Widened) else x
+
+
+def _apply_views(out: Tensor, views: tuple[Any, ...]) -> Tensor:
+    for func, args, kwargs, index in views:
+        out = func(out, *args, **kwargs)
+        if index is not None:
+            out = out[index]
+    return out
+
+
+def _writes_first(func: Any) -> bool:
+    arguments = func._schema.arguments
+    info = arguments[0].alias_info if arguments else None
+    return bool(info is not None and info.is_write)
+
+
+def _view(first: Widened, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """A view op: a :class:`Widened` of the same root with the view appended (its shape
+    from the op run on a meta tensor); ``None`` where the op does not run on meta."""
+    if any(isinstance(a, Tensor) for a in (*args, *kwargs.values())):
+        return None
+    try:
+        meta = func(first._gw_meta, *args, **kwargs)
+    except Exception:
+        return None
+    root, views = first._gw_root, first._gw_views
+    if isinstance(meta, (list, tuple)):
+        return type(meta)(
+            Widened(root, (*views, (func, args, kwargs, k)), m) for k, m in enumerate(meta)
+        )
+    return Widened(root, (*views, (func, args, kwargs, None)), meta)
+
+
+def _write(first: Widened, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Widened:
+    """An op writing into ``first``: its root takes float64 values of its own (the values
+    read, the moves included, then written), as a widened copy's parameter would."""
+    root = first._gw_root
+    values = root.value()
+    func(_apply_views(values, first._gw_views), *tree_map(_plain, args), **tree_map(_plain, kwargs))
+    root.src, root.moves = values, ()
+    return first
+
+
+def add_draw(t: Tensor, chunks: Iterator[tuple[int, int, Tensor]], alpha: float) -> None:
+    """Add ``alpha u`` to ``t`` in place, ``u`` given a chunk of ``t`` flattened at a time."""
+    flat = t.view(-1) if t.is_contiguous() else None
+    for s, e, u in chunks:
+        step = u.to(t.device, t.dtype)
+        if flat is not None:
+            flat[s:e].add_(step, alpha=alpha)
+        else:  # a strided tensor: its chunk written through its coordinates
+            index = torch.arange(s, e, device=t.device)
+            t[torch.unravel_index(index, t.shape)] += step.mul_(alpha)
+
+
+def _widenable(p: Tensor) -> bool:
+    return type(p) in (Tensor, nn.Parameter) and p.is_floating_point() and p.layout == torch.strided
+
+
+def widened_copy(model: nn.Module, fresh: Callable[..., nn.Module]) -> nn.Module:
+    """``fresh(model, memo)``'s copy in float64 whose plain floating parameters are
+    :class:`Widened` over the user's own (the others, and the buffers, widened as usual)."""
+    memo: dict[int, Any] = {}
+    for p in model.parameters():
+        if _widenable(p) and id(p) not in memo:
+            twin = nn.Parameter(Widened(_Root(p)), requires_grad=p.requires_grad)
+            memo[id(p)] = twin
+    return fresh(model, memo).double()
+
+
+def widened_bytes(model: nn.Module) -> int:
+    """What a widened copy holds at most beside the activations: its buffers and the
+    parameters that are not :class:`Widened`, in float64, and twice its largest parameter
+    (read for an op, and its gradient while autograd makes it)."""
+    return _held(model, lambda p: not isinstance(p, Widened))
+
+
+def widened_need(model: nn.Module) -> int:
+    """:func:`widened_bytes` of the widened copy ``model`` would have."""
+    return _held(model, lambda p: not _widenable(p))
+
+
+def _held(model: nn.Module, kept: Callable[[Tensor], bool]) -> int:
+    params = list(model.parameters())
+    held = sum(8 * t.numel() for t in model.buffers())
+    held += sum(8 * p.numel() for p in params if kept(p))
+    return held + 2 * 8 * max((p.numel() for p in params), default=0)

@@ -1,0 +1,161 @@
+"""``gradient_mismatch``'s float64 copy reads the user's weights (issue 49's memory budget):
+the same function and gradient as a float64 copy of the weights, the user's weights never
+written, and nothing of a weight's size saved for the backward pass."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import pytest
+import torch
+import torch.nn.functional as F
+from _probe_models import Swish
+from torch import Tensor, nn
+
+from gradwatch.probes._direction import Direction, Draw, bases
+from gradwatch.probes._sandbox import Budget, fresh_copy
+from gradwatch.probes._widened import Widened, widened_bytes, widened_copy
+from gradwatch.probes.gradient import gradient_agreement
+
+
+class _Tied(nn.Module):
+    """An embedding and its transpose as the output layer: one parameter, read twice."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(11, 6)
+        self.norm = nn.LayerNorm(6)
+
+    def forward(self, ids: Tensor) -> Tensor:
+        return F.linear(self.norm(self.emb(ids)), self.emb.weight)
+
+
+def _cases() -> list[tuple[str, Callable[[], nn.Module], Callable[[], Any]]]:
+    return [
+        ("mlp", lambda: nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 3)),
+         lambda: torch.randn(5, 4)),
+        ("conv_bn", lambda: nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(),
+                                          nn.Flatten(), nn.Linear(4 * 36, 2)),
+         lambda: torch.randn(2, 3, 8, 8)),
+        ("lstm", lambda: nn.LSTM(4, 5, num_layers=2, batch_first=True),
+         lambda: torch.randn(2, 6, 4)),
+        ("encoder", lambda: nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True),
+         lambda: torch.randn(2, 5, 8)),
+        ("tied", _Tied, lambda: torch.randint(0, 11, (3, 4))),
+    ]  # fmt: skip
+
+
+def _loss(model: nn.Module, x: Tensor) -> Tensor:
+    out = model(x.double() if x.is_floating_point() else x)
+    return (out[0] if isinstance(out, tuple) else out).tanh().pow(2).sum()
+
+
+@pytest.mark.parametrize("name,build,batch", _cases(), ids=[c[0] for c in _cases()])
+def test_the_widened_copy_is_the_float64_copy(name: str, build: Any, batch: Any) -> None:
+    torch.manual_seed(0)
+    model, x = build(), batch()
+    wide, full = widened_copy(model, fresh_copy), fresh_copy(model).double()
+    assert all(isinstance(p, Widened) for p in wide.parameters())
+    assert len(list(wide.parameters())) == len(list(model.parameters()))  # tied stays tied
+    a, b = _loss(wide, x), _loss(full, x)
+    assert float(a.detach()) == pytest.approx(float(b.detach()), rel=1e-14)
+    ga = torch.autograd.grad(a, list(wide.parameters()))
+    gb = torch.autograd.grad(b, list(full.parameters()))
+    for g, h in zip(ga, gb):
+        assert type(g) is Tensor and g.dtype == torch.float64
+        assert torch.allclose(g, h, rtol=1e-12, atol=1e-14)
+
+
+def test_the_backward_pass_saves_no_weight_of_its_own() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 64), nn.Tanh(), nn.Linear(64, 32))
+    copy = widened_copy(model, fresh_copy)
+    sizes = {p.numel() for p in model.parameters() if p.dim() == 2}
+    saved: list[Tensor] = []
+
+    def pack(t: Tensor) -> Tensor:
+        saved.append(t)
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = copy(torch.randn(2, 32, dtype=torch.float64, requires_grad=True)).sum()
+    weights = [t for t in saved if t.numel() in sizes]
+    assert len(weights) == 2 and all(isinstance(t, Widened) for t in weights)
+    assert widened_bytes(copy) == 2 * 8 * 64 * 32  # twice its largest parameter, read
+    loss.backward()  # the saved reads are read again
+
+
+class _EditsItsWeight(nn.Module):
+    """Clamps its own weight through ``.data`` in the forward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 3)
+
+    def forward(self, x: Tensor) -> Tensor:
+        self.lin.weight.data.clamp_(-0.1, 0.1)
+        return self.lin(x)
+
+
+def test_the_users_weights_are_never_written() -> None:
+    torch.manual_seed(0)
+    model = _EditsItsWeight()
+    before = [p.detach().clone() for p in model.parameters()]
+    copy = widened_copy(model, fresh_copy)
+    params = list(copy.parameters())
+    way = Direction("lin", ["w", "b"], Draw(params, seed=1), [0, 1], bases(copy, model, params))
+    way.shift(0.5)
+    copy(torch.randn(2, 4, dtype=torch.float64))  # writes the moved weight, clamped
+    assert float(params[0].value().abs().max()) <= 0.1  # the copy's own values now
+    assert params[0].base() is not None and params[0].base().dtype == torch.float64
+    assert all(torch.equal(p.detach(), b) for p, b in zip(model.parameters(), before))
+    with torch.no_grad():
+        copy.lin.bias.add_(1.0)  # an in-place op on the copy, outside the forward
+    assert torch.equal(model.lin.bias.detach(), before[1])
+
+
+def test_a_move_reads_base_plus_h_v() -> None:
+    torch.manual_seed(0)
+    model = nn.Linear(5, 4)
+    copy = widened_copy(model, fresh_copy)
+    params = list(copy.parameters())
+    draw = Draw(params, seed=2)
+    base = bases(copy, model, params)
+    assert base[0] is not None and base[0].data_ptr() == model.weight.data_ptr()  # the user's
+    way = Direction("all", ["w", "b"], draw, [0, 1], base)
+    way.shift(0.125)
+    for i, p in enumerate(params):
+        u = torch.cat([c for _s, _e, c in draw.chunks(i)]).view(p.shape).double()
+        expected = base[i].double() + 0.125 * way.coef[i] * u
+        assert torch.allclose(p.value(), expected, rtol=0, atol=1e-15)
+    way.shift(0.0)
+    assert all(torch.equal(p.value(), b.double()) for p, b in zip(params, base))
+
+
+class _ReadsItsWeightAsAList(nn.Module):
+    """Reads a weight with ``.tolist()``, which a :class:`Widened` cannot give."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(4, 16), nn.Linear(16, 3)
+
+    def forward(self, x: Tensor) -> Tensor:
+        scale = 1.0 + 0.0 * sum(self.b.bias.detach().tolist())
+        return self.b(Swish.apply(self.a(x))) * scale
+
+
+def test_a_forward_the_widened_copy_cannot_run_falls_back_to_a_float64_copy() -> None:
+    torch.manual_seed(0)
+    batch = (torch.randn(8, 4), torch.randint(0, 3, (8,)))
+
+    def ce(model: nn.Module, b: Any) -> Tensor:
+        return F.cross_entropy(model(b[0]), b[1])
+
+    res = gradient_agreement(
+        _ReadsItsWeightAsAList(), batch, ce, rtol=1e-3, budget=Budget(10.0), max_samples=8
+    )
+    assert res.form == "float64" and res.dtype == "float64"
+    assert [r.name for r in res.mismatched()] == ["a"]  # still finds the wrong swish
+    plain = nn.Sequential(nn.Linear(4, 16), nn.Tanh(), nn.Linear(16, 3))
+    res = gradient_agreement(plain, batch, ce, rtol=1e-3, budget=Budget(10.0), max_samples=8)
+    assert res.form == "widened" and not res.mismatched()
