@@ -50,9 +50,14 @@ def _gradient_note(res: GradientResult, record: ProbeResult) -> None:
             "point compared"
         )
     if res.sampled:
-        notes.append(
+        alone = (
             f"compared {len(res.layers)} of {res.total_layers} layers alone, spread over the "
-            "forward, to stay in the time budget"
+            "forward,"
+            if res.layers
+            else f"compared none of the {res.total_layers} layers alone"
+        )
+        notes.append(
+            f"{alone} to stay in the time budget"
             + ("; every layer at once along one random direction" if res.joint else "")
         )
     if notes:

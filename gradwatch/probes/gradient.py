@@ -283,7 +283,7 @@ def _agreement(
     chosen = [order[i] for i in _spread(len(order), max(fits, 1))]
     result.sampled = len(chosen) < len(order)
     for k in chosen:
-        if budget.left() <= 0 and result.layers:
+        if budget.left() <= 0 and (result.layers or result.joint is not None):
             result.sampled = True
             break
         name, names, own = groups[k]

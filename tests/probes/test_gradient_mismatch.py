@@ -262,8 +262,8 @@ def test_over_budget_it_samples_layers_and_says_so() -> None:
     cfg = {**CFG, "checks": {**CFG["checks"], CHECK: {"budget_s": 1e-6}}}
     report = gradwatch.probe(deep, (torch.randn(8, 8), torch.randn(8, 8)), _mse, config=cfg)
     (record,) = report.probes
-    assert record.sampled and "of 12 layers" in record.note
-    assert record.verdict == "passed" and 1 <= len(record.layers) < 12
+    assert record.sampled and "none of the 12 layers" in record.note  # no time left for one
+    assert record.verdict == "passed" and not record.layers
     assert record.details["joint"]["status"] == "agree"  # every layer, along one direction
 
 
