@@ -22,10 +22,13 @@ from typing import Any, Callable, Optional
 
 import torch
 from torch import Tensor, nn
+from torch.overrides import TorchFunctionMode
+from torch.utils._pytree import tree_map
 
+from gradwatch.probes._stopgrad import walk
 from gradwatch.probes._widened import Move, Widened, add_draw
 
-__all__ = ["CHUNK", "Direction", "Draw", "Reduced", "bases", "joint", "reduce_grads"]
+__all__ = ["CHUNK", "Direction", "Draw", "Reduced", "Uses", "bases", "joint", "reduce_grads"]
 
 #: Values drawn at a time: 4 MiB of float32 normals.
 CHUNK = 1 << 20
@@ -45,14 +48,20 @@ class Draw:
         self.rows = [torch.tensor(sorted(rows[id(p)])) if rows.get(id(p)) else None for p in params]
         self._sq: list[Optional[float]] = [None] * len(params)
 
-    def chunks(self, i: int) -> Iterator[tuple[int, int, Tensor]]:
-        """``(start, end, u[start:end])`` over parameter ``i`` flattened (float32, on CPU)."""
+    def chunks(
+        self, i: int, lo: int = 0, hi: Optional[int] = None
+    ) -> Iterator[tuple[int, int, Tensor]]:
+        """``(start, end, u[start:end])`` over parameter ``i`` flattened (float32, on CPU):
+        the chunks that meet ``lo:hi`` (all by default)."""
         p, rows = self.params[i], self.rows[i]
         n = p.numel()
+        hi = n if hi is None else hi
         width = n // p.shape[0] if p.dim() > 0 and p.shape[0] > 0 else n
         gen = torch.Generator()
         for c, start in enumerate(range(0, n, CHUNK)):
             end = min(start + CHUNK, n)
+            if end <= lo or start >= hi:
+                continue
             gen.manual_seed(_mix(self.seed, i, c))
             u = torch.randn(end - start, generator=gen, dtype=torch.float32)
             if rows is not None:
@@ -72,10 +81,9 @@ class Draw:
 
     def dot(self, i: int, g: Tensor) -> float:
         """``g . u_i`` for a tensor of parameter ``i``'s shape, a chunk at a time."""
-        flat = g.detach().reshape(-1)
         total = 0.0
         for s, e, u in self.chunks(i):
-            part = _wide(flat[s:e])
+            part = _wide(_part(g.detach(), s, e))
             total += float(torch.dot(part, u.to(part.device, part.dtype)))
         return total
 
@@ -89,19 +97,88 @@ class Reduced:
         self.sq: list[Optional[float]] = [None] * n
 
     def take(self, draw: Draw, i: int, g: Tensor) -> None:
-        flat = g.detach().reshape(-1)
+        """Add one gradient of parameter ``i`` (of one of its reads: :class:`Uses`). Its
+        ``|g|^2`` adds the reads' squares: the joint direction's weights only."""
         dot = sq = usq = 0.0
         for s, e, u in draw.chunks(i):
-            part = _wide(flat[s:e])
+            part = _wide(_part(g.detach(), s, e))
             u = u.to(part.device, part.dtype)
             dot += float(torch.dot(part, u))
             sq += float(torch.dot(part, part))
             usq += float(torch.dot(u, u))
         draw.keep_norm_sq(i, usq)
-        self.dots[i], self.sq[i] = dot, sq
+        self.dots[i] = dot + (self.dots[i] or 0.0)
+        self.sq[i] = sq + (self.sq[i] or 0.0)
 
     def layer_norm(self, indices: list[int]) -> float:
         return math.sqrt(sum(self.sq[i] or 0.0 for i in indices))
+
+
+def _part(g: Tensor, s: int, e: int) -> Tensor:
+    """Flat positions ``s:e`` of ``g`` in row-major order, copying at most the rows that
+    hold them (a transposed gradient is not copied whole)."""
+    if g.is_contiguous() or g.dim() < 2:
+        return g.reshape(-1)[s:e]
+    width = g[0].numel()
+    r0, r1 = s // width, (e - 1) // width + 1
+    return g[r0:r1].reshape(-1)[s - r0 * width : e - r0 * width]
+
+
+class Uses(TorchFunctionMode):
+    """Each op that reads a parameter of ``params`` with grad on reads a view of it made for
+    that op (``views``: the parameter's index and the view), so that :func:`reduce_grads`
+    takes the gradient of each read alone: a parameter read twice (an embedding tied to the
+    output layer) never has its reads' gradients summed into one more tensor of its size."""
+
+    def __init__(self, params: list[Tensor]) -> None:
+        super().__init__()
+        self.index = {id(p): i for i, p in enumerate(params)}
+        self._params = params
+        self.views: list[tuple[int, Tensor]] = []
+        self._versions: list[int] = []
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if torch.is_grad_enabled() and not _writes(func, args, kwargs):
+            args, kwargs = tree_map(self._read, (args, kwargs))
+        return func(*args, **kwargs)
+
+    def _read(self, x: Any) -> Any:
+        i = self.index.get(id(x)) if isinstance(x, Tensor) else None
+        if i is None or not x.requires_grad:
+            return x
+        view = x.view_as(x)
+        self.views.append((i, view))
+        self._versions.append(view._version)
+        return view
+
+    def reads(self, loss: Tensor) -> list[tuple[int, Tensor]]:
+        """The reads of ``loss``'s graph to take gradients at: every parameter's views, or
+        the parameter itself where one of its views was written (autograd cannot hook such
+        a view) or where the graph reads it other than through a view (an op the mode did
+        not see: its gradient would be lost)."""
+        whole = {i for (i, v), k in zip(self.views, self._versions) if v._version != k}
+        ours = {id(v.grad_fn) for _i, v in self.views}
+        for node in walk(loss):
+            for n, _k in node.next_functions:
+                var = getattr(n, "variable", None)
+                if var is not None and id(var) in self.index and id(node) not in ours:
+                    whole.add(self.index[id(var)])
+        kept = [(i, v) for i, v in self.views if i not in whole]
+        return kept + [(i, self._params[i]) for i in sorted(whole)]
+
+
+def _writes(func: Any, args: Any, kwargs: Any) -> bool:
+    """Whether ``func`` may write into a parameter it reads: an in-place op, an attribute,
+    an embedding with ``max_norm`` (renormalised in place)."""
+    name = getattr(func, "__name__", "")
+    if name.startswith("__") and name.endswith("__"):  # __iadd__, __setitem__, a getter
+        return name.startswith("__i") or name in ("__setitem__", "__get__", "__set__")
+    if name.endswith("_"):
+        return True
+    if name in ("embedding", "embedding_bag"):
+        return (len(args) > 3 and args[3] is not None) or kwargs.get("max_norm") is not None
+    return False
 
 
 def _wide(t: Tensor) -> Tensor:
@@ -109,9 +186,9 @@ def _wide(t: Tensor) -> Tensor:
     return t if t.dtype in (torch.float32, torch.float64) else t.float()
 
 
-def reduce_grads(loss: Tensor, draw: Draw) -> Reduced:
-    """One backward pass of ``loss`` to ``draw``'s parameters, reduced as each gradient is
-    made; the graph is kept.
+def reduce_grads(loss: Tensor, draw: Draw, uses: Optional[Uses] = None) -> Reduced:
+    """One backward pass of ``loss`` to ``draw``'s parameters (to their reads, where
+    ``uses`` recorded the evaluation), reduced as each gradient is made; the graph is kept.
 
     Raises:
         RuntimeError: autograd failed.
@@ -129,9 +206,10 @@ def reduce_grads(loss: Tensor, draw: Draw) -> Reduced:
 
         return take
 
-    handles = [p.register_hook(hook(i)) for i, p in enumerate(params)]
+    reads = uses.reads(loss) if uses is not None else list(enumerate(params))
+    handles = [t.register_hook(hook(i)) for i, t in reads]
     try:
-        torch.autograd.grad(loss, params, allow_unused=True, retain_graph=True)
+        torch.autograd.grad(loss, [t for _i, t in reads], allow_unused=True, retain_graph=True)
     finally:
         for h in handles:
             h.remove()
@@ -179,7 +257,7 @@ class Direction:
     def move(self, i: int, h: float) -> Move:
         """What adds ``h v`` to parameter ``i``'s values, a chunk at a time."""
         alpha = self.coef[i] * h
-        return lambda t: add_draw(t, self.draw.chunks(i), alpha)
+        return lambda t, lo=0: add_draw(t, self.draw.chunks(i, lo, lo + t.numel()), alpha, lo)
 
     def directional(self, reduced: Reduced) -> float:
         """Autograd's ``g . v`` from the reduced gradient."""

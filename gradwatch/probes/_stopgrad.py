@@ -27,7 +27,13 @@ from torch.utils._pytree import tree_map
 
 from gradwatch.probes._masks import EMBEDDINGS, EmbeddingMasks
 
-__all__ = ["ReplayMismatch", "StopGradients", "custom_functions", "straight_through_params"]
+__all__ = [
+    "ReplayMismatch",
+    "StopGradients",
+    "custom_functions",
+    "straight_through_params",
+    "walk",
+]
 
 _DETACH = {"detach", "detach_"}
 # torch's fake-quantisation nodes: ``FakeQuantize*Backward0`` (the per-tensor/per-channel,
@@ -127,7 +133,7 @@ def _autocast_on() -> bool:
     return any(torch.is_autocast_enabled(d) for d in ("cpu", "cuda"))
 
 
-def _walk(loss: Tensor) -> list[Any]:
+def walk(loss: Tensor) -> list[Any]:
     """Every node of the loss's autograd graph, each once."""
     seen: set[int] = set()
     nodes: list[Any] = []
@@ -171,7 +177,7 @@ def straight_through_params(loss: Tensor) -> tuple[set[int], list[str]]:
     """Ids of the parameters upstream of a declared straight-through node, and its names."""
     ids: set[int] = set()
     names: list[str] = []
-    for node in _walk(loss):
+    for node in walk(loss):
         if _is_straight_through(node):
             ids |= _upstream_params(node)
             cls = getattr(node, "_forward_cls", None)
@@ -181,5 +187,5 @@ def straight_through_params(loss: Tensor) -> tuple[set[int], list[str]]:
 
 def custom_functions(loss: Tensor) -> list[str]:
     """The custom ``autograd.Function`` classes in the loss's graph (for the hint)."""
-    found = {node._forward_cls.__name__ for node in _walk(loss) if hasattr(node, "_forward_cls")}
+    found = {node._forward_cls.__name__ for node in walk(loss) if hasattr(node, "_forward_cls")}
     return sorted(found)

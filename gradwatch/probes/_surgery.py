@@ -20,7 +20,7 @@ from typing import Any, Callable, Optional
 import torch
 from torch import Tensor
 
-from gradwatch.probes._stopgrad import _upstream_params, _walk
+from gradwatch.probes._stopgrad import _upstream_params, walk
 
 __all__ = ["Declared", "cut_grads", "declare", "measure_functions"]
 
@@ -97,7 +97,7 @@ def declare(loss: Tensor, params: list[Tensor]) -> tuple[Declared, Callable[[str
     """The loss's custom Functions measured, and ``cut(name)``: the gradient with the nodes
     of the unexplained Function class ``name`` cut (``None`` when the backward fails), one
     backward per class, run only when asked. The graph must be retained."""
-    declared = measure_functions(_walk(loss), _upstream_params)
+    declared = measure_functions(walk(loss), _upstream_params)
     memo: dict[str, Any] = {}
 
     def cut(name: str) -> Any:

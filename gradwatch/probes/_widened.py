@@ -24,11 +24,28 @@ import torch
 from torch import Tensor, nn
 from torch.utils._pytree import tree_map
 
-__all__ = ["Move", "Widened", "add_draw", "widened_bytes", "widened_copy", "widened_need"]
+from gradwatch.probes._sandbox import CannotJudge, cast_batch, fresh_copy, slice_batch
 
-#: Something that adds a move to a parameter's values in place (a draw times a step).
-Move = Callable[[Tensor], None]
-_ALIASES = frozenset({torch.ops.aten.detach.default, torch.ops.aten.alias.default})
+__all__ = [
+    "Move",
+    "Widened",
+    "add_draw",
+    "probe_copy",
+    "widened_bytes",
+    "widened_copy",
+    "widened_need",
+]
+
+#: Something that adds a move to a parameter's values in place (a draw times a step): to
+#: the whole tensor, or to a block of its rows given its first flat position.
+Move = Callable[..., None]
+#: A widened matrix of more values than this is read a block of rows at a time by a matrix
+#: product or an embedding lookup (32 MiB of float64 a block): a GPT-2's 38.6M-value word
+#: embedding, tied to its output layer, is never read whole.
+BLOCK = 1 << 22
+_aten = torch.ops.aten
+_ALIASES = frozenset({_aten.detach.default, _aten.alias.default})
+_BLOCKED = frozenset({_aten.mm.default, _aten.addmm.default, _aten.embedding.default})
 
 
 class _Root:
@@ -50,6 +67,18 @@ class _Root:
         for move in self.moves:
             move(out)
         return out
+
+    def rows(self, s: int, e: int) -> Tensor:
+        """Rows ``s:e`` of :meth:`value` (of a contiguous matrix), read alone."""
+        block = self.src[s:e].to(torch.float64, copy=True)
+        for move in self.moves:
+            move(block, s * self.src.shape[1])
+        return block
+
+    def spans(self) -> Iterator[tuple[int, int]]:
+        n, width = self.src.shape
+        step = max(1, BLOCK // max(width, 1))
+        return ((s, min(s + step, n)) for s in range(0, n, step))
 
 
 def _meta(src: Tensor) -> Tensor:
@@ -102,6 +131,10 @@ class Widened(Tensor):
     @classmethod
     def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:  # type: ignore[override]
         kwargs = kwargs or {}
+        if func in _BLOCKED and not kwargs:
+            out = _blocked(func, args)
+            if out is not None:
+                return out
         first = args[0] if args else None
         if isinstance(first, Widened):
             if func in _ALIASES:
@@ -160,15 +193,77 @@ def _write(first: Widened, func: Any, args: tuple[Any, ...], kwargs: dict[str, A
     return first
 
 
-def add_draw(t: Tensor, chunks: Iterator[tuple[int, int, Tensor]], alpha: float) -> None:
-    """Add ``alpha u`` to ``t`` in place, ``u`` given a chunk of ``t`` flattened at a time."""
+def _layout(x: Any) -> Optional[str]:
+    """``rows`` where ``x`` is a large widened matrix itself, ``t`` where it is its transpose
+    (``weight.t()`` in ``F.linear``), ``None`` otherwise (read whole)."""
+    if not isinstance(x, Widened):
+        return None
+    src, meta = x._gw_root.src, x._gw_meta
+    if src.dim() != 2 or src.numel() <= BLOCK or not src.is_contiguous():
+        return None
+    if meta.storage_offset() != 0 or meta.dim() != 2:
+        return None
+    if tuple(meta.shape) == tuple(src.shape) and meta.stride() == src.stride():
+        return "rows"
+    if tuple(meta.shape) == tuple(src.shape)[::-1] and meta.stride() == src.stride()[::-1]:
+        return "t"
+    return None
+
+
+def _blocked(func: Any, args: tuple[Any, ...]) -> Optional[Tensor]:
+    """``mm``, ``addmm`` or ``embedding`` reading a large widened matrix a block of rows at
+    a time (:data:`BLOCK`); ``None`` where the op reads it otherwise."""
+    if func is _aten.embedding.default:
+        if _layout(args[0]) != "rows" or isinstance(args[1], Widened):
+            return None
+        return _lookup(args[0]._gw_root, args[1])
+    if func is _aten.addmm.default and len(args) != 3:
+        return None  # beta, alpha
+    bias, a, b = args if len(args) == 3 else (None, *args)
+    kind = _layout(b)
+    if kind is None or isinstance(a, Widened) or a.dim() != 2:
+        return None
+    root = b._gw_root
+    if kind == "t":  # a @ W.T: a block of output columns per block of W's rows
+        out = a.new_empty((a.shape[0], b.shape[1]))
+        for s, e in root.spans():
+            out[:, s:e] = a @ root.rows(s, e).t()
+    else:  # a @ W: a partial product per block of W's rows
+        out = a.new_zeros((a.shape[0], b.shape[1]))
+        for s, e in root.spans():
+            out.addmm_(a[:, s:e], root.rows(s, e))
+    return out if bias is None else out.add_(_plain(bias))
+
+
+def _lookup(root: _Root, ids: Tensor) -> Tensor:
+    """``embedding``'s forward (a row per index) from the blocks of rows that hold them."""
+    flat = ids.reshape(-1)
+    if not root.moves:
+        return root.src.index_select(0, flat).to(torch.float64).view(*ids.shape, -1)
+    out = torch.empty(
+        (flat.numel(), root.src.shape[1]), dtype=torch.float64, device=root.src.device
+    )
+    for s, e in root.spans():
+        hit = (flat >= s) & (flat < e)
+        if bool(hit.any()):
+            out[hit] = root.rows(s, e)[flat[hit] - s]
+    return out.view(*ids.shape, -1)
+
+
+def add_draw(
+    t: Tensor, chunks: Iterator[tuple[int, int, Tensor]], alpha: float, lo: int = 0
+) -> None:
+    """Add ``alpha u`` to ``t`` in place, ``u`` given a chunk of the flattened parameter at a
+    time; ``t`` holds the parameter's flat positions from ``lo`` on (a block of rows)."""
     flat = t.view(-1) if t.is_contiguous() else None
+    n = t.numel()
     for s, e, u in chunks:
-        step = u.to(t.device, t.dtype)
+        a, b = max(s, lo), min(e, lo + n)
+        step = u[a - s : b - s].to(t.device, t.dtype)
         if flat is not None:
-            flat[s:e].add_(step, alpha=alpha)
-        else:  # a strided tensor: its chunk written through its coordinates
-            index = torch.arange(s, e, device=t.device)
+            flat[a - lo : b - lo].add_(step, alpha=alpha)
+        else:  # a strided tensor (never a block): its chunk written through its coordinates
+            index = torch.arange(a, b, device=t.device)
             t[torch.unravel_index(index, t.shape)] += step.mul_(alpha)
 
 
@@ -176,21 +271,46 @@ def _widenable(p: Tensor) -> bool:
     return type(p) in (Tensor, nn.Parameter) and p.is_floating_point() and p.layout == torch.strided
 
 
-def widened_copy(model: nn.Module, fresh: Callable[..., nn.Module]) -> nn.Module:
-    """``fresh(model, memo)``'s copy in float64 whose plain floating parameters are
-    :class:`Widened` over the user's own (the others, and the buffers, widened as usual)."""
+def widened_copy(model: nn.Module) -> nn.Module:
+    """A copy of ``model`` in float64 whose plain floating parameters are :class:`Widened`
+    over the user's own (the others, and the buffers, widened as usual).
+
+    Raises:
+        CannotJudge: the model cannot be deep-copied.
+    """
     memo: dict[int, Any] = {}
     for p in model.parameters():
         if _widenable(p) and id(p) not in memo:
             twin = nn.Parameter(Widened(_Root(p)), requires_grad=p.requires_grad)
             memo[id(p)] = twin
-    return fresh(model, memo).double()
+    return fresh_copy(model, memo).double()
+
+
+def probe_copy(model: nn.Module, batch: Any, max_samples: int, form: str) -> tuple[nn.Module, Any]:
+    """``gradient_mismatch``'s copy and its samples of ``batch``: ``widened`` (float64 read
+    from the user's weights), ``float64`` (a float64 copy of the weights), or ``native``
+    (the model's own dtype); the batch's floats cast to match.
+
+    Raises:
+        CannotJudge: the model cannot be copied (``not_copyable``), or not in float64
+            (``loss_failed``: the next form is tried).
+    """
+    small = slice_batch(batch, max_samples)
+    if form == "native":
+        return fresh_copy(model), small
+    try:
+        copy = widened_copy(model) if form == "widened" else fresh_copy(model).double()
+    except CannotJudge:
+        raise
+    except Exception as exc:
+        raise CannotJudge("loss_failed", f"the copy is not float64 ({exc})") from exc
+    return copy, cast_batch(small, torch.float64)
 
 
 def widened_bytes(model: nn.Module) -> int:
     """What a widened copy holds at most beside the activations: its buffers and the
-    parameters that are not :class:`Widened`, in float64, and twice its largest parameter
-    (read for an op, and its gradient while autograd makes it)."""
+    parameters that are not :class:`Widened`, in float64, and its largest parameter's
+    gradient and read (a block of rows, for a matrix: :data:`BLOCK`)."""
     return _held(model, lambda p: not isinstance(p, Widened))
 
 
@@ -203,4 +323,8 @@ def _held(model: nn.Module, kept: Callable[[Tensor], bool]) -> int:
     params = list(model.parameters())
     held = sum(8 * t.numel() for t in model.buffers())
     held += sum(8 * p.numel() for p in params if kept(p))
-    return held + 2 * 8 * max((p.numel() for p in params), default=0)
+    if not params:
+        return held
+    largest = max(params, key=lambda p: p.numel())
+    read = min(largest.numel(), BLOCK) if largest.dim() == 2 else largest.numel()
+    return held + 8 * (largest.numel() + read)

@@ -15,23 +15,29 @@ the layers are sampled, spread over the forward.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import torch
 from torch import Tensor, nn
 
-from gradwatch.probes._direction import Direction, Draw, Reduced, bases, joint, reduce_grads
+from gradwatch.probes._direction import (
+    Direction,
+    Draw,
+    Reduced,
+    Uses,
+    bases,
+    joint,
+    reduce_grads,
+)
 from gradwatch.probes._sandbox import (
     Budget,
     CannotJudge,
     LossFn,
     batch_size,
-    cast_batch,
     evaluate,
-    fresh_copy,
     param_bytes,
-    slice_batch,
 )
 from gradwatch.probes._stopgrad import (
     ReplayMismatch,
@@ -41,7 +47,7 @@ from gradwatch.probes._stopgrad import (
 )
 from gradwatch.probes._surgery import declare
 from gradwatch.probes._wide import KeepWide
-from gradwatch.probes._widened import widened_bytes, widened_copy
+from gradwatch.probes._widened import probe_copy, widened_bytes
 from gradwatch.results import ProbeLayer
 from gradwatch.vectors.sensitivity import layer_groups
 
@@ -89,6 +95,8 @@ class _Evaluator:
         self.buffers = [(b, b.detach().clone()) for b in model.buffers()]
         self.wide = wide
         self.loss, self.value = torch.zeros(()), 0.0  # the recorded evaluation's
+        self.reads: Optional[list[Tensor]] = None  # parameters whose reads are told apart
+        self.uses: Optional[Uses] = None  # the recorded evaluation's reads of them
 
     def _evaluate(self) -> Tensor:
         """One seeded evaluation; in float64 the forward's own new tensors are float64 too
@@ -114,7 +122,8 @@ class _Evaluator:
 
     def recorded(self) -> Tensor:
         self._restore()
-        with self.mode.start(replay=False):
+        self.uses = Uses(self.reads) if self.reads is not None else None
+        with self.uses or contextlib.nullcontext(), self.mode.start(replay=False):
             self.loss = self._evaluate()
         self.value = float(self.loss.detach())
         return self.loss
@@ -127,22 +136,6 @@ class _Evaluator:
             return float(loss.detach())
         except ReplayMismatch as exc:
             raise CannotJudge("forward_changed", f"the forward took another path: {exc}") from exc
-
-
-def _prepare(model: nn.Module, batch: Any, max_samples: int, form: str) -> tuple[nn.Module, Any]:
-    """The copy: ``widened`` (float64 read from the user's weights, :mod:`._widened`),
-    ``float64`` (a float64 copy of the weights), or ``native`` (the model's own dtype); the
-    batch's floats cast to match."""
-    small = slice_batch(batch, max_samples)
-    if form == "native":
-        return fresh_copy(model), small
-    try:
-        copy = widened_copy(model, fresh_copy) if form == "widened" else fresh_copy(model).double()
-    except CannotJudge:
-        raise
-    except Exception as exc:
-        raise CannotJudge("loss_failed", f"the copy is not float64 ({exc})") from exc
-    return copy, cast_batch(small, torch.float64)
 
 
 def _judge(row: ProbeLayer, noise: float, rtol: float) -> str:
@@ -198,7 +191,7 @@ def _base(ev: _Evaluator, params: list[Tensor]) -> tuple[Tensor, Draw, Reduced]:
         raise CannotJudge("nonfinite_loss", "the loss is not finite on the copy")
     draw = Draw(params, SEED, ev.mode.masks)
     try:
-        reduced = reduce_grads(loss, draw)
+        reduced = reduce_grads(loss, draw, ev.uses)
     except RuntimeError as exc:
         raise CannotJudge("not_differentiable", f"autograd failed: {exc}") from exc
     return loss, draw, reduced
@@ -234,7 +227,7 @@ def _agreement(
     *,
     form: str,
 ) -> GradientResult:
-    copy, small = _prepare(model, batch, max_samples, form)
+    copy, small = probe_copy(model, batch, max_samples, form)
     dtype = "native" if form == "native" else "float64"
     groups = layer_groups(copy)
     if not groups:
@@ -247,6 +240,7 @@ def _agreement(
     result.samples = batch_size(small)
     t0 = budget.elapsed()
     params = list(_params_of(groups))
+    ev.reads = params if form == "widened" else None  # each read's gradient alone
     loss, draw, reduced = _base(ev, params)
     if mode.autocast:  # the forward ran in bf16/fp16: compared at that precision
         result.dtype = "autocast"
@@ -363,7 +357,7 @@ def _nearby(ev: _Evaluator, layer: Direction, h_rel: float, tol: float) -> str:
     layer.offset = (nudge, max(NUDGE, 10.0 * h_rel) * layer.scale)
     try:
         layer.shift(0.0)
-        reduced = reduce_grads(ev.recorded(), draw)
+        reduced = reduce_grads(ev.recorded(), draw, ev.uses)
         status = _compare(ev, layer, reduced, h_rel, tol, explained=False, nearby=False).status
     except (CannotJudge, RuntimeError):  # another path, or no loss there: not confirmed
         status = "mismatch"

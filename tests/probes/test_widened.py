@@ -12,7 +12,8 @@ import torch.nn.functional as F
 from _probe_models import Swish
 from torch import Tensor, nn
 
-from gradwatch.probes._direction import Direction, Draw, bases
+from gradwatch.probes import _direction, _widened
+from gradwatch.probes._direction import Direction, Draw, Uses, bases, reduce_grads
 from gradwatch.probes._sandbox import Budget, fresh_copy
 from gradwatch.probes._widened import Widened, widened_bytes, widened_copy
 from gradwatch.probes.gradient import gradient_agreement
@@ -50,11 +51,16 @@ def _loss(model: nn.Module, x: Tensor) -> Tensor:
     return (out[0] if isinstance(out, tuple) else out).tanh().pow(2).sum()
 
 
+@pytest.mark.parametrize("block", [None, 16], ids=["whole", "blocks"])
 @pytest.mark.parametrize("name,build,batch", _cases(), ids=[c[0] for c in _cases()])
-def test_the_widened_copy_is_the_float64_copy(name: str, build: Any, batch: Any) -> None:
+def test_the_widened_copy_is_the_float64_copy(
+    name: str, build: Any, batch: Any, block: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if block is not None:  # every matrix above 16 values read a block of rows at a time
+        monkeypatch.setattr(_widened, "BLOCK", block)
     torch.manual_seed(0)
     model, x = build(), batch()
-    wide, full = widened_copy(model, fresh_copy), fresh_copy(model).double()
+    wide, full = widened_copy(model), fresh_copy(model).double()
     assert all(isinstance(p, Widened) for p in wide.parameters())
     assert len(list(wide.parameters())) == len(list(model.parameters()))  # tied stays tied
     a, b = _loss(wide, x), _loss(full, x)
@@ -69,7 +75,7 @@ def test_the_widened_copy_is_the_float64_copy(name: str, build: Any, batch: Any)
 def test_the_backward_pass_saves_no_weight_of_its_own() -> None:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(32, 64), nn.Tanh(), nn.Linear(64, 32))
-    copy = widened_copy(model, fresh_copy)
+    copy = widened_copy(model)
     sizes = {p.numel() for p in model.parameters() if p.dim() == 2}
     saved: list[Tensor] = []
 
@@ -101,7 +107,7 @@ def test_the_users_weights_are_never_written() -> None:
     torch.manual_seed(0)
     model = _EditsItsWeight()
     before = [p.detach().clone() for p in model.parameters()]
-    copy = widened_copy(model, fresh_copy)
+    copy = widened_copy(model)
     params = list(copy.parameters())
     way = Direction("lin", ["w", "b"], Draw(params, seed=1), [0, 1], bases(copy, model, params))
     way.shift(0.5)
@@ -117,7 +123,7 @@ def test_the_users_weights_are_never_written() -> None:
 def test_a_move_reads_base_plus_h_v() -> None:
     torch.manual_seed(0)
     model = nn.Linear(5, 4)
-    copy = widened_copy(model, fresh_copy)
+    copy = widened_copy(model)
     params = list(copy.parameters())
     draw = Draw(params, seed=2)
     base = bases(copy, model, params)
@@ -159,3 +165,56 @@ def test_a_forward_the_widened_copy_cannot_run_falls_back_to_a_float64_copy() ->
     plain = nn.Sequential(nn.Linear(4, 16), nn.Tanh(), nn.Linear(16, 3))
     res = gradient_agreement(plain, batch, ce, rtol=1e-3, budget=Budget(10.0), max_samples=8)
     assert res.form == "widened" and not res.mismatched()
+
+
+def test_a_move_read_a_block_of_rows_at_a_time_is_the_whole_move(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(_widened, "BLOCK", 16)  # blocks of 2 rows of 6 values
+    monkeypatch.setattr(_direction, "CHUNK", 7)  # draws that straddle the blocks
+    torch.manual_seed(0)
+    model, ids = _Tied(), torch.randint(0, 11, (3, 4))
+    wide, full = widened_copy(model), fresh_copy(model).double()
+    moved = []
+    for copy in (wide, full):
+        params = list(copy.parameters())
+        way = Direction("all", [], Draw(params, seed=4), [0, 1, 2], bases(copy, model, params))
+        way.shift(0.3)
+        moved.append(_loss(copy, ids))
+    assert float(moved[0].detach()) == pytest.approx(float(moved[1].detach()), rel=1e-13)
+    assert float(moved[0].detach()) != pytest.approx(float(_loss(model.double(), ids).detach()))
+
+
+class _ReadsEveryWay(nn.Module):
+    """One matrix read by a lookup, an index and a product, and one read by ``@`` and by
+    an op no torch-function mode sees (:class:`Uses` cannot make a view for that read)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(7, 5))
+        self.v = nn.Parameter(torch.randn(5, 5))
+
+    def forward(self, ids: Tensor) -> Tensor:
+        h = F.embedding(ids, self.w) + self.w[ids.flip(0)]
+        with torch._C.DisableTorchFunction():
+            unseen = torch.mm(h.reshape(-1, 5), self.v).view_as(h)
+        h = torch.tanh(h @ self.v) + unseen
+        return F.linear(h, self.w)
+
+
+@pytest.mark.parametrize("model", [_Tied, _ReadsEveryWay])
+def test_each_read_reduced_alone_adds_up_to_the_gradient(model: Any) -> None:
+    torch.manual_seed(0)
+    net, ids = model(), torch.randint(0, 7, (3, 4))
+    copy = widened_copy(net)
+    params = list(copy.parameters())
+    uses = Uses(params)
+    with uses:
+        loss = _loss(copy, ids)
+    reads = uses.reads(loss)
+    assert len(reads) > len(params)  # some parameter read more than once, alone each time
+    draw = Draw(params, seed=3)
+    reduced = reduce_grads(loss, draw, uses)
+    full = torch.autograd.grad(_loss(copy, ids), params)
+    for i, g in enumerate(full):
+        assert reduced.dots[i] == pytest.approx(draw.dot(i, g), rel=1e-12, abs=1e-14)
