@@ -54,6 +54,7 @@ from gradwatch.checks.update_ascends_loss import UpdateAscendsLoss
 from gradwatch.config import GradWatchConfig
 from gradwatch.model.engines import clean_name
 from gradwatch.model.library import package_of
+from gradwatch.probes._copies import Sharing
 from gradwatch.probes._property_verdicts import (
     ascent_verdict,
     field_verdict,
@@ -182,8 +183,7 @@ def _guarded(
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            runner = RUNNERS[check_id]
-            return runner(model, batch, loss_fn, opt, cfg, Budget(cfg.budget_s), record)
+            return _attempt(check_id, cfg, record, model, batch, loss_fn, opt)
         except CannotJudge:
             raise
         except Exception as exc:
@@ -196,6 +196,37 @@ def _guarded(
             seen = list(dict.fromkeys(f"{w.category.__name__}: {w.message}" for w in caught))
             if seen:
                 record.details["warnings"] = seen[:5]
+
+
+#: The reasons a probe's step on a copy that shares the user's weights is tried again.
+_RETRIED = frozenset({"step_failed", "loss_failed"})
+
+
+def _attempt(
+    check_id: str,
+    cfg: Any,
+    record: ProbeResult,
+    model: nn.Module,
+    batch: Any,
+    loss_fn: LossFn,
+    opt: Any,
+) -> Optional[Finding]:
+    """The probe on a copy that reads the user's weights (:func:`._widened.shared_copy`),
+    and again on a copy of its own where its step failed there (an op that a shared weight
+    cannot run, such as ``weight.tolist()``)."""
+    runner = RUNNERS[check_id]
+    failed: Optional[Exception] = None
+    with Sharing() as share:
+        try:
+            return runner(model, batch, loss_fn, opt, cfg, Budget(cfg.budget_s), record)
+        except Exception as exc:
+            if getattr(exc, "reason", "step_failed") not in _RETRIED:
+                raise
+            failed = exc
+    if not share.made:
+        raise failed
+    with Sharing(enabled=False):
+        return runner(model, batch, loss_fn, opt, cfg, Budget(cfg.budget_s), record)
 
 
 def _recorded(finding: Finding, model: nn.Module, config: GradWatchConfig) -> bool:

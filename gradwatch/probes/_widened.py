@@ -21,20 +21,10 @@ from collections.abc import Iterable, Iterator
 from typing import Any, Callable, Optional
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 from torch.utils._pytree import tree_map
 
-from gradwatch.probes._sandbox import CannotJudge, cast_batch, fresh_copy, slice_batch
-
-__all__ = [
-    "Move",
-    "Widened",
-    "add_draw",
-    "probe_copy",
-    "widened_bytes",
-    "widened_copy",
-    "widened_need",
-]
+__all__ = ["BLOCK", "Move", "Root", "Widened", "add_draw"]
 
 #: Something that adds a move to a parameter's values in place (a draw times a step): to
 #: the whole tensor, or to a block of its rows given its first flat position.
@@ -48,29 +38,37 @@ _ALIASES = frozenset({_aten.detach.default, _aten.alias.default})
 _BLOCKED = frozenset({_aten.mm.default, _aten.addmm.default, _aten.embedding.default})
 
 
-class _Root:
-    """One parameter's values: ``src`` (the user's tensor, or float64 values of its own once
-    the forward wrote into it) plus ``moves``."""
+class Root:
+    """One parameter's values, in ``dtype``: ``src`` (the user's tensor, or values of its own
+    once an op wrote into it) plus ``moves``."""
 
-    __slots__ = ("moves", "src")
+    __slots__ = ("dtype", "moves", "src")
 
-    def __init__(self, src: Tensor) -> None:
-        self.src = src.detach()
+    def __init__(self, src: Tensor, dtype: torch.dtype = torch.float64) -> None:
+        self.src, self.dtype = src.detach(), dtype
         self.moves: tuple[Move, ...] = ()
 
     def value(self) -> Tensor:
-        """The values in float64, always a fresh tensor (the user's are never written)."""
+        """The values, always a fresh tensor (the user's are never written)."""
         out = torch.empty_strided(
-            self.src.shape, self.src.stride(), dtype=torch.float64, device=self.src.device
+            self.src.shape, self.src.stride(), dtype=self.dtype, device=self.src.device
         )
         out.copy_(self.src)
         for move in self.moves:
             move(out)
         return out
 
+    def read(self) -> Tensor:
+        """The values for an op that does not write them: ``src`` itself where it holds
+        them (a copy that shares the user's weights), else :meth:`value`."""
+        return self.src if self.plain() else self.value()
+
+    def plain(self) -> bool:
+        return not self.moves and self.src.dtype == self.dtype
+
     def rows(self, s: int, e: int) -> Tensor:
         """Rows ``s:e`` of :meth:`value` (of a contiguous matrix), read alone."""
-        block = self.src[s:e].to(torch.float64, copy=True)
+        block = self.src[s:e].to(self.dtype, copy=True)
         for move in self.moves:
             move(block, s * self.src.shape[1])
         return block
@@ -81,33 +79,34 @@ class _Root:
         return ((s, min(s + step, n)) for s in range(0, n, step))
 
 
-def _meta(src: Tensor) -> Tensor:
-    return torch.empty_strided(src.shape, src.stride(), dtype=torch.float64, device="meta")
+def _meta(root: Root) -> Tensor:
+    src = root.src
+    return torch.empty_strided(src.shape, src.stride(), dtype=root.dtype, device="meta")
 
 
 class Widened(Tensor):
     """A float64 tensor whose values are its root's, read at each op (see the module)."""
 
-    _gw_root: _Root
+    _gw_root: Root
     _gw_views: tuple[tuple[Any, tuple[Any, ...], dict[str, Any], Optional[int]], ...]
     _gw_meta: Tensor
 
     @staticmethod
-    def __new__(cls, root: _Root, views: tuple[Any, ...] = (), meta: Optional[Tensor] = None):  # type: ignore[no-untyped-def]
-        meta = _meta(root.src) if meta is None else meta
+    def __new__(cls, root: Root, views: tuple[Any, ...] = (), meta: Optional[Tensor] = None):  # type: ignore[no-untyped-def]
+        meta = _meta(root) if meta is None else meta
         return Tensor._make_wrapper_subclass(  # type: ignore[attr-defined]
             cls,
             meta.shape,
             strides=meta.stride(),
             storage_offset=meta.storage_offset(),
-            dtype=torch.float64,
+            dtype=root.dtype,
             device=root.src.device,
             requires_grad=False,
         )
 
-    def __init__(self, root: _Root, views: tuple[Any, ...] = (), meta: Optional[Tensor] = None):
+    def __init__(self, root: Root, views: tuple[Any, ...] = (), meta: Optional[Tensor] = None):
         self._gw_root, self._gw_views = root, views
-        self._gw_meta = _meta(root.src) if meta is None else meta
+        self._gw_meta = _meta(root) if meta is None else meta
 
     __torch_function__ = torch._C._disabled_torch_function_impl  # type: ignore[assignment]
 
@@ -124,9 +123,12 @@ class Widened(Tensor):
         return self._gw_root.src
 
     def value(self) -> Tensor:
-        """Its values in float64: a fresh tensor, or a view of one."""
-        out = self._gw_root.value()
-        return _apply_views(out, self._gw_views)
+        """Its values: a fresh tensor, or a view of one."""
+        return _apply_views(self._gw_root.value(), self._gw_views)
+
+    def read(self) -> Tensor:
+        """Its values for an op that does not write them (perhaps the user's own)."""
+        return _apply_views(self._gw_root.read(), self._gw_views)
 
     @classmethod
     def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:  # type: ignore[override]
@@ -143,13 +145,14 @@ class Widened(Tensor):
                 out = _view(first, func, args[1:], kwargs)
                 if out is not None:
                     return out
-            elif _writes_first(func):
-                return _write(first, func, args[1:], kwargs)
+        written = _written(func, args, kwargs)
+        if written:
+            return _write(func, args, kwargs, written)
         return func(*tree_map(_plain, args), **tree_map(_plain, kwargs))
 
 
 def _plain(x: Any) -> Any:
-    return x.value() if isinstance(x, Widened) else x
+    return x.read() if isinstance(x, Widened) else x
 
 
 def _apply_views(out: Tensor, views: tuple[Any, ...]) -> Tensor:
@@ -160,10 +163,19 @@ def _apply_views(out: Tensor, views: tuple[Any, ...]) -> Tensor:
     return out
 
 
-def _writes_first(func: Any) -> bool:
-    arguments = func._schema.arguments
-    info = arguments[0].alias_info if arguments else None
-    return bool(info is not None and info.is_write)
+def _written(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
+    """The positions (or keyword names) of ``func``'s arguments it writes that are
+    :class:`Widened` (an in-place op's ``self``, an ``out=``)."""
+    found: list[Any] = []
+    for k, arg in enumerate(func._schema.arguments):
+        info = arg.alias_info
+        if info is None or not info.is_write:
+            continue
+        where: Any = k if k < len(args) and not arg.kwarg_only else arg.name
+        value = args[where] if isinstance(where, int) else kwargs.get(where)
+        if isinstance(value, Widened):
+            found.append(where)
+    return found
 
 
 def _view(first: Widened, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -183,14 +195,27 @@ def _view(first: Widened, func: Any, args: tuple[Any, ...], kwargs: dict[str, An
     return Widened(root, (*views, (func, args, kwargs, None)), meta)
 
 
-def _write(first: Widened, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Widened:
-    """An op writing into ``first``: its root takes float64 values of its own (the values
-    read, the moves included, then written), as a widened copy's parameter would."""
-    root = first._gw_root
-    values = root.value()
-    func(_apply_views(values, first._gw_views), *tree_map(_plain, args), **tree_map(_plain, kwargs))
-    root.src, root.moves = values, ()
-    return first
+def _write(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], written: list[Any]) -> Any:
+    """An op writing into :class:`Widened` tensors: each one's root takes values of its own
+    (those read, moves included, then written), as a copy's parameter would; the user's
+    are never written."""
+    given, kwargs = list(args), dict(kwargs)
+    where = written[0]
+    target_of_op = given[where] if isinstance(where, int) else kwargs[where]
+    roots = []
+    for where in written:
+        target = given[where] if isinstance(where, int) else kwargs[where]
+        values = target._gw_root.value()
+        roots.append((target._gw_root, values))
+        fresh = _apply_views(values, target._gw_views)
+        if isinstance(where, int):
+            given[where] = fresh
+        else:
+            kwargs[where] = fresh
+    func(*tree_map(_plain, tuple(given)), **tree_map(_plain, kwargs))
+    for root, values in roots:
+        root.src, root.moves = values, ()
+    return target_of_op  # as an in-place op returns its tensor
 
 
 def _layout(x: Any) -> Optional[str]:
@@ -200,6 +225,8 @@ def _layout(x: Any) -> Optional[str]:
         return None
     src, meta = x._gw_root.src, x._gw_meta
     if src.dim() != 2 or src.numel() <= BLOCK or not src.is_contiguous():
+        return None
+    if x._gw_root.plain():  # read as it is, never copied: no block needed
         return None
     if meta.storage_offset() != 0 or meta.dim() != 2:
         return None
@@ -235,14 +262,12 @@ def _blocked(func: Any, args: tuple[Any, ...]) -> Optional[Tensor]:
     return out if bias is None else out.add_(_plain(bias))
 
 
-def _lookup(root: _Root, ids: Tensor) -> Tensor:
+def _lookup(root: Root, ids: Tensor) -> Tensor:
     """``embedding``'s forward (a row per index) from the blocks of rows that hold them."""
     flat = ids.reshape(-1)
     if not root.moves:
-        return root.src.index_select(0, flat).to(torch.float64).view(*ids.shape, -1)
-    out = torch.empty(
-        (flat.numel(), root.src.shape[1]), dtype=torch.float64, device=root.src.device
-    )
+        return root.src.index_select(0, flat).to(root.dtype).view(*ids.shape, -1)
+    out = torch.empty((flat.numel(), root.src.shape[1]), dtype=root.dtype, device=root.src.device)
     for s, e in root.spans():
         hit = (flat >= s) & (flat < e)
         if bool(hit.any()):
@@ -265,66 +290,3 @@ def add_draw(
         else:  # a strided tensor (never a block): its chunk written through its coordinates
             index = torch.arange(a, b, device=t.device)
             t[torch.unravel_index(index, t.shape)] += step.mul_(alpha)
-
-
-def _widenable(p: Tensor) -> bool:
-    return type(p) in (Tensor, nn.Parameter) and p.is_floating_point() and p.layout == torch.strided
-
-
-def widened_copy(model: nn.Module) -> nn.Module:
-    """A copy of ``model`` in float64 whose plain floating parameters are :class:`Widened`
-    over the user's own (the others, and the buffers, widened as usual).
-
-    Raises:
-        CannotJudge: the model cannot be deep-copied.
-    """
-    memo: dict[int, Any] = {}
-    for p in model.parameters():
-        if _widenable(p) and id(p) not in memo:
-            twin = nn.Parameter(Widened(_Root(p)), requires_grad=p.requires_grad)
-            memo[id(p)] = twin
-    return fresh_copy(model, memo).double()
-
-
-def probe_copy(model: nn.Module, batch: Any, max_samples: int, form: str) -> tuple[nn.Module, Any]:
-    """``gradient_mismatch``'s copy and its samples of ``batch``: ``widened`` (float64 read
-    from the user's weights), ``float64`` (a float64 copy of the weights), or ``native``
-    (the model's own dtype); the batch's floats cast to match.
-
-    Raises:
-        CannotJudge: the model cannot be copied (``not_copyable``), or not in float64
-            (``loss_failed``: the next form is tried).
-    """
-    small = slice_batch(batch, max_samples)
-    if form == "native":
-        return fresh_copy(model), small
-    try:
-        copy = widened_copy(model) if form == "widened" else fresh_copy(model).double()
-    except CannotJudge:
-        raise
-    except Exception as exc:
-        raise CannotJudge("loss_failed", f"the copy is not float64 ({exc})") from exc
-    return copy, cast_batch(small, torch.float64)
-
-
-def widened_bytes(model: nn.Module) -> int:
-    """What a widened copy holds at most beside the activations: its buffers and the
-    parameters that are not :class:`Widened`, in float64, and its largest parameter's
-    gradient and read (a block of rows, for a matrix: :data:`BLOCK`)."""
-    return _held(model, lambda p: not isinstance(p, Widened))
-
-
-def widened_need(model: nn.Module) -> int:
-    """:func:`widened_bytes` of the widened copy ``model`` would have."""
-    return _held(model, lambda p: not _widenable(p))
-
-
-def _held(model: nn.Module, kept: Callable[[Tensor], bool]) -> int:
-    params = list(model.parameters())
-    held = sum(8 * t.numel() for t in model.buffers())
-    held += sum(8 * p.numel() for p in params if kept(p))
-    if not params:
-        return held
-    largest = max(params, key=lambda p: p.numel())
-    read = min(largest.numel(), BLOCK) if largest.dim() == 2 else largest.numel()
-    return held + 8 * (largest.numel() + read)

@@ -39,8 +39,8 @@ from gradwatch.checks.not_observed import NotObserved
 from gradwatch.config import GradWatchConfig
 from gradwatch.model.hook_args import pre_kwargs
 from gradwatch.probes import LOSS_FREE_PROBES, run_probes
+from gradwatch.probes._copies import widened_need
 from gradwatch.probes._sandbox import tensors
-from gradwatch.probes._widened import widened_need
 from gradwatch.results import Finding, ProbeResult
 
 __all__ = [

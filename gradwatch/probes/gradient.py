@@ -22,6 +22,7 @@ from typing import Any, Optional
 import torch
 from torch import Tensor, nn
 
+from gradwatch.probes._copies import probe_copy, widened_bytes
 from gradwatch.probes._direction import (
     Direction,
     Draw,
@@ -47,7 +48,6 @@ from gradwatch.probes._stopgrad import (
 )
 from gradwatch.probes._surgery import declare
 from gradwatch.probes._wide import KeepWide
-from gradwatch.probes._widened import probe_copy, widened_bytes
 from gradwatch.results import ProbeLayer
 from gradwatch.vectors.sensitivity import layer_groups
 

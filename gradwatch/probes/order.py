@@ -36,10 +36,10 @@ from torch import Tensor, nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from gradwatch.probes._axes import TimeMajor
+from gradwatch.probes._copies import own_bytes, shared_copy
 from gradwatch.probes._graph import declared_graph
 from gradwatch.probes._replay import Draws, Forward, State, differ, run_forward
-from gradwatch.probes._sandbox import Budget, CannotJudge, LossFn, _map, batch_size, fresh_copy
-from gradwatch.probes._sandbox import param_bytes as _param_bytes
+from gradwatch.probes._sandbox import Budget, CannotJudge, LossFn, _map, batch_size
 
 __all__ = ["OrderResult", "order_dependence"]
 
@@ -207,9 +207,9 @@ def order_dependence(
             f"{graph[0]} declares a graph over the batch's {n} samples: permuting the "
             "nodes without their edges changes the outputs by design",
         )
-    copy = fresh_copy(model)
+    copy = shared_copy(model)
     perm = derangement(n)
-    result = OrderResult(batch=n, permutation=perm.tolist(), memory_bytes=_param_bytes(copy))
+    result = OrderResult(batch=n, permutation=perm.tolist(), memory_bytes=own_bytes(copy))
     state = State(copy)
     orig, again, moved = _pair(copy, batch, loss_fn, n, perm, state)
     if not _stable(orig, again, rtol):

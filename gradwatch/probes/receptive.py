@@ -32,10 +32,10 @@ import torch
 from torch import Tensor, nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
+from gradwatch.probes._copies import own_bytes, shared_copy
 from gradwatch.probes._reach_ops import OpLog, Reshape
 from gradwatch.probes._replay import Draws
-from gradwatch.probes._sandbox import Budget, CannotJudge, LossFn, batch_size, fresh_copy
-from gradwatch.probes._sandbox import param_bytes as _param_bytes
+from gradwatch.probes._sandbox import Budget, CannotJudge, LossFn, batch_size
 from gradwatch.probes.positions import weighted_grads
 from gradwatch.probes.samples import _forward as forward_with_leaves
 
@@ -198,11 +198,11 @@ def receptive_field(
     n = batch_size(batch)
     if n is None:
         raise CannotJudge("one_sample", "the batch has no leading dimension shared by its tensors")
-    copy = fresh_copy(model)
+    copy = shared_copy(model)
     for mod in copy.modules():
         if isinstance(mod, _BatchNorm):
             mod.eval()
-    result = FieldResult(sample=n // 2, memory_bytes=_param_bytes(copy))
+    result = FieldResult(sample=n // 2, memory_bytes=own_bytes(copy))
     modules = _module_reach_all(copy)
     if modules:  # the module graph already reaches every position: no forward needed
         result.reach_all = modules

@@ -35,9 +35,9 @@ import torch
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
+from gradwatch.probes._copies import own_bytes, shared_copy
 from gradwatch.probes._replay import Draws, State, differ, run_forward
-from gradwatch.probes._sandbox import Budget, LossFn, batch_size, fresh_copy
-from gradwatch.probes._sandbox import param_bytes as _param_bytes
+from gradwatch.probes._sandbox import Budget, LossFn, batch_size
 
 __all__ = ["ReproResult", "reproducibility"]
 
@@ -105,8 +105,8 @@ def reproducibility(
         CannotJudge: no per-sample output, or ``loss_fn`` failed.
     """
     n = batch_size(batch) or 1
-    copy = fresh_copy(model)
-    result = ReproResult(batch=n, memory_bytes=_param_bytes(copy))
+    copy = shared_copy(model)
+    result = ReproResult(batch=n, memory_bytes=own_bytes(copy))
     start = State(copy)
     first = run_forward(copy, batch, loss_fn, n, SEED, Draws(n, replay=[]))
     after = State(copy).saved

@@ -23,6 +23,7 @@ from torch import Tensor, nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from gradwatch.probes._axes import TimeMajor, pairwise, position_table, storages_of
+from gradwatch.probes._copies import own_bytes, shared_copy
 from gradwatch.probes._graph import (
     declared_graph,
     hops_needed,
@@ -35,8 +36,6 @@ from gradwatch.probes._sandbox import (
     LossFn,
     batch_size,
     evaluate,
-    fresh_copy,
-    param_bytes,
 )
 from gradwatch.probes.positions import (
     Leak,
@@ -351,8 +350,8 @@ def samples_reached(
     n = batch_size(batch) or nodes_of_edge_batch(batch)
     if n is None or n < 2:
         raise CannotJudge("one_sample", "the batch has no leading dimension of two or more samples")
-    copy = fresh_copy(model)
-    result = SampleResult(sample=n // 2, batch=n, memory_bytes=param_bytes(copy))
+    copy = shared_copy(model)
+    result = SampleResult(sample=n // 2, batch=n, memory_bytes=own_bytes(copy))
     seen: dict[str, str] = {}  # why the batch's leading dim is not its samples, if it is not
     out, leaves = _forward(copy, batch, loss_fn, n, seen)
     others, share, names = _search(out, leaves, n, min_share, budget, result)

@@ -12,10 +12,12 @@ import torch.nn.functional as F
 from _probe_models import Swish
 from torch import Tensor, nn
 
-from gradwatch.probes import _direction, _widened
+import gradwatch
+from gradwatch.probes import LOSS_FREE_PROBES, _direction, _widened
+from gradwatch.probes._copies import Sharing, own_bytes, shared_copy, widened_bytes, widened_copy
 from gradwatch.probes._direction import Direction, Draw, Uses, bases, reduce_grads
 from gradwatch.probes._sandbox import Budget, fresh_copy
-from gradwatch.probes._widened import Widened, widened_bytes, widened_copy
+from gradwatch.probes._widened import Widened
 from gradwatch.probes.gradient import gradient_agreement
 
 
@@ -218,3 +220,44 @@ def test_each_read_reduced_alone_adds_up_to_the_gradient(model: Any) -> None:
     full = torch.autograd.grad(_loss(copy, ids), params)
     for i, g in enumerate(full):
         assert reduced.dots[i] == pytest.approx(draw.dot(i, g), rel=1e-12, abs=1e-14)
+
+
+def test_the_shared_copy_holds_no_weight_and_never_writes_the_users() -> None:
+    torch.manual_seed(0)
+    model = _EditsItsWeight()
+    before = [p.detach().clone() for p in model.parameters()]
+    copy = shared_copy(model)
+    assert all(isinstance(p, Widened) and p.dtype == torch.float32 for p in copy.parameters())
+    assert own_bytes(copy) == 0  # no buffer, and every weight read from the user's
+    x = torch.randn(2, 4)
+    expected = F.linear(x, before[0].clamp(-0.1, 0.1), before[1])
+    assert torch.equal(copy(x), expected)  # the clamp wrote the copy's own values
+    assert all(torch.equal(p.detach(), b) for p, b in zip(model.parameters(), before))
+    plain = nn.Sequential(nn.Linear(4, 3), nn.BatchNorm1d(3))
+    shared = shared_copy(plain)
+    assert (
+        torch.equal(shared(x), plain(x)) and own_bytes(shared) == 4 * 3 + 4 * 3 + 8
+    )  # its buffers
+
+
+class _ListsItsWeight(nn.Module):
+    """Reads its bias with ``.tolist()``, which a tensor subclass refuses."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 3)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.lin(x) + 0.0 * sum(self.lin.bias.tolist())
+
+
+def test_a_probe_whose_step_fails_on_the_shared_copy_runs_again_on_its_own() -> None:
+    torch.manual_seed(0)
+    config = {"checks": {c: {"enabled": c == "sample_dependence"} for c in LOSS_FREE_PROBES}}
+    report = gradwatch.probe(
+        _ListsItsWeight(), (torch.randn(6, 4),), lambda m, b: m(b[0]).sum(), config=config
+    )
+    record = {r.id: r for r in report.probes}["sample_dependence"]
+    assert record.verdict == "passed"  # judged, on a plain copy
+    with Sharing(enabled=False):
+        assert not any(isinstance(p, Widened) for p in shared_copy(_ListsItsWeight()).parameters())
