@@ -4,12 +4,14 @@ Usage::
 
     .venv/bin/python benchmarks/memory.py              # 6 x Linear(4096, 4096): 100.7M params
     .venv/bin/python benchmarks/memory.py --width 1024 # a small smoke run
+    .venv/bin/python benchmarks/memory.py --alone      # also each loss-free probe alone
 
 Each mode runs in a fresh Python process (peak RSS, ``ru_maxrss``, is per process and never
 goes down): the same seeded model, SGD, the same steps. ``baseline`` trains without
 gradwatch; ``gradwatch`` watches with every statistic on every step (``every_n_steps=1``:
 a fingerprint before and a comparison after every step, the worst case), with the default
-``probes: auto``, whose loss-free probes copy the model once after the first step;
+``probes: auto``, whose loss-free probes run once after the first step, on copies of the
+model whose parameters read its weights (``--alone``: one mode per probe, the others off);
 ``probes_off`` the same with ``probes: off`` (gradwatch's own steady memory); ``copy`` takes a
 full pre-step copy of every parameter, what gradwatch did before (the reference for the
 "2x the model" figure). Extra peak = the mode's peak RSS minus the baseline's, as a fraction
@@ -48,8 +50,15 @@ def child(mode: str, width: int, layers: int, steps: int) -> dict[str, Any]:
     n = sum(p.numel() for p in params)
     x = torch.randn(4, width)
     ctx = None
-    if mode in ("gradwatch", "probes_off"):
-        cfg = {"every_n_steps": 1, **({"probes": "off"} if mode == "probes_off" else {})}
+    alone = mode.removeprefix("alone:") if mode.startswith("alone:") else None
+    if mode in ("gradwatch", "probes_off") or alone:
+        cfg: dict[str, Any] = {"every_n_steps": 1}
+        if mode == "probes_off":
+            cfg["probes"] = "off"
+        if alone:  # one loss-free probe on, the others off
+            from gradwatch.probes import LOSS_FREE_PROBES
+
+            cfg["checks"] = {p: {"enabled": p == alone} for p in LOSS_FREE_PROBES}
         ctx = gradwatch.watch(model, opt, config=cfg)
         ctx.__enter__()
     for _ in range(steps):
@@ -83,13 +92,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--layers", type=int, default=6)
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--out", type=Path, default=None)
-    ap.add_argument("--child", choices=MODES, help=argparse.SUPPRESS)
+    ap.add_argument(
+        "--alone", action="store_true", help="also each loss-free probe alone (one more mode each)"
+    )
+    ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
         print(json.dumps(child(args.child, args.width, args.layers, args.steps)))
         return 0
     rows: dict[str, dict[str, Any]] = {}
-    for mode in MODES:
+    modes = list(MODES)
+    if args.alone:
+        from gradwatch.probes import LOSS_FREE_PROBES
+
+        modes += [f"alone:{p}" for p in LOSS_FREE_PROBES]
+    for mode in modes:
         cmd = [sys.executable, __file__, "--child", mode, "--width", str(args.width)]
         cmd += ["--layers", str(args.layers), "--steps", str(args.steps)]
         out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout

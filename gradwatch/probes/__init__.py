@@ -183,7 +183,10 @@ def _guarded(
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            return _attempt(check_id, cfg, record, model, batch, loss_fn, opt)
+            runner = RUNNERS[check_id]
+            return _attempt(
+                lambda: runner(model, batch, loss_fn, opt, cfg, Budget(cfg.budget_s), record)
+            )
         except CannotJudge:
             raise
         except Exception as exc:
@@ -202,23 +205,14 @@ def _guarded(
 _RETRIED = frozenset({"step_failed", "loss_failed"})
 
 
-def _attempt(
-    check_id: str,
-    cfg: Any,
-    record: ProbeResult,
-    model: nn.Module,
-    batch: Any,
-    loss_fn: LossFn,
-    opt: Any,
-) -> Optional[Finding]:
-    """The probe on a copy that reads the user's weights (:func:`._widened.shared_copy`),
-    and again on a copy of its own where its step failed there (an op that a shared weight
-    cannot run, such as ``weight.tolist()``)."""
-    runner = RUNNERS[check_id]
+def _attempt(run: Callable[[], Optional[Finding]]) -> Optional[Finding]:
+    """``run()``, a probe on a copy that reads the user's weights
+    (:func:`._copies.shared_copy`), and again on a copy of its own where its step failed
+    there (an op that a shared weight cannot run, such as ``weight.tolist()``)."""
     failed: Optional[Exception] = None
     with Sharing() as share:
         try:
-            return runner(model, batch, loss_fn, opt, cfg, Budget(cfg.budget_s), record)
+            return run()
         except Exception as exc:
             if getattr(exc, "reason", "step_failed") not in _RETRIED:
                 raise
@@ -226,7 +220,7 @@ def _attempt(
     if not share.made:
         raise failed
     with Sharing(enabled=False):
-        return runner(model, batch, loss_fn, opt, cfg, Budget(cfg.budget_s), record)
+        return run()
 
 
 def _recorded(finding: Finding, model: nn.Module, config: GradWatchConfig) -> bool:

@@ -6,11 +6,12 @@ every layer is ``u`` weighted per layer (:func:`joint`), normalised. A :class:`D
 keeps only a scalar per parameter: ``u`` is drawn again, :data:`CHUNK` values at a time, at
 each use. Autograd's gradient is reduced as it is made (:func:`reduce_grads`: a hook per
 parameter takes ``g . u`` and ``|g|^2`` and hands autograd back a zero that holds no
-memory), and the weights to come back to are the user's own wherever the copy holds their
-values (:func:`bases`). What is left of the model's size is the float64 copy itself and
-one parameter's gradient while autograd makes it (issue 49's memory budget): on
-6 x Linear(4096, 4096) the probe's peak was 11.8 x the float32 parameter bytes, then 8.0 x,
-now 2.5 x.
+memory; at each read of a parameter alone, :class:`Uses`), and the weights to come back to
+are the user's own (:func:`bases`; the copy's parameters read them:
+:mod:`gradwatch.probes._widened`). What is left of the model's size is one parameter's
+gradient while autograd makes it (issue 49's memory budget): on 6 x Linear(4096, 4096) the
+probe's peak was 11.8 x the float32 parameter bytes, then 8.0 x, 2.5 x with a float64 copy
+of the weights, and 0.3 x with none.
 """
 
 from __future__ import annotations
@@ -158,7 +159,8 @@ class Uses(TorchFunctionMode):
         a view) or where the graph reads it other than through a view (an op the mode did
         not see: its gradient would be lost)."""
         whole = {i for (i, v), k in zip(self.views, self._versions) if v._version != k}
-        ours = {id(v.grad_fn) for _i, v in self.views}
+        nodes = [v.grad_fn for _i, v in self.views]  # held: their ids stay theirs
+        ours = {id(n) for n in nodes}
         for node in walk(loss):
             for n, _k in node.next_functions:
                 var = getattr(n, "variable", None)

@@ -1,8 +1,10 @@
 """What every probe shares: a copy of the model, the global RNG kept, batches, and a budget.
 
 A probe never touches the user's weights, optimizer state, RNG state or data: it works on a
-deep copy (:func:`fresh_copy`) inside :func:`rng_kept`, which restores the global generators
-of torch (CPU and every initialised CUDA device), ``random`` and NumPy on the way out.
+deep copy (:func:`fresh_copy`; the loss-free probes' copies read the user's weights without
+writing them: :mod:`gradwatch.probes._copies`) inside :func:`rng_kept`, which restores the
+global generators of torch (CPU and every initialised CUDA device), ``random`` and NumPy on
+the way out.
 """
 
 from __future__ import annotations

@@ -1,18 +1,18 @@
-"""The gradient probe's float64 copy of a model, without a float64 copy of its weights.
+"""Parameters of a probe's copy that hold no values: they read the user's (issue 49's budget).
 
-``gradient_mismatch`` compares autograd with finite differences in float64. A copy of the
-model widened with ``.double()`` holds twice the float32 weights (issue 49's budget for the
-probes is one copy). Here each parameter of the copy is a :class:`Widened` tensor instead:
-float64 to the model, to autograd and to every op, it holds no values of its own. Its values
-are read from the user's own parameter (never written) plus the moves the probe adds (a
-seeded draw times a step, drawn again at each read: :class:`gradwatch.probes._direction.Draw`),
-widened for the one op that reads them and freed after it. A view of it (``weight.t()`` in
-``F.linear``) is a :class:`Widened` too, so the tensors autograd saves for the backward pass
-hold no memory either. An op that writes into a parameter (a ``.data`` edit in the forward)
-gives it float64 values of its own from then on, as the widened copy's parameter would.
-
-What the probe holds of the model's size is then one or two parameters at a time, widened
-for the op that reads them, and autograd's gradient of one of them.
+``gradient_mismatch`` compares autograd with finite differences in float64, and a copy of
+the model widened with ``.double()`` would hold twice the float32 weights; the forward
+probes would hold a copy in the model's dtype. Each parameter of those copies is a
+:class:`Widened` tensor instead (:mod:`gradwatch.probes._copies` makes them): of its copy's
+dtype to the model, to autograd and to every op, it holds no values of its own. Its values
+are the user's own parameter (read, never written) plus the moves the gradient probe adds
+(a seeded draw times a step, drawn again at each read), cast for the one op that reads them
+and freed after it; where no cast and no move is needed an op reads the user's tensor
+itself. A view of it (``weight.t()`` in ``F.linear``) is a :class:`Widened` too, so the
+tensors autograd saves for the backward pass hold no memory either, and a matrix larger than
+:data:`BLOCK` is read a block of rows at a time by a matrix product or an embedding lookup.
+An op that writes into a parameter (a ``.data`` edit in the forward, ``max_norm``) gives it
+values of its own first, as a copy's parameter would.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """The ``gradient_mismatch`` probe: autograd against central finite differences, per layer.
 
-On a float64 copy of the model (its own dtype when a float64 forward fails, said so), one
+On a float64 copy of the model whose parameters read the user's weights (a float64 copy of
+the weights, then the model's own dtype, when its forward fails there: ``_FORMS``), one
 autograd evaluation gives the gradient of every layer; per layer, a random unit direction
 ``v`` of its parameters gives autograd's directional derivative ``g . v`` and the central
 difference ``(L(t + h v) - L(t - h v)) / 2h``. Every evaluation seeds the global generators
