@@ -144,7 +144,8 @@ class Widened(Tensor):
             if getattr(func, "is_view", False):
                 out = _view(first, func, args[1:], kwargs)
                 if out is not None:
-                    return out
+                    return out  # else a view of fresh values, never of the user's tensor
+                return func(first.value(), *tree_map(_plain, args[1:]), **tree_map(_plain, kwargs))
         written = _written(func, args, kwargs)
         if written:
             return _write(func, args, kwargs, written)

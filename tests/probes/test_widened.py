@@ -261,3 +261,18 @@ def test_a_probe_whose_step_fails_on_the_shared_copy_runs_again_on_its_own() -> 
     assert record.verdict == "passed"  # judged, on a plain copy
     with Sharing(enabled=False):
         assert not any(isinstance(p, Widened) for p in shared_copy(_ListsItsWeight()).parameters())
+
+
+def test_a_view_made_of_fresh_values_is_never_the_users_tensor(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    torch.manual_seed(0)
+    model = nn.Linear(4, 3)
+    before = model.weight.detach().clone()
+    copy = shared_copy(model)
+    monkeypatch.setattr(_widened, "_view", lambda *a: None)  # a view the meta run cannot make
+    with torch.no_grad():
+        flat = copy.weight.view(-1)
+        assert type(flat) is Tensor and torch.equal(flat, before.view(-1))
+        flat.zero_()
+    assert torch.equal(model.weight.detach(), before)
