@@ -52,7 +52,7 @@ def widened_copy(model: nn.Module) -> nn.Module:
 class Sharing:
     """Whether :func:`shared_copy` shares the user's weights (``enabled``), and whether it
     did since the block began (``made``): a probe whose step failed on a shared copy is run
-    again on a copy of its own (:func:`gradwatch.probes._guarded`)."""
+    again on a copy of its own (:func:`gradwatch.probes._attempt`)."""
 
     enabled = True
     made = False
