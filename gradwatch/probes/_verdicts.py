@@ -56,9 +56,11 @@ def _gradient_note(res: GradientResult, record: ProbeResult) -> None:
             if res.layers
             else f"compared none of the {res.total_layers} layers alone"
         )
+        joint = res.joint
         notes.append(
             f"{alone} to stay in the time budget"
-            + ("; every layer at once along one random direction" if res.joint else "")
+            + ("; every layer at once along one random direction" if joint else "")
+            + (f" ({joint.status}: not judged)" if joint and joint.status != "agree" else "")
         )
     if notes:
         record.note = "; ".join(notes)

@@ -322,3 +322,13 @@ def test_a_loss_at_a_kink_is_no_mismatch() -> None:
     assert "1 layer(s) inconclusive ((root))" in report.probes[0].note
     found = _error(_probe(_Kinked(wrong=True), x, _kink_loss))  # a wrong derivative still is
     assert [row["name"] for row in found.details["layers"]] == ["lin"]
+
+
+def test_a_joint_direction_not_judged_says_so_when_no_layer_was_compared() -> None:
+    torch.manual_seed(0)
+    x = torch.rand(8, 4)
+    cfg = {**CFG, "checks": {**CFG["checks"], CHECK: {"budget_s": 1e-6}}}  # the joint only
+    opt = torch.optim.Adam((model := _Kinked()).parameters(), lr=1e-3)
+    record = gradwatch.probe(model, x, _kink_loss, opt, config=cfg).probes[0]
+    assert not record.layers and record.details["joint"]["status"] == "inconclusive"
+    assert "random direction (inconclusive: not judged)" in record.note, record.note
