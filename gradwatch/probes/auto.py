@@ -15,8 +15,9 @@ not judge (``not_observed``, ``info``) instead of probing a batch the model neve
 
 :func:`refusal` decides whether a copy may be made at all: ``probes: off`` never; ``auto``
 (the default) only for a model of at most :data:`MAX_PARAMS` parameters whose copies
-(:func:`needed_bytes`: a copy in the model's dtype, or ``gradient_mismatch``'s float64 reads) fit in half the
-free memory of its device; ``on`` for any size, still within the free memory.
+(:func:`needed_bytes`: a copy in the model's dtype, or ``gradient_mismatch``'s float64
+reads) fit in half the free memory of its device; ``on`` for any size, still within the
+free memory.
 """
 
 from __future__ import annotations
