@@ -11,7 +11,7 @@ again on a plain copy (:class:`Sharing`).
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import torch
 from torch import Tensor, nn
@@ -41,12 +41,7 @@ def widened_copy(model: nn.Module) -> nn.Module:
     Raises:
         CannotJudge: the model cannot be deep-copied.
     """
-    memo: dict[int, Any] = {}
-    for p in model.parameters():
-        if _widenable(p) and id(p) not in memo:
-            twin = nn.Parameter(Widened(Root(p)), requires_grad=p.requires_grad)
-            memo[id(p)] = twin
-    return fresh_copy(model, memo).double()
+    return _reading(model, torch.float64).double()
 
 
 class Sharing:
@@ -83,11 +78,17 @@ def shared_copy(model: nn.Module) -> nn.Module:
     if not Sharing.enabled:
         return fresh_copy(model)
     Sharing.made = True
+    return _reading(model, None)
+
+
+def _reading(model: nn.Module, dtype: Optional[torch.dtype]) -> nn.Module:
+    """``fresh_copy(model)`` whose plain floating parameters are :class:`Widened` over the
+    user's own, of ``dtype`` (each its own where ``None``)."""
     memo: dict[int, Any] = {}
     for p in model.parameters():
         if _widenable(p) and id(p) not in memo:
-            twin = nn.Parameter(Widened(Root(p, p.dtype)), requires_grad=p.requires_grad)
-            memo[id(p)] = twin
+            root = Root(p, dtype or p.dtype)
+            memo[id(p)] = nn.Parameter(Widened(root), requires_grad=p.requires_grad)
     return fresh_copy(model, memo)
 
 

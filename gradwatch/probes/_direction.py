@@ -82,9 +82,9 @@ class Draw:
 
     def dot(self, i: int, g: Tensor) -> float:
         """``g . u_i`` for a tensor of parameter ``i``'s shape, a chunk at a time."""
-        total = 0.0
+        g, total = g.detach(), 0.0
         for s, e, u in self.chunks(i):
-            part = _wide(_part(g.detach(), s, e))
+            part = _wide(_part(g, s, e))
             total += float(torch.dot(part, u.to(part.device, part.dtype)))
         return total
 
@@ -100,9 +100,9 @@ class Reduced:
     def take(self, draw: Draw, i: int, g: Tensor) -> None:
         """Add one gradient of parameter ``i`` (of one of its reads: :class:`Uses`). Its
         ``|g|^2`` adds the reads' squares: the joint direction's weights only."""
-        dot = sq = usq = 0.0
+        g, dot, sq, usq = g.detach(), 0.0, 0.0, 0.0
         for s, e, u in draw.chunks(i):
-            part = _wide(_part(g.detach(), s, e))
+            part = _wide(_part(g, s, e))
             u = u.to(part.device, part.dtype)
             dot += float(torch.dot(part, u))
             sq += float(torch.dot(part, part))
@@ -135,8 +135,7 @@ class Uses(TorchFunctionMode):
         super().__init__()
         self.index = {id(p): i for i, p in enumerate(params)}
         self._params = params
-        self.views: list[tuple[int, Tensor]] = []
-        self._versions: list[int] = []
+        self.views: list[tuple[int, Tensor, int]] = []  # index, view, its version when made
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
@@ -149,8 +148,7 @@ class Uses(TorchFunctionMode):
         if i is None or not x.requires_grad:
             return x
         view = x.view_as(x)
-        self.views.append((i, view))
-        self._versions.append(view._version)
+        self.views.append((i, view, view._version))
         return view
 
     def reads(self, loss: Tensor) -> list[tuple[int, Tensor]]:
@@ -158,15 +156,17 @@ class Uses(TorchFunctionMode):
         the parameter itself where one of its views was written (autograd cannot hook such
         a view) or where the graph reads it other than through a view (an op the mode did
         not see: its gradient would be lost)."""
-        whole = {i for (i, v), k in zip(self.views, self._versions) if v._version != k}
-        nodes = [v.grad_fn for _i, v in self.views]  # held: their ids stay theirs
+        whole = {i for i, v, k in self.views if v._version != k}
+        # held, so their ids stay theirs; a written view's node is never asked for (torch
+        # rebuilds it, and crashed doing so for a hook: EmbeddingBag's max_norm)
+        nodes = [v.grad_fn for i, v, _k in self.views if i not in whole]
         ours = {id(n) for n in nodes}
         for node in walk(loss):
             for n, _k in node.next_functions:
                 var = getattr(n, "variable", None)
                 if var is not None and id(var) in self.index and id(node) not in ours:
                     whole.add(self.index[id(var)])
-        kept = [(i, v) for i, v in self.views if i not in whole]
+        kept = [(i, v) for i, v, _k in self.views if i not in whole]
         return kept + [(i, self._params[i]) for i in sorted(whole)]
 
 

@@ -85,7 +85,8 @@ def _meta(root: Root) -> Tensor:
 
 
 class Widened(Tensor):
-    """A float64 tensor whose values are its root's, read at each op (see the module)."""
+    """A tensor of its root's dtype whose values are its root's, read at each op (see the
+    module)."""
 
     _gw_root: Root
     _gw_views: tuple[tuple[Any, tuple[Any, ...], dict[str, Any], Optional[int]], ...]
@@ -201,11 +202,9 @@ def _write(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], written: li
     (those read, moves included, then written), as a copy's parameter would; the user's
     are never written."""
     given, kwargs = list(args), dict(kwargs)
-    where = written[0]
-    target_of_op = given[where] if isinstance(where, int) else kwargs[where]
+    targets = [given[w] if isinstance(w, int) else kwargs[w] for w in written]
     roots = []
-    for where in written:
-        target = given[where] if isinstance(where, int) else kwargs[where]
+    for where, target in zip(written, targets):
         values = target._gw_root.value()
         roots.append((target._gw_root, values))
         fresh = _apply_views(values, target._gw_views)
@@ -216,7 +215,7 @@ def _write(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], written: li
     func(*tree_map(_plain, tuple(given)), **tree_map(_plain, kwargs))
     for root, values in roots:
         root.src, root.moves = values, ()
-    return target_of_op  # as an in-place op returns its tensor
+    return targets[0]  # as an in-place op returns its tensor
 
 
 def _layout(x: Any) -> Optional[str]:
