@@ -111,6 +111,10 @@ def gradient_verdict(res: GradientResult, record: ProbeResult, severity: str) ->
             },
         )
     if not bad:
+        judged = [r for r in res.layers if r.status in ("agree", "explained")]
+        if not judged and (joint is None or joint.status != "agree"):  # no pass unseen
+            why = f"nothing was judged: {record.note}" if record.note else "nothing was judged"
+            return not_judged(GradientMismatch.id, CannotJudge("nothing_judged", why), record)
         record.verdict = "passed"
         return None
     record.verdict = "finding"

@@ -324,7 +324,7 @@ def test_a_loss_at_a_kink_is_no_mismatch() -> None:
     assert [row["name"] for row in found.details["layers"]] == ["lin"]
 
 
-def test_a_joint_direction_not_judged_says_so_when_no_layer_was_compared() -> None:
+def test_a_joint_direction_not_judged_is_no_pass_when_no_layer_was_compared() -> None:
     torch.manual_seed(0)
     x = torch.rand(8, 4)
     cfg = {**CFG, "checks": {**CFG["checks"], CHECK: {"budget_s": 1e-6}}}  # the joint only
@@ -332,3 +332,5 @@ def test_a_joint_direction_not_judged_says_so_when_no_layer_was_compared() -> No
     record = gradwatch.probe(model, x, _kink_loss, opt, config=cfg).probes[0]
     assert not record.layers and record.details["joint"]["status"] == "inconclusive"
     assert "random direction (inconclusive: not judged)" in record.note, record.note
+    assert record.verdict == "not_observed"  # no pass where nothing was judged
+    assert record.details["reason"] == "nothing_judged"
