@@ -334,3 +334,43 @@ def test_a_joint_direction_not_judged_is_no_pass_when_no_layer_was_compared() ->
     assert "random direction (inconclusive: not judged)" in record.note, record.note
     assert record.verdict == "not_observed"  # no pass where nothing was judged
     assert record.details["reason"] == "nothing_judged"
+
+
+class _NearKinks(nn.Module):
+    """Every ReLU unit's input for the first sample 1e-6 from its kink, alternately above and
+    below: the default step (1e-5 of the weights) crosses most of them, one a hundred times
+    shorter none. ``wrong``: a swish whose backward drops a term, behind the ReLUs."""
+
+    def __init__(self, x: Tensor, wrong: bool = False) -> None:
+        super().__init__()
+        self.a, self.b, self.wrong = nn.Linear(16, 64), nn.Linear(64, 1), wrong
+        with torch.no_grad():
+            sign = torch.where(torch.arange(64) % 2 == 0, 1.0, -1.0)
+            self.a.bias -= self.a(x[:1])[0] - 1e-6 * sign
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = torch.relu(self.a(x))
+        return self.b(Swish.apply(h) if self.wrong else h)
+
+
+def _square(m: nn.Module, b: Any) -> Tensor:
+    return m(b).pow(2).sum()
+
+
+def test_kinks_crossed_by_the_step_are_compared_again_at_a_shorter_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from gradwatch.probes import gradient
+
+    torch.manual_seed(0)
+    x = torch.randn(8, 16)
+    report = _probe(_NearKinks(x), x, _square)
+    _passes(report)
+    rows = {row.name: row for row in report.probes[0].layers}
+    assert rows["a"].status == "agree" and rows["a"].error < 1e-6, rows["a"]
+    monkeypatch.setattr(gradient, "FINER", 1.0)  # the default step alone: no evidence
+    before = _probe(_NearKinks(x), x, _square).probes[0].layers
+    assert {row.name: row.status for row in before}["a"] == "inconclusive"
+    monkeypatch.undo()
+    found = _error(_probe(_NearKinks(x, wrong=True), x, _square))  # a wrong one still is
+    assert [row["name"] for row in found.details["layers"]] == ["a"]  # upstream of the swish
