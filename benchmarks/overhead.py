@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import math
 import os
 import platform
 import resource
@@ -33,7 +34,7 @@ import time
 import tracemalloc
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
@@ -131,13 +132,20 @@ def run_model(
             "p25_ms": p25,
             "p75_ms": p75,
             "added_ms": med - base,
+            # the median of each round's difference from that round's baseline block: a slow
+            # spell that falls on one round weighs on both sides of its difference alike
+            "paired_added_ms": statistics.median(
+                v - b for v, b in zip(samples[name], samples["baseline"])
+            ),
             "samples": len(samples[name]),
         }
     rows = out["variants"]
     for row in rows.values():
         for ref, key in (("clip_grad_norm", "x_clip"), ("lightning_grad_norm", "x_lightning")):
-            ref_added = rows.get(ref, {}).get("added_ms")
-            row[key] = row["added_ms"] / ref_added if ref_added and ref_added > 0 else None
+            ref_row = rows.get(ref, {})
+            for added, ratio in (("added_ms", key), ("paired_added_ms", f"paired_{key}")):
+                ref_added = ref_row.get(added)
+                row[ratio] = row[added] / ref_added if ref_added and ref_added > 0 else None
     if "noop_hooks" in rows:
         out["us_per_empty_hook"] = rows["noop_hooks"]["added_ms"] * 1e3 / (2 * n_params)
     out["budget"] = budget(case.key, rows)
@@ -190,11 +198,22 @@ def budget(key: str, rows: dict[str, Any]) -> list[dict[str, Any]]:
 def print_table(key: str, res: dict[str, Any]) -> None:
     """The human-readable table of one model."""
     print(f"\n({key}) {res['title']}")
-    print(f"{'variant':<22} {'ms/step':>9} {'added ms':>9} {'x clip':>7} {'x lightning':>11}")
+    print(
+        f"{'variant':<22} {'ms/step':>9} {'added ms':>9} {'x clip':>7} {'x lightning':>11}"
+        f" | {'paired ms':>9} {'x clip':>7} {'x lightning':>11}"
+    )
+
+    def ratio(v: Optional[float]) -> str:
+        return f"{v:.2f}" if v is not None else "-"
+
     for name, row in res["variants"].items():
-        xc = f"{row['x_clip']:.2f}" if row["x_clip"] is not None else "-"
-        xl = f"{row['x_lightning']:.2f}" if row["x_lightning"] is not None else "-"
-        print(f"{name:<22} {row['ms_per_step']:>9.3f} {row['added_ms']:>+9.3f} {xc:>7} {xl:>11}")
+        paired = row.get("paired_added_ms", math.nan)
+        print(
+            f"{name:<22} {row['ms_per_step']:>9.3f} {row['added_ms']:>+9.3f}"
+            f" {ratio(row['x_clip']):>7} {ratio(row['x_lightning']):>11}"
+            f" | {paired:>+9.3f} {ratio(row.get('paired_x_clip')):>7}"
+            f" {ratio(row.get('paired_x_lightning')):>11}"
+        )
     if "us_per_empty_hook" in res:
         print(f"empty Python hook: {res['us_per_empty_hook']:.2f} us each")
     for b in res["budget"]:
