@@ -78,8 +78,8 @@ class GradientMismatch(Check):
             "derivative with its path cut. `straight_through = True` on the class and "
             "torch's fake quantisation declare one too.",
             "A ReLU network's kinks near the point compared, which the finite difference's "
-            "step crosses: a disagreement is taken again at a step a hundred times shorter "
-            "where float64 rounding allows it, which crosses a hundred times fewer.",
+            "step crosses: where float64 rounding allows it, the difference is taken at a step "
+            "a hundred times shorter first, which crosses a hundred times fewer.",
             "A loss that is not differentiable at the very point compared (a ReLU input at "
             "exactly 0, a max over exact ties, a weight projected onto a bound), where "
             "autograd's is a one-sided derivative: a mismatch is looked for again at a point "
@@ -89,9 +89,9 @@ class GradientMismatch(Check):
         detail="a probe (on a float64 copy, `gradwatch.probe`, `Watcher.probe`, `gradwatch "
         "check`): per layer, autograd's directional derivative of the loss along a random "
         "direction disagrees with central finite differences by more than `rtol` (1e-2), "
-        "at the step and at one a hundred times shorter where float64 rounding allows (kinks "
-        "crossed), confirmed at twice the step (rounding noise moves, a wrong derivative "
-        "does not): a "
+        "at a step a hundred times shorter where float64 rounding allows (fewer kinks "
+        "crossed) and at the step itself, confirmed at twice the step (rounding noise moves, "
+        "a wrong derivative does not): a "
         "custom `autograd.Function` with a wrong `backward`, a `.data` edit in the forward. Every "
         "evaluation seeds the global RNGs alike (dropout, augmentations) and restores the "
         "buffers; visible stop-gradients (`.detach()`, ops the user's code runs under "

@@ -8,8 +8,8 @@ difference ``(L(t + h v) - L(t - h v)) / 2h``. Every evaluation seeds the global
 alike (dropout draws the same mask) and restores the buffers (running statistics, EMA
 codebooks), and visible stop-gradients are held at their recorded values
 (:mod:`gradwatch.probes._stopgrad`), so both sides differentiate the same function. A
-disagreement is taken again at ``h / FINER`` where rounding allows (float64: fewer ReLU kinks
-crossed), then confirmed at step ``2h``: rounding noise changes with the step, a wrong
+difference is taken first at ``h / FINER`` where rounding allows (float64: fewer ReLU kinks
+crossed), then at ``h``; a disagreement is confirmed at step ``2h``: rounding noise changes with the step, a wrong
 derivative does not. When not every layer fits in the time budget, every layer is first
 compared at once along one random direction (a wrong derivative anywhere shows there), then
 the layers are sampled, spread over the forward.
@@ -48,11 +48,11 @@ NUDGE = 1e-2
 #: op the widened parameters do not run), the model's own dtype (a forward that is not
 #: float64: ``loss_fn`` builds float32 tensors).
 _FORMS = ("widened", "float64", "native")
-#: A difference that disagrees at the step ``h`` is taken again at ``h / FINER`` where the
-#: loss's rounding allows it (float64): a ReLU network's loss is piecewise linear, and a step
-#: a hundred times shorter crosses a hundred times fewer kinks (ResNet-18's layout, every
-#: layer along one direction: 5.9e-3 from autograd at 1e-5 of the weights, 2e-8 at 1e-7). A
-#: wrong derivative disagrees at every step.
+#: Where the loss's rounding allows it (float64), the difference is taken first at
+#: ``h / FINER``, then at ``h`` if it disagrees there: a ReLU network's loss is piecewise
+#: linear, and a step a hundred times shorter crosses a hundred times fewer kinks (ResNet-18's
+#: layout, every layer along one direction: 5.9e-3 from autograd at 1e-5 of the weights, 2e-8
+#: at 1e-7). A wrong derivative disagrees at every step.
 FINER = 100.0
 _RETRY = {"widened": {"loss_failed", "not_differentiable"}, "float64": {"loss_failed"}}
 
@@ -325,20 +325,21 @@ def _compare(
     h = h_rel * layer.scale
     floor = _rounding(ev.loss, ev.value, h)
     auto = layer.directional(reduced)
+    # the shorter step first where rounding allows it (float64), then the step itself
+    steps = (
+        [h / FINER, h] if _rounding(ev.loss, ev.value, h / FINER) < 0.1 * tol * abs(auto) else [h]
+    )
     row = ProbeLayer(
-        name=layer.name, params=layer.names, autograd=auto, numeric=_central(ev, layer, h)
+        name=layer.name, params=layer.names, autograd=auto, numeric=_central(ev, layer, steps[0])
     )
     row.error = _error(row)
     if explained:
         row.status = "explained"
     else:
         row.status = _judge(row, 0.0, tol)
-        if row.status != "agree" and _rounding(ev.loss, ev.value, h / FINER) < 0.1 * tol * abs(
-            auto
-        ):  # kinks crossed at h (ReLU): a shorter step crosses fewer
-            shorter = row.model_copy(update={"numeric": _central(ev, layer, h / FINER)})
-            if _judge(shorter, 0.0, tol) == "agree":
-                row.numeric, row.status, row.error = shorter.numeric, "agree", _error(shorter)
+        if row.status != "agree" and len(steps) > 1:  # noise at the shorter step: at h
+            row.numeric = _central(ev, layer, h)
+            row.status, row.error = _judge(row, 0.0, tol), _error(row)
         if row.status != "agree":  # confirm at 2h: noise moves, a wrong derivative stays
             again2 = _central(ev, layer, 2.0 * h)
             row.status = _judge(row, max(abs(again2 - row.numeric), floor), tol)
