@@ -120,11 +120,13 @@ def own_bytes(copy: nn.Module) -> int:
     return sum(t.numel() * t.element_size() for t in (*held, *copy.buffers()))
 
 
-def widened_bytes(model: nn.Module) -> int:
+def widened_bytes(model: nn.Module, grad: Optional[int] = None) -> int:
     """What a widened copy holds at most beside the activations: its buffers and the
     parameters that are not :class:`Widened`, in float64, and its largest parameter's
-    gradient and read (a block of rows, for a matrix: :data:`BLOCK`)."""
-    return _held(model, lambda p: not isinstance(p, Widened))
+    gradient (``grad`` bytes where the reduction measured it: a large matrix's gradient is
+    a block of rows' where it is read by rows) and read (a block of rows, for a matrix:
+    :data:`BLOCK`)."""
+    return _held(model, lambda p: not isinstance(p, Widened), grad)
 
 
 def widened_need(model: nn.Module) -> int:
@@ -132,7 +134,7 @@ def widened_need(model: nn.Module) -> int:
     return _held(model, lambda p: not _widenable(p))
 
 
-def _held(model: nn.Module, kept: Callable[[Tensor], bool]) -> int:
+def _held(model: nn.Module, kept: Callable[[Tensor], bool], grad: Optional[int] = None) -> int:
     params = list(model.parameters())
     held = sum(8 * t.numel() for t in model.buffers())
     held += sum(8 * p.numel() for p in params if kept(p))
@@ -140,4 +142,4 @@ def _held(model: nn.Module, kept: Callable[[Tensor], bool]) -> int:
         return held
     largest = max(params, key=lambda p: p.numel())
     read = min(largest.numel(), BLOCK) if largest.dim() == 2 else largest.numel()
-    return held + 8 * (largest.numel() + read)
+    return held + 8 * read + (8 * largest.numel() if grad is None else grad)

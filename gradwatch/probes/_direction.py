@@ -6,7 +6,8 @@ every layer is ``u`` weighted per layer (:func:`joint`), normalised. A :class:`D
 keeps only a scalar per parameter: ``u`` is drawn again, :data:`CHUNK` values at a time, at
 each use. Autograd's gradient is reduced as it is made (:func:`reduce_grads`: a hook per
 parameter takes ``g . u`` and ``|g|^2`` and hands autograd back a zero that holds no
-memory; at each read of a parameter alone, :class:`Uses`), and the weights to come back to
+memory; at each read of a parameter alone, :class:`Uses`, a large matrix's a block of rows
+at a time, :mod:`gradwatch.probes._rowreads`), and the weights to come back to
 are the user's own (:func:`bases`; the copy's parameters read them:
 :mod:`gradwatch.probes._widened`). What is left of the model's size is one parameter's
 gradient while autograd makes it (issue 49's memory budget): on 6 x Linear(4096, 4096) the
@@ -26,6 +27,7 @@ from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_map
 
+from gradwatch.probes._rowreads import by_rows
 from gradwatch.probes._stopgrad import walk
 from gradwatch.probes._widened import Move, Widened, add_draw
 
@@ -96,18 +98,24 @@ class Reduced:
     def __init__(self, n: int) -> None:
         self.dots: list[Optional[float]] = [None] * n
         self.sq: list[Optional[float]] = [None] * n
+        self.largest = 0  # bytes of the largest gradient taken
 
-    def take(self, draw: Draw, i: int, g: Tensor) -> None:
-        """Add one gradient of parameter ``i`` (of one of its reads: :class:`Uses`). Its
-        ``|g|^2`` adds the reads' squares: the joint direction's weights only."""
+    def take(self, draw: Draw, i: int, g: Tensor, lo: int = 0) -> None:
+        """Add one gradient of parameter ``i`` (of one of its reads: :class:`Uses`), or of
+        its flat positions from ``lo`` on (a block of rows). Its ``|g|^2`` adds the reads'
+        squares: the joint direction's weights only."""
         g, dot, sq, usq = g.detach(), 0.0, 0.0, 0.0
-        for s, e, u in draw.chunks(i):
-            part = _wide(_part(g, s, e))
-            u = u.to(part.device, part.dtype)
+        n = g.numel()
+        self.largest = max(self.largest, n * g.element_size())
+        for s, e, u in draw.chunks(i, lo, lo + n):
+            a, b = max(s, lo), min(e, lo + n)
+            part = _wide(_part(g, a - lo, b - lo))
+            u = u[a - s : b - s].to(part.device, part.dtype)
             dot += float(torch.dot(part, u))
             sq += float(torch.dot(part, part))
             usq += float(torch.dot(u, u))
-        draw.keep_norm_sq(i, usq)
+        if lo == 0 and n == draw.params[i].numel():
+            draw.keep_norm_sq(i, usq)
         self.dots[i] = dot + (self.dots[i] or 0.0)
         self.sq[i] = sq + (self.sq[i] or 0.0)
 
@@ -135,11 +143,15 @@ class Uses(TorchFunctionMode):
         super().__init__()
         self.index = {id(p): i for i, p in enumerate(params)}
         self._params = params
-        self.views: list[tuple[int, Tensor, int]] = []  # index, view, its version when made
+        # index, view (or a block of rows: a leaf), its version when made, its flat offset
+        self.views: list[tuple[int, Tensor, int, int]] = []
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         if torch.is_grad_enabled() and not _writes(func, args, kwargs):
+            rows = by_rows(func, args, kwargs, self.index, self._keep, self._read)
+            if rows is not None:
+                return rows
             args, kwargs = tree_map(self._read, (args, kwargs))
         return func(*args, **kwargs)
 
@@ -148,26 +160,30 @@ class Uses(TorchFunctionMode):
         if i is None or not x.requires_grad:
             return x
         view = x.view_as(x)
-        self.views.append((i, view, view._version))
+        self._keep(i, view, 0)
         return view
 
-    def reads(self, loss: Tensor) -> list[tuple[int, Tensor]]:
-        """The reads of ``loss``'s graph to take gradients at: every parameter's views, or
-        the parameter itself where one of its views was written (autograd cannot hook such
-        a view) or where the graph reads it other than through a view (an op the mode did
-        not see: its gradient would be lost)."""
-        whole = {i for i, v, k in self.views if v._version != k}
+    def _keep(self, i: int, view: Tensor, lo: int) -> None:
+        self.views.append((i, view, view._version, lo))
+
+    def reads(self, loss: Tensor) -> list[tuple[int, Tensor, int]]:
+        """The reads of ``loss``'s graph to take gradients at, with their flat offsets:
+        every parameter's views (a large matrix's blocks of rows: :mod:`._rowreads`), or the
+        parameter itself where one of its views was written (autograd cannot hook such a
+        view) or where the graph reads it other than through a view (an op the mode did not
+        see: its gradient would be lost)."""
+        whole = {i for i, v, k, _lo in self.views if v._version != k}
         # held, so their ids stay theirs; a written view's node is never asked for (torch
         # rebuilds it, and crashed doing so for a hook: EmbeddingBag's max_norm)
-        nodes = [v.grad_fn for i, v, _k in self.views if i not in whole]
+        nodes = [v.grad_fn for i, v, _k, _lo in self.views if i not in whole]
         ours = {id(n) for n in nodes}
         for node in walk(loss):
             for n, _k in node.next_functions:
                 var = getattr(n, "variable", None)
                 if var is not None and id(var) in self.index and id(node) not in ours:
                     whole.add(self.index[id(var)])
-        kept = [(i, v) for i, v, _k in self.views if i not in whole]
-        return kept + [(i, self._params[i]) for i in sorted(whole)]
+        kept = [(i, v, lo) for i, v, _k, lo in self.views if i not in whole]
+        return kept + [(i, self._params[i], 0) for i in sorted(whole)]
 
 
 def _writes(func: Any, args: Any, kwargs: Any) -> bool:
@@ -198,20 +214,21 @@ def reduce_grads(loss: Tensor, draw: Draw, uses: Optional[Uses] = None) -> Reduc
     params = draw.params
     out = Reduced(len(params))
 
-    def hook(i: int) -> Callable[[Tensor], Optional[Tensor]]:
+    def hook(i: int, lo: int) -> Callable[[Tensor], Optional[Tensor]]:
         def take(g: Tensor) -> Optional[Tensor]:
             if g.layout != torch.strided:  # a sparse embedding's rows: small, kept as is
-                out.take(draw, i, g.to_dense())
+                out.take(draw, i, g.to_dense(), lo)
                 return None
-            out.take(draw, i, g)
+            out.take(draw, i, g, lo)
             return torch.zeros((), dtype=g.dtype, device=g.device).expand(g.shape)
 
         return take
 
-    reads = uses.reads(loss) if uses is not None else list(enumerate(params))
-    handles = [t.register_hook(hook(i)) for i, t in reads]
+    reads = uses.reads(loss) if uses is not None else [(i, p, 0) for i, p in enumerate(params)]
+    handles = [t.register_hook(hook(i, lo)) for i, t, lo in reads]
     try:
-        torch.autograd.grad(loss, [t for _i, t in reads], allow_unused=True, retain_graph=True)
+        inputs = [t for _i, t, _lo in reads]
+        torch.autograd.grad(loss, inputs, allow_unused=True, retain_graph=True)
     finally:
         for h in handles:
             h.remove()

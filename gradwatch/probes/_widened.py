@@ -128,7 +128,11 @@ class Widened(Tensor):
         return _apply_views(self._gw_root.value(), self._gw_views)
 
     def read(self) -> Tensor:
-        """Its values for an op that does not write them (perhaps the user's own)."""
+        """Its values for an op that does not write them (perhaps the user's own); a block
+        of a large matrix's rows is read alone (:mod:`gradwatch.probes._rowreads`)."""
+        span = _row_span(self)
+        if span is not None:  # then its other views (a block's transpose in a linear layer)
+            return _apply_views(self._gw_root.rows(*span), self._gw_views[1:])
         return _apply_views(self._gw_root.read(), self._gw_views)
 
     @classmethod
@@ -151,6 +155,22 @@ class Widened(Tensor):
         if written:
             return _write(func, args, kwargs, written)
         return func(*tree_map(_plain, args), **tree_map(_plain, kwargs))
+
+
+def _row_span(x: Widened) -> Optional[tuple[int, int]]:
+    """``(s, e)`` where ``x``'s first view takes rows ``s:e`` of its root's contiguous
+    matrix, whose values are not the root's source as it is (else ``None``: read as usual)."""
+    root, views = x._gw_root, x._gw_views
+    if not views or root.plain() or root.src.dim() != 2 or not root.src.is_contiguous():
+        return None
+    func, args, kwargs, index = views[0]
+    if func is not _aten.slice.Tensor or kwargs or index is not None or len(args) < 3:
+        return None
+    if args[0] != 0 or (len(args) > 3 and args[3] != 1):
+        return None
+    n = root.src.shape[0]
+    s, e = args[1] or 0, n if args[2] is None else min(args[2], n)
+    return (s, e) if 0 <= s < e else None
 
 
 def _plain(x: Any) -> Any:

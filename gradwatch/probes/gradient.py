@@ -239,6 +239,8 @@ def _agreement(
     params = list(_params_of(groups))
     ev.reads = params if form == "widened" else None  # each read's gradient alone
     loss, draw, reduced = _base(ev, params)
+    if form == "widened":  # the largest gradient as the reduction took it
+        result.memory_bytes = widened_bytes(copy, reduced.largest)
     if mode.autocast:  # the forward ran in bf16/fp16: compared at that precision
         result.dtype = "autocast"
     elif loss.dtype != torch.float64:  # a loss upcast to float32 (HF's .float()) limits all

@@ -204,22 +204,55 @@ class _ReadsEveryWay(nn.Module):
         return F.linear(h, self.w)
 
 
-@pytest.mark.parametrize("model", [_Tied, _ReadsEveryWay])
-def test_each_read_reduced_alone_adds_up_to_the_gradient(model: Any) -> None:
+class _TiedWithBias(_Tied):
+    """BERT's decoder: the embedding's transpose and a bias of its own as the output layer,
+    the lookup padded at its last row (``padding_idx=-1``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(11, 6, padding_idx=-1)
+        self.bias = nn.Parameter(torch.randn(11))
+
+    def forward(self, ids: Tensor) -> Tensor:
+        return F.linear(self.norm(self.emb(ids)), self.emb.weight, self.bias)
+
+
+@pytest.mark.parametrize("block", [None, 16], ids=["whole", "rows"])
+@pytest.mark.parametrize("model", [_Tied, _TiedWithBias, _ReadsEveryWay])
+def test_each_read_reduced_alone_adds_up_to_the_gradient(
+    model: Any, block: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``rows``: a matrix above 16 values read by a lookup or a linear layer is read as
+    leaves of 3 rows or fewer (``_rowreads``), each gradient reduced at its offset; a draw
+    chunk of 7 values straddles them."""
+    if block is not None:
+        monkeypatch.setattr(_widened, "BLOCK", block)
+        monkeypatch.setattr(_direction, "CHUNK", 7)
     torch.manual_seed(0)
     net, ids = model(), torch.randint(0, 7, (3, 4))
+    if model is _TiedWithBias:
+        ids[0, 0] = 10  # its padding row
     copy = widened_copy(net)
     params = list(copy.parameters())
     uses = Uses(params)
+    every = list(range(len(params)))
+    Direction("all", [], Draw(params, seed=5), every, bases(copy, net, params)).shift(
+        0.2
+    )  # values of the copy's own: a block reads its rows alone
     with uses:
         loss = _loss(copy, ids)
     reads = uses.reads(loss)
     assert len(reads) > len(params)  # some parameter read more than once, alone each time
     draw = Draw(params, seed=3)
     reduced = reduce_grads(loss, draw, uses)
-    full = torch.autograd.grad(_loss(copy, ids), params)
+    again = _loss(copy, ids)
+    assert float(again.detach()) == pytest.approx(float(loss.detach()), rel=1e-14)
+    full = torch.autograd.grad(again, params)
     for i, g in enumerate(full):
         assert reduced.dots[i] == pytest.approx(draw.dot(i, g), rel=1e-12, abs=1e-14)
+    if block is not None and model is not _ReadsEveryWay:  # every read of the matrix by rows
+        assert sum(lo > 0 for _i, _t, lo in reads) >= 4
+        assert reduced.largest <= 8 * 3 * 6  # a block's gradient at most, never 11 x 6
 
 
 def test_the_shared_copy_holds_no_weight_and_never_writes_the_users() -> None:
