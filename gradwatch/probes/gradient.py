@@ -9,10 +9,10 @@ alike (dropout draws the same mask) and restores the buffers (running statistics
 codebooks), and visible stop-gradients are held at their recorded values
 (:mod:`gradwatch.probes._stopgrad`), so both sides differentiate the same function. A
 difference is taken first at ``h / FINER`` where rounding allows (float64: fewer ReLU kinks
-crossed), then at ``h``; a disagreement is confirmed at step ``2h``: rounding noise changes with the step, a wrong
-derivative does not. When not every layer fits in the time budget, every layer is first
-compared at once along one random direction (a wrong derivative anywhere shows there), then
-the layers are sampled, spread over the forward.
+crossed), then at ``h``; a disagreement is confirmed at step ``2h``: rounding noise changes
+with the step, a wrong derivative does not. When not every layer fits in the time budget,
+every layer is first compared at once along one random direction (a wrong derivative
+anywhere shows there), then the layers are sampled, spread over the forward.
 """
 
 from __future__ import annotations
