@@ -54,8 +54,8 @@ class Draw:
     def chunks(
         self, i: int, lo: int = 0, hi: Optional[int] = None
     ) -> Iterator[tuple[int, int, Tensor]]:
-        """``(start, end, u[start:end])`` over parameter ``i`` flattened (float32, on CPU):
-        the chunks that meet ``lo:hi`` (all by default)."""
+        """``(start, end, u[start:end])`` over parameter ``i`` flattened (float32, on CPU),
+        a chunk at a time, cut to ``lo:hi`` (all by default: a block of rows' positions)."""
         p, rows = self.params[i], self.rows[i]
         n = p.numel()
         hi = n if hi is None else hi
@@ -69,7 +69,8 @@ class Draw:
             u = torch.randn(end - start, generator=gen, dtype=torch.float32)
             if rows is not None:
                 u[torch.isin(torch.arange(start, end) // max(width, 1), rows)] = 0.0
-            yield start, end, u
+            a, b = max(start, lo), min(end, hi)
+            yield a, b, u[a - start : b - start]
 
     def norm_sq(self, i: int) -> float:
         """``|u_i|^2``: taken by :func:`reduce_grads`, else drawn here once."""
@@ -107,10 +108,9 @@ class Reduced:
         g, dot, sq, usq = g.detach(), 0.0, 0.0, 0.0
         n = g.numel()
         self.largest = max(self.largest, n * g.element_size())
-        for s, e, u in draw.chunks(i, lo, lo + n):
-            a, b = max(s, lo), min(e, lo + n)
+        for a, b, u in draw.chunks(i, lo, lo + n):
             part = _wide(_part(g, a - lo, b - lo))
-            u = u[a - s : b - s].to(part.device, part.dtype)
+            u = u.to(part.device, part.dtype)
             dot += float(torch.dot(part, u))
             sq += float(torch.dot(part, part))
             usq += float(torch.dot(u, u))

@@ -299,12 +299,11 @@ def add_draw(
     t: Tensor, chunks: Iterator[tuple[int, int, Tensor]], alpha: float, lo: int = 0
 ) -> None:
     """Add ``alpha u`` to ``t`` in place, ``u`` given a chunk of the flattened parameter at a
-    time; ``t`` holds the parameter's flat positions from ``lo`` on (a block of rows)."""
+    time, ``(start, end, u[start:end])`` within ``t``'s positions: ``t`` holds the
+    parameter's flat positions from ``lo`` on (a block of rows)."""
     flat = t.view(-1) if t.is_contiguous() else None
-    n = t.numel()
-    for s, e, u in chunks:
-        a, b = max(s, lo), min(e, lo + n)
-        step = u[a - s : b - s].to(t.device, t.dtype)
+    for a, b, u in chunks:
+        step = u.to(t.device, t.dtype)
         if flat is not None:
             flat[a - lo : b - lo].add_(step, alpha=alpha)
         else:  # a strided tensor (never a block): its chunk written through its coordinates
