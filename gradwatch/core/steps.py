@@ -262,7 +262,7 @@ class StepPipeline:
                 findings=len(self.findings),
                 guard=self.faults.guard,
             )
-        self.tracker.snapshot(g.ids, g.grads, self.reading.arrived_now)
+        self.tracker.snapshot(g.ids, g.grads, self.reading.arrived_now, (track.ids, track.params))
         if self.tracker.want_pre and self.hooks.trimmed:
             self.hooks.restore_pre_hooks(structure.index)
         track.fingerprint = track.frozen_fp = None

@@ -124,14 +124,26 @@ class Tracker:
         return arrived
 
     def snapshot(
-        self, ids: list[int], grads: list[Optional[torch.Tensor]], read: Container[int] = ()
+        self,
+        ids: list[int],
+        grads: list[Optional[torch.Tensor]],
+        read: Container[int] = (),
+        window: Optional[tuple[list[int], list[torch.Tensor]]] = None,
     ) -> None:
         """Record each ``.grad`` as its optimizer's step left it (identity and version).
 
         ``read``: parameters whose ``.grad`` this step's reading recorded as their last
         accumulation (``capture/grads/step_reading.py``), the same tensor at the same version
         now: copied from there, not read from the tensor again.
+
+        ``window``: all of the window's (ids, parameters), where ``ids`` are the judged ones.
+        One not judged this step (hooked during the window, frozen) was stepped all the same:
+        its old record would read as an edit after this step at the next reset.
         """
+        if window is not None and len(window[0]) != len(ids):
+            judged = set(ids)
+            rest = [(i, p) for i, p in zip(*window) if i not in judged]
+            self.snapshot([i for i, _ in rest], [p.grad for _, p in rest])
         sref, sver, fresh, dirty = self.snap_ref, self.snap_ver, self.fresh, self.dirty
         aref, aver = self.acc_ref, self.acc_ver
         ref = weakref.ref
