@@ -26,8 +26,8 @@ from typing import Callable
 import torch
 
 from gradwatch.measure import carry
-from gradwatch.measure.chunked import CHUNK, abs_stats
-from gradwatch.measure.fingerprint import fingerprint, measure
+from gradwatch.measure.chunked import ABS_CHUNK, abs_stats
+from gradwatch.measure.fingerprint import Fingerprint, fingerprint, measure
 from gradwatch.measure.stats import foreach_norms
 
 
@@ -60,11 +60,15 @@ def main(argv: list[str] | None = None) -> int:
         p.grad = torch.randn(args.size, generator=gen)
         p.grad[::7] = 0.0  # some zeros, as ReLU networks have
     grads = [p.grad for p in params if p.grad is not None]
-    fp = fingerprint(params)
+    fps: list[Fingerprint] = []  # a fingerprint is measured once: one per timed reading
     reference = "clip_grad_norm_ (the reference: one L2 pass, one scale)"
 
+    def before_step() -> object:
+        fps.append(fingerprint(params))
+        return None
+
     def after_step() -> object:
-        return measure(params, fp)
+        return measure(params, fps.pop() if fps else fingerprint(params))
 
     # (name, timed, untimed set-up): on every step, the after-step reading leaves the next
     # fingerprint its checksums (measure/carry.py), so the fingerprint reads samples only
@@ -79,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
             lambda: fingerprint(params),
             after_step,
         ),
-        ("after the step: parameter norms + checksum (one pass), sample", after_step, _nothing),
+        ("after the step: parameter norms + checksum (one pass), sample", after_step, before_step),
     ]
     n = args.count * args.size
     print(f"{args.count} x {args.size:,} float32 ({n:,} elements), 1 thread, CPU ms (median)")
@@ -93,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     fresh = _ms(lambda: fingerprint(params), args.repeat, setup=carry.forget)
     print(f"  {fresh:8.2f}  (the fingerprint reading its checksums: first step, or after a write)")
-    buf = torch.empty(CHUNK)
+    buf = torch.empty(ABS_CHUNK)
     l1_alone = _ms(lambda: _l1(grads, buf), args.repeat)
     l2 = _ms(lambda: foreach_norms(grads, 2.0), args.repeat)
     _, before, after = times[1:]
@@ -108,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
 def _l1(grads: list[torch.Tensor], buf: torch.Tensor) -> None:
     """Exact L1 per tensor, the way ``abs_stats`` takes it: abs of a cached chunk, then a sum."""
     for g in grads:
-        for c in g.reshape(-1).split(CHUNK):
+        for c in g.reshape(-1).split(ABS_CHUNK):
             m = c.numel()
             torch.abs(c, out=buf[:m]).sum()
 

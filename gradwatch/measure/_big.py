@@ -2,11 +2,9 @@
 
 :func:`~gradwatch.measure.fingerprint.measure` hands the large tensors of a plan here after
 a step, with what their fingerprint held before it. The samples of all of them are compared
-at once (a segment per tensor): per tensor, the dozen small kernels of a comparison cost
-more than reading its checksum. Where every large tensor has as many samples as the next
-(the stacked layers of most models), the segments are the rows of a matrix, and a row
-reduction replaces ``segment_reduce``: 18 µs against 324 µs a step for 8 x 8K samples
-(issue 49).
+at once, by ``foreach`` kernels over the list: per tensor, the dozen small kernels of a
+comparison cost more than reading its checksum (issue 49). The differences are taken in
+place in the fingerprint's samples, which are then spent: a fingerprint is measured once.
 """
 
 from __future__ import annotations
@@ -51,21 +49,20 @@ def big_changes(
         values = [(c.to(plan.device), s.to(plan.device)) for c, s in values]
         olds = [x.to(plan.device) for x in olds]
         sums = [x.to(plan.device) for x in sums]
-    d = torch.cat([s for _, s in values]) - torch.cat(olds)
+    # The samples' differences, taken in place in the samples before the step: the
+    # fingerprint's own copies, read once (``measure``). A copy of the samples is a fifth of
+    # a percent of the weights (STRIDE), and it was the step's largest temporary (issue 49:
+    # gradwatch's memory at most 1 % of the weights). The sign does not matter below.
+    torch._foreach_sub_(olds, [s for _, s in values])
     c = torch.cat([c for c, _ in values]) != torch.cat(sums)
     alone = before.by_samples
     blind = torch.tensor(alone, device=c.device) if alone is not None else None
     if blind is not None:  # no checksum: a moved sampled value is the change, else unknown
         c = c.masked_fill_(blind, False)
-    lengths, scales, rows = _layout(plan)
-    nz = (d != 0).to(_F32)
-    if rows:  # as many samples each: rows of a matrix
-        nz_rows = nz.view(rows, -1)
-        moved, frac, est = nz_rows.amax(1), nz_rows.mean(1), (d * d).view(rows, -1).sum(1)
-    else:
-        moved = torch.segment_reduce(nz, "max", lengths=lengths)
-        frac = torch.segment_reduce(nz, "mean", lengths=lengths)
-        est = torch.segment_reduce(d * d, "sum", lengths=lengths)
+    _, scales, counts = _layout(plan)
+    frac = torch.stack(torch._foreach_norm(olds, 0)).div_(counts)  # NaN counts as moved
+    moved = (frac > 0).to(_F32)
+    est = torch.stack(torch._foreach_norm(olds, 2)).square_()
     changed, delta = (c.to(_F32) + moved).clamp_(max=1), (est * scales).sqrt_()
     unknowns = [] if before.carried is None else [carry.ambiguous(before.carried, c, moved)]
     if blind is not None:
@@ -95,19 +92,17 @@ def _remember(
     carry.remember(bigs, [sample_key(b) for b in plan.big], kept, samples, moved)
 
 
-_LAYOUTS: dict[int, tuple[Plan, torch.Tensor, torch.Tensor, int]] = {}
+_LAYOUTS: dict[int, tuple[Plan, torch.Tensor, torch.Tensor]] = {}
 
 
-def _layout(plan: Plan) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """Per large tensor, its sample count and its scale as vectors on the plan's device; and
-    the number of large tensors where each has as many samples (else 0)."""
+def _layout(plan: Plan) -> tuple[Plan, torch.Tensor, torch.Tensor]:
+    """(the plan, each large tensor's scale, its sample count) as float32 vectors on the
+    plan's device, cached per plan."""
     found = _LAYOUTS.get(id(plan))
     if found is None or found[0] is not plan:
         if len(_LAYOUTS) > 64:  # bounded: plans are cached per layout, a few per process
             _LAYOUTS.clear()
-        counts = [b.m for b in plan.big]
-        lengths = torch.tensor(counts, device=plan.device)
         scales = torch.tensor([b.scale for b in plan.big], dtype=_F32, device=plan.device)
-        rows = len(counts) if len(set(counts)) == 1 else 0
-        found = _LAYOUTS[id(plan)] = (plan, lengths, scales, rows)
-    return found[1], found[2], found[3]
+        counts = torch.tensor([b.m for b in plan.big], dtype=_F32, device=plan.device)
+        found = _LAYOUTS[id(plan)] = (plan, scales, counts)
+    return found

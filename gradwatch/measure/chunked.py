@@ -11,8 +11,9 @@ each extra read costs as much as the arithmetic; the separate kernels read the g
 twice and the parameters twice.
 
 The sums of squares are float32 dots per chunk, added in double: relative error about
-1e-6 on Gaussian values and 1e-5 on heavy-tailed ones at 512K-element chunks, where the
-float32 ``_foreach_norm`` (``clip_grad_norm_``'s) gave 4e-5 (measured, 786K elements).
+1e-6 on Gaussian values and 1e-5 on heavy-tailed ones at 512K-element chunks (less at
+256K), where the float32 ``_foreach_norm`` (``clip_grad_norm_``'s) gave 4e-5 (measured,
+786K elements).
 Squares beyond float32's range overflow to Inf (a norm above about 1.8e19 per chunk) or
 underflow, exactly as the float32 ``_foreach_norm`` this replaces did on the CPU (checked:
 it returns Inf for 1e25-sized values and 0 for 1e-30-sized ones).
@@ -29,14 +30,28 @@ from typing import Any, Optional
 
 import torch
 
-__all__ = ["CHUNK", "abs_stats", "norms_and_checksums", "row_nonzeros", "stacked_stats"]
+__all__ = [
+    "ABS_CHUNK",
+    "CHUNK",
+    "abs_stats",
+    "norms_and_checksums",
+    "row_nonzeros",
+    "stacked_stats",
+]
 
-# Elements per chunk: 2 MiB of float32, 4 MiB with abs_stats' buffer, which the last-level
-# cache holds between the passes over a chunk. On this host (1 MiB L2 per core, 32 MiB L3;
-# 8 x 4M float32, one thread) abs_stats took 19.3, 16.6, 14.9, 13.6, 13.2 and 15.0 ms at
-# 64K, 128K, 256K, 512K, 1M and 4M elements: per-kernel overhead below, spills above. 512K
-# over 1M leaves room for smaller caches.
+# Elements per chunk: 2 MiB of float32, which the last-level cache holds between the passes
+# over a chunk. On this host (1 MiB L2 per core, 32 MiB L3; 8 x 4M float32, one thread)
+# abs_stats took 19.3, 16.6, 14.9, 13.6, 13.2 and 15.0 ms at 64K, 128K, 256K, 512K, 1M and
+# 4M elements: per-kernel overhead below, spills above. 512K over 1M leaves room for smaller
+# caches.
 CHUNK = 1 << 19
+# abs_stats' chunk, the size of its buffer of |x|. That buffer is the largest temporary of a
+# statistics step, and the allocator keeps its memory after it is freed: at 512K elements
+# gradwatch's extra peak on 6 x Linear(4096, 4096) was 0.96 % of the weights, at 256K 0.68 %
+# (issue 49's goal: 1 %). abs_stats is 1.5-2 % slower at 256K (11.8 against 11.6 ms on
+# 8 x 4M, interleaved); norms_and_checksums, which has no buffer, was 8 % slower, so it keeps
+# CHUNK.
+ABS_CHUNK = 1 << 18
 _INT_OF = {torch.float32: torch.int32, torch.float64: torch.int64}
 
 
@@ -88,7 +103,7 @@ def abs_stats(tensors: Sequence[torch.Tensor]) -> Optional[list[torch.Tensor]]:
     dtype = _dense_cpu(tensors)
     if dtype is None:
         return None
-    buf = torch.empty(min(CHUNK, max(t.numel() for t in tensors)), dtype=dtype)
+    buf = torch.empty(min(ABS_CHUNK, max(t.numel() for t in tensors)), dtype=dtype)
     bits = buf.view(_INT_OF[dtype])
     sums: list[torch.Tensor] = []
     maxes: list[torch.Tensor] = []
@@ -96,7 +111,7 @@ def abs_stats(tensors: Sequence[torch.Tensor]) -> Optional[list[torch.Tensor]]:
     squares: list[torch.Tensor] = []
     chunks: list[int] = []  # chunks per tensor
     for t in tensors:
-        parts = t.detach().reshape(-1).split(CHUNK)
+        parts = t.detach().reshape(-1).split(ABS_CHUNK)
         chunks.append(len(parts))
         for c in parts:
             m = c.numel()
@@ -117,7 +132,7 @@ def abs_stats(tensors: Sequence[torch.Tensor]) -> Optional[list[torch.Tensor]]:
             # stays non-zero). Most gradients hold no exact zero: a min pattern above zero
             # says every value counts; a CPU scalar read, no device to wait for. Otherwise
             # count them: patterns clamped to 1 in place (the chunk's other statistics are
-            # taken) and summed in int32, which cannot overflow at CHUNK elements; a third
+            # taken) and summed in int32, which cannot overflow at ABS_CHUNK elements; a third
             # cheaper than count_nonzero (measured, 256K elements).
             counts.append(m if low.item() > 0 else int(b.clamp_(max=1).sum(dtype=b.dtype)))
     # One stack per statistic for the whole list: per-chunk stacks cost more than the chunk.

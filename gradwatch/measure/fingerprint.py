@@ -100,6 +100,8 @@ class Fingerprint:
     # per big tensor: judged by its samples alone, no checksum before or after (carry.py:
     # its checksum here is a placeholder); None: none is
     by_samples: Optional[list[bool]] = None
+    # measured already: the large tensors' samples hold their differences now (measure/_big.py)
+    spent: bool = False
 
 
 def _key(tensors: list[torch.Tensor]) -> tuple[int, ...]:
@@ -170,7 +172,8 @@ def measure(
     """Parameter norms (exact) and, given ``before``, what changed since then and by how much.
 
     One flatten per group of small tensors serves the norms, the checksums and the samples.
-    ``before`` must come from :func:`fingerprint` on the same list (else ``ValueError``).
+    ``before`` must come from :func:`fingerprint` on the same list, and is measured once: its
+    samples of large tensors take the differences in place (else ``ValueError``).
     ``step``: the caller's count of the step just taken; given, the small tensors' checksums
     and samples are kept for the fingerprint before the next one
     (:mod:`gradwatch.measure.carry_groups`).
@@ -185,6 +188,8 @@ def measure(
     key = _key(tensors)
     if before is not None and key != before.key:
         raise ValueError("measure() needs the tensors that were fingerprinted")
+    if before is not None and before.spent:
+        raise ValueError("measure() reads a fingerprint once")
     plan = before.plan if before is not None else cached_plan(tensors)
     given = tensors
     if plan.has_complex:
@@ -219,6 +224,7 @@ def measure(
             fused = _read_last_first(bigs, plan, alone) if before is not None else None
             norm_parts.append(fused[0] if fused else torch.stack(foreach_norms(bigs, 2.0)))
         if before is not None and plan.big:
+            before.spent = True
             changed, delta, frac = big_changes(
                 tensors,
                 plan,

@@ -108,3 +108,28 @@ def test_measure_refuses_another_list() -> None:
     a, b = torch.zeros(3), torch.zeros(3)
     with pytest.raises(ValueError, match="fingerprinted"):
         sketch.measure([b], sketch.fingerprint([a]))
+
+
+def test_the_moved_share_is_exact_and_a_fingerprint_is_measured_once() -> None:
+    """The large tensors' samples take their differences in place (measure/_big.py): the
+    share of sampled values that moved is exact, NaN counts as moved, and a second measure
+    of the same fingerprint, which would read differences as samples, is refused."""
+    carry.forget()
+    ts = [torch.randn(1 << 17), torch.randn(300, 400), torch.randn(200, 500)]
+    fp = sketch.fingerprint(ts)
+    big = {b.position: b for b in fp.plan.big}
+    assert set(big) == {0, 1, 2}, "every tensor here is sampled by stride"
+    ts[0].add_(1.0)  # every value moves
+    ts[1][:, :100].add_(1.0)  # a quarter of the columns
+    ts[2].view(-1)[big[2].offset] = float("nan")  # one sampled value
+    m = sketch.measure(ts, fp)
+    assert m.changed is not None and m.moved_frac is not None and m.delta is not None
+    b = big[1]
+    idx = torch.arange(b.m) * b.stride + b.offset
+    want = float(((idx % 400) < 100).double().mean())
+    assert m.moved_frac.tolist() == pytest.approx([1.0, want, 1 / big[2].m], rel=1e-6)
+    assert m.changed.tolist() == [1.0, 1.0, 1.0]
+    assert float(m.delta[0]) == pytest.approx(math.sqrt(ts[0].numel()), rel=1e-6)
+    assert math.isnan(float(m.delta[2]))
+    with pytest.raises(ValueError, match="once"):
+        sketch.measure(ts, fp)

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from gradwatch.checks._window import MedianWindow
 from gradwatch.core.layers import folded_samples
-from gradwatch.measure.chunked import CHUNK, abs_stats, norms_and_checksums
+from gradwatch.measure.chunked import ABS_CHUNK, CHUNK, abs_stats, norms_and_checksums
 from gradwatch.measure.columns import fold, layout
 from gradwatch.measure.stats import foreach_norms, median, to_host
 
@@ -42,9 +42,12 @@ def test_median_window_matches_sorting_the_last_values(values: list[float], maxl
 def test_abs_stats_match_the_separate_kernels(dtype: torch.dtype) -> None:
     g = torch.Generator().manual_seed(0)
     # one tensor over several chunks (with a short last chunk), one below a chunk
-    ts = [torch.randn(2 * CHUNK + 123, generator=g, dtype=dtype), torch.randn(5000, dtype=dtype)]
-    ts[0][CHUNK - 3 : CHUNK + 40] = 0.0  # zeros across a chunk boundary
-    ts[0][CHUNK + 77] = -1e30 if dtype is torch.float64 else -3e30  # the max, negative
+    ts = [
+        torch.randn(2 * ABS_CHUNK + 123, generator=g, dtype=dtype),
+        torch.randn(5000, dtype=dtype),
+    ]
+    ts[0][ABS_CHUNK - 3 : ABS_CHUNK + 40] = 0.0  # zeros across a chunk boundary
+    ts[0][ABS_CHUNK + 77] = -1e30 if dtype is torch.float64 else -3e30  # the max, negative
     ts[1][:50] = -0.0  # a zero with its sign bit set is a zero (the count reads bit patterns)
     ts[1][60] = 1e-45 if dtype is torch.float32 else 5e-324  # the smallest subnormal is not
     l1, mx, nnz, l2 = abs_stats(ts)  # type: ignore[misc]
@@ -57,12 +60,12 @@ def test_abs_stats_match_the_separate_kernels(dtype: torch.dtype) -> None:
 
 
 def test_abs_stats_propagate_nan_and_inf_and_decline_what_they_do_not_cover() -> None:
-    a, b = torch.ones(CHUNK + 10), torch.ones(100)
-    a[CHUNK + 5], b[3] = float("nan"), float("inf")
+    a, b = torch.ones(ABS_CHUNK + 10), torch.ones(100)
+    a[ABS_CHUNK + 5], b[3] = float("nan"), float("inf")
     l1, mx, nnz, l2 = abs_stats([a, b])  # type: ignore[misc]
     assert math.isnan(float(l1[0])) and math.isnan(float(mx[0])) and math.isnan(float(l2[0]))
     assert math.isinf(float(l2[1]))
-    assert float(nnz[0]) == CHUNK + 10  # a NaN counts as non-zero, as before
+    assert float(nnz[0]) == ABS_CHUNK + 10  # a NaN counts as non-zero, as before
     assert math.isinf(float(l1[1])) and math.isinf(float(mx[1])) and float(nnz[1]) == 100
     old = foreach_norms([a, b], 0.0)
     assert [float(v) for v in old] == nnz.tolist()
@@ -76,11 +79,11 @@ def test_abs_stats_propagate_nan_and_inf_and_decline_what_they_do_not_cover() ->
 
 def test_abs_stats_count_the_zeros_beside_a_nan() -> None:
     # a NaN makes the chunk's min NaN: the zeros beside it must still be counted
-    c = torch.ones(CHUNK + 100)
+    c = torch.ones(ABS_CHUNK + 100)
     c[7], c[8:20] = float("nan"), 0.0
-    c[CHUNK + 1 : CHUNK + 4] = -0.0
+    c[ABS_CHUNK + 1 : ABS_CHUNK + 4] = -0.0
     nnz = abs_stats([c])[2]  # type: ignore[index]
-    assert float(nnz[0]) == CHUNK + 100 - 12 - 3
+    assert float(nnz[0]) == ABS_CHUNK + 100 - 12 - 3
 
 
 def _generic(stats, arrived, gn, numel, groups):  # type: ignore[no-untyped-def]
@@ -232,7 +235,7 @@ def test_fused_l2_norms_agree_with_the_kernel_they_replace_at_every_scale(scale:
     ``_foreach_norm`` gave (the same overflow to Inf, the same underflow), and the exact norm
     wherever float32 holds the squares."""
     g = torch.Generator().manual_seed(1)
-    ts = [torch.randn(CHUNK + 500, generator=g) * scale, torch.zeros(4000)]
+    ts = [torch.randn(ABS_CHUNK + 500, generator=g) * scale, torch.zeros(4000)]
     _, _, _, l2 = abs_stats(ts)  # type: ignore[misc]
     old = [float(v) for v in foreach_norms(ts, 2.0)]
     assert float(l2[1]) == old[1] == 0.0
