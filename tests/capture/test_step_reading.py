@@ -415,6 +415,26 @@ def test_the_gather_takes_the_readings_gradients_and_nothing_keeps_them() -> Non
         assert all(r() is None for r in left)
 
 
+@pytest.mark.parametrize("layer", [17, 30, 31])
+def test_a_zero_filled_late_ghost_is_found_within_the_turns_wherever_it_is(layer: int) -> None:
+    """Only a hook sees a ghost whose gradients the loop fills with zeros. Where no sentinel
+    sits in its layer (17, 31; 30 has one), the reading finds it when a turn hooks it: the
+    same finding as with every hook on, later by at most the turns' bound (docs/limits.md),
+    never a different check or severity."""
+
+    def loop(s: int, model: nn.Module, opt: torch.optim.Optimizer, cls: Any) -> None:
+        _late_ghost_zero_filled(s, model, opt, cls, layer=layer)
+
+    truth = _run(loop, every_hook=True)[0]
+    got = _run(loop, every_hook=False)[0]
+    want = [(f.check, f.severity, sorted(f.params)) for f in truth.findings]
+    assert [(f.check, f.severity, sorted(f.params)) for f in got.findings] == want
+    assert want == [("ghost_param", "info", [f"blocks.{layer}.bias", f"blocks.{layer}.weight"])]
+    late = truth.findings[0].details["steps_missing"] - got.findings[0].details["steps_missing"]
+    turns = -(-len(list(Deep().parameters())) // ROTATE) * PACE
+    assert 0 <= late <= turns + 1
+
+
 @pytest.mark.parametrize("sentinels", [2, 4, 16])
 @pytest.mark.parametrize(("depth", "layer"), [(35, 20), (52, 30), (80, 41), (200, 150)])
 def test_a_zero_filled_late_ghost_is_never_an_error_whatever_the_models_size(
