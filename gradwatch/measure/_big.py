@@ -59,7 +59,7 @@ def big_changes(
     blind = torch.tensor(alone, device=c.device) if alone is not None else None
     if blind is not None:  # no checksum: a moved sampled value is the change, else unknown
         c = c.masked_fill_(blind, False)
-    _, scales, counts = _layout(plan)
+    scales, counts = _layout(plan)
     frac = torch.stack(torch._foreach_norm(olds, 0)).div_(counts)  # NaN counts as moved
     moved = (frac > 0).to(_F32)
     est = torch.stack(torch._foreach_norm(olds, 2)).square_()
@@ -95,9 +95,9 @@ def _remember(
 _LAYOUTS: dict[int, tuple[Plan, torch.Tensor, torch.Tensor]] = {}
 
 
-def _layout(plan: Plan) -> tuple[Plan, torch.Tensor, torch.Tensor]:
-    """(the plan, each large tensor's scale, its sample count) as float32 vectors on the
-    plan's device, cached per plan."""
+def _layout(plan: Plan) -> tuple[torch.Tensor, torch.Tensor]:
+    """(each large tensor's scale, its sample count) as float32 vectors on the plan's device,
+    cached per plan."""
     found = _LAYOUTS.get(id(plan))
     if found is None or found[0] is not plan:
         if len(_LAYOUTS) > 64:  # bounded: plans are cached per layout, a few per process
@@ -105,4 +105,4 @@ def _layout(plan: Plan) -> tuple[Plan, torch.Tensor, torch.Tensor]:
         scales = torch.tensor([b.scale for b in plan.big], dtype=_F32, device=plan.device)
         counts = torch.tensor([b.m for b in plan.big], dtype=_F32, device=plan.device)
         found = _LAYOUTS[id(plan)] = (plan, scales, counts)
-    return found
+    return found[1], found[2]

@@ -172,8 +172,9 @@ def measure(
     """Parameter norms (exact) and, given ``before``, what changed since then and by how much.
 
     One flatten per group of small tensors serves the norms, the checksums and the samples.
-    ``before`` must come from :func:`fingerprint` on the same list, and is measured once: its
-    samples of large tensors take the differences in place (else ``ValueError``).
+    ``before`` must come from :func:`fingerprint` on the same list, and one holding large
+    tensors is measured once: their samples take the differences in place (else
+    ``ValueError``).
     ``step``: the caller's count of the step just taken; given, the small tensors' checksums
     and samples are kept for the fingerprint before the next one
     (:mod:`gradwatch.measure.carry_groups`).

@@ -299,6 +299,11 @@ SUBSET = {"zero_grad_before_step"}
 DROPPED = {"grad_dropped_late": ("blocks.20.bias", "blocks.20.weight")}
 
 
+def _turns() -> int:
+    """Steps to compare every read parameter of ``Deep``: a turn of ROTATE every PACE steps."""
+    return -(-len(list(Deep().parameters())) // ROTATE) * PACE
+
+
 @pytest.mark.parametrize("name", sorted(LOOPS))
 def test_findings_match_every_hook_on(name: str) -> None:
     loop = LOOPS[name]
@@ -312,9 +317,7 @@ def test_findings_match_every_hook_on(name: str) -> None:
         have -= extra
         for check, sev, params, details in extra:
             assert (check, sev, params) == ("ghost_param", "info", DROPPED[name])
-            # steps to compare them all: a turn of ROTATE every PACE steps
-            turns = -(-len(list(Deep().parameters())) // ROTATE) * PACE
-            assert json.loads(details)["steps_missing"] <= turns + 1
+            assert json.loads(details)["steps_missing"] <= _turns() + 1
     if name in SUBSET:
         assert {f[:2] for f in have} == {f[:2] for f in want}
         for check, sev, params, _ in have:
@@ -431,8 +434,7 @@ def test_a_zero_filled_late_ghost_is_found_within_the_turns_wherever_it_is(layer
     assert [(f.check, f.severity, sorted(f.params)) for f in got.findings] == want
     assert want == [("ghost_param", "info", [f"blocks.{layer}.bias", f"blocks.{layer}.weight"])]
     late = truth.findings[0].details["steps_missing"] - got.findings[0].details["steps_missing"]
-    turns = -(-len(list(Deep().parameters())) // ROTATE) * PACE
-    assert 0 <= late <= turns + 1
+    assert 0 <= late <= _turns() + 1
 
 
 @pytest.mark.parametrize("sentinels", [2, 4, 16])
